@@ -1,0 +1,129 @@
+// Exact CPU allocation accounting: the default CPU allocator wrapped so every allocation and free
+// is counted. Peaks are kept per "window" so several trackers each see the peak since their own
+// previous track.
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <algorithm>
+#include <mutex>
+#include <unordered_map>
+
+#include "common.h"
+
+namespace {
+constexpr int kWindows = 32;
+
+struct CpuAccounting {
+  std::mutex mu;
+  std::unordered_map<void*, size_t> live;
+  int64_t current = 0, total_peak = 0, allocations = 0, frees = 0;
+  int64_t window_peak[kWindows] = {};
+  uint32_t window_open = 0;  // bit i set: window i in use
+
+  void on_alloc(void* p, size_t n) {
+    std::lock_guard<std::mutex> lock(mu);
+    live.emplace(p, n);
+    current += static_cast<int64_t>(n);
+    ++allocations;
+    total_peak = std::max(total_peak, current);
+    for (uint32_t open = window_open; open; open &= open - 1) {
+      int i = __builtin_ctz(open);
+      window_peak[i] = std::max(window_peak[i], current);
+    }
+  }
+  void on_free(void* p) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = live.find(p);
+    if (it == live.end()) return;
+    current -= static_cast<int64_t>(it->second);
+    ++frees;
+    live.erase(it);
+  }
+};
+
+CpuAccounting& accounting() {
+  static CpuAccounting* a = new CpuAccounting();  // leaked: frees may arrive during exit
+  return *a;
+}
+
+c10::Allocator* g_orig = nullptr;
+c10::DeleterFnPtr g_orig_deleter = nullptr;
+
+void tracking_delete(void* p) {
+  accounting().on_free(p);
+  g_orig_deleter(p);
+}
+
+struct TrackingCpuAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    c10::DataPtr d = g_orig->allocate(n);
+    void* p = d.get();
+    if (!p) return d;  // n == 0
+    if (d.get_context() != p || d.get_deleter() != g_orig_deleter) return d;  // not ours to re-wrap
+    d.release_context();  // take ownership; re-wrap with our deleter (context == data, as before)
+    accounting().on_alloc(p, n);
+    return c10::DataPtr(p, p, &tracking_delete, c10::Device(c10::DeviceType::CPU));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &tracking_delete; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+std::once_flag g_install_once;
+bool g_installed = false;
+}  // namespace
+
+extern "C" {
+
+gmt_error gmt_cpu_allocator_install(void) {
+  GMT_TRY({
+    std::call_once(g_install_once, [] {
+      static TrackingCpuAllocator tracker;
+      g_orig = c10::GetCPUAllocator();
+      g_orig_deleter = g_orig->raw_deleter();
+      if (!g_orig_deleter) throw std::runtime_error("the CPU allocator has no raw deleter; cannot wrap it");
+      c10::SetCPUAllocator(&tracker, /*priority=*/100);
+      g_installed = true;
+    });
+    if (!g_installed) throw std::runtime_error("installing the tracking CPU allocator failed earlier");
+  })
+}
+
+int gmt_cpu_allocator_installed(void) { return g_installed ? 1 : 0; }
+
+int32_t gmt_cpu_allocator_open_window(void) {
+  CpuAccounting& a = accounting();
+  std::lock_guard<std::mutex> lock(a.mu);
+  for (int i = 0; i < kWindows; ++i) {
+    if (!(a.window_open & (1u << i))) {
+      a.window_open |= 1u << i;
+      a.window_peak[i] = a.current;
+      return i;
+    }
+  }
+  return -1;
+}
+
+void gmt_cpu_allocator_close_window(int32_t window) {
+  if (window < 0 || window >= kWindows) return;
+  CpuAccounting& a = accounting();
+  std::lock_guard<std::mutex> lock(a.mu);
+  a.window_open &= ~(1u << window);
+}
+
+void gmt_cpu_allocator_stats(int32_t window, int reset_peak, gmt_alloc_stats* out) {
+  CpuAccounting& a = accounting();
+  std::lock_guard<std::mutex> lock(a.mu);
+  gmt_alloc_stats s{};
+  s.current = a.current;
+  s.total_peak = a.total_peak;
+  s.allocations = a.allocations;
+  s.frees = a.frees;
+  const bool valid = window >= 0 && window < kWindows && (a.window_open & (1u << window));
+  s.peak = valid ? a.window_peak[window] : a.total_peak;
+  if (valid && reset_peak) a.window_peak[window] = a.current;
+  if (out) *out = s;
+}
+
+}  // extern "C"

@@ -1,0 +1,91 @@
+// The C boundary of the gpu-mem-track shim. Every function that can fail returns a heap-allocated
+// error message (free it with gmt_free_string) or NULL on success; no C++ exception crosses it.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef char* gmt_error;
+void gmt_free_string(char* s);
+
+// Device kinds as seen by the shim (decoupled from c10::DeviceType's numbering).
+enum gmt_device_kind { GMT_DEV_ANY = -1, GMT_DEV_CPU = 0, GMT_DEV_CUDA = 1, GMT_DEV_META = 2, GMT_DEV_OTHER = 3 };
+
+// ---- live-tensor registry (registry.cpp) ----
+typedef struct {
+  uint64_t impl_id;        // TensorImpl address: identity while the tensor is alive
+  uint64_t storage_id;     // StorageImpl address, 0 when the tensor has no storage
+  int64_t storage_nbytes;  // bytes of the whole storage (shared by views)
+  int64_t nbytes;          // numel * itemsize of this tensor
+  uint64_t seq;            // registration order (older tensors own shared storages)
+  int64_t dims_offset;     // into the snapshot's dims array
+  int32_t ndim;
+  int32_t scalar_type;     // c10::ScalarType value; name via gmt_scalar_type_name
+  int32_t device_kind;     // gmt_device_kind
+  int32_t device_index;
+  int32_t name_id;         // -1 = unnamed; name via gmt_registry_name
+  uint8_t requires_grad;
+  uint8_t is_leaf;
+  uint8_t pad_[2];
+} gmt_tensor_record;
+
+typedef struct gmt_snapshot gmt_snapshot;
+
+gmt_error gmt_registry_install(void);          // idempotent, thread-safe
+int gmt_registry_installed(void);
+gmt_error gmt_registry_set_enabled(int enabled);  // pause/resume the op callback (benchmarks)
+gmt_error gmt_registry_register(const void* tensor, const char* name);  // tensor: at::Tensor*
+size_t gmt_registry_entries(void);             // entries, dead ones included until pruned
+const char* gmt_registry_name(int32_t id);     // stable for the process lifetime
+const char* gmt_scalar_type_name(int32_t scalar_type);  // c10 name: "Float", "BFloat16", ...
+int64_t gmt_scalar_type_itemsize(int32_t scalar_type);
+
+gmt_snapshot* gmt_snapshot_new(void);
+void gmt_snapshot_free(gmt_snapshot* s);
+// Fills `s` with every live registered tensor on the device (kind GMT_DEV_ANY = all devices;
+// index -1 = any index of that kind). Prunes dead entries.
+gmt_error gmt_snapshot_take(gmt_snapshot* s, int32_t device_kind, int32_t device_index);
+size_t gmt_snapshot_len(const gmt_snapshot* s);
+const gmt_tensor_record* gmt_snapshot_records(const gmt_snapshot* s);
+const int64_t* gmt_snapshot_dims(const gmt_snapshot* s, size_t* len);
+
+// ---- TorchScript modules (module.cpp) ----
+// module: torch::jit::script::Module*. Registers named parameters and buffers (recursively),
+// names prefixed by `prefix`. Writes the number registered to *count.
+gmt_error gmt_register_module(void* module, const char* prefix, size_t* count);
+
+// ---- wrapped CPU allocator (allocator.cpp) ----
+typedef struct {
+  int64_t current;      // bytes live now
+  int64_t peak;         // highest `current` since the window was last reset
+  int64_t total_peak;   // highest `current` since installation
+  int64_t allocations;  // counts since installation
+  int64_t frees;
+} gmt_alloc_stats;
+
+gmt_error gmt_cpu_allocator_install(void);     // idempotent, thread-safe
+int gmt_cpu_allocator_installed(void);
+// A peak window: `peak` of a window is the maximum since its last reset. -1 when none is free.
+int32_t gmt_cpu_allocator_open_window(void);
+void gmt_cpu_allocator_close_window(int32_t window);
+// window -1 reads only the global figures (peak = total_peak).
+void gmt_cpu_allocator_stats(int32_t window, int reset_peak, gmt_alloc_stats* out);
+
+// ---- CUDA caching allocator (cuda.cpp) ----
+typedef struct {
+  int64_t allocated_current, allocated_peak;
+  int64_t reserved_current, reserved_peak;
+  int64_t active_current;
+  int64_t free_bytes, total_bytes;  // cudaMemGetInfo
+} gmt_cuda_stats;
+
+int32_t gmt_cuda_device_count(void);          // 0 when CUDA is absent; never throws
+gmt_error gmt_cuda_stats_read(int32_t device, int reset_peak, gmt_cuda_stats* out);
+gmt_error gmt_cuda_empty_cache(void);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,109 @@
+//! Raw FFI to the gpu-mem-track C++ shim (`csrc/`). This is the only crate that knows libtorch's
+//! C++ side; the safe API lives in the `gpu-mem-track` crate.
+//!
+//! Conventions: functions returning [`gmt_error`] return null on success or a message allocated
+//! with `malloc` that the caller frees with [`gmt_free_string`]. No C++ exception crosses the
+//! boundary.
+#![allow(non_camel_case_types)]
+
+use std::os::raw::{c_char, c_int, c_void};
+
+// Keep torch-sys linked: it provides libtorch's link flags.
+use torch_sys as _;
+
+/// Null on success, otherwise an owned C string describing the failure.
+pub type gmt_error = *mut c_char;
+
+pub const GMT_DEV_ANY: i32 = -1;
+pub const GMT_DEV_CPU: i32 = 0;
+pub const GMT_DEV_CUDA: i32 = 1;
+pub const GMT_DEV_META: i32 = 2;
+pub const GMT_DEV_OTHER: i32 = 3;
+
+/// One live tensor as the registry sees it (mirrors `gmt_tensor_record` in `csrc/shim.h`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct gmt_tensor_record {
+    pub impl_id: u64,
+    pub storage_id: u64,
+    pub storage_nbytes: i64,
+    pub nbytes: i64,
+    pub seq: u64,
+    pub dims_offset: i64,
+    pub ndim: i32,
+    pub scalar_type: i32,
+    pub device_kind: i32,
+    pub device_index: i32,
+    pub name_id: i32,
+    pub requires_grad: u8,
+    pub is_leaf: u8,
+    pub pad_: [u8; 2],
+}
+
+/// Opaque snapshot buffer owned by the shim.
+#[repr(C)]
+pub struct gmt_snapshot {
+    _private: [u8; 0],
+}
+
+/// Allocator counters (mirrors `gmt_alloc_stats`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct gmt_alloc_stats {
+    pub current: i64,
+    pub peak: i64,
+    pub total_peak: i64,
+    pub allocations: i64,
+    pub frees: i64,
+}
+
+/// CUDA caching-allocator counters (mirrors `gmt_cuda_stats`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct gmt_cuda_stats {
+    pub allocated_current: i64,
+    pub allocated_peak: i64,
+    pub reserved_current: i64,
+    pub reserved_peak: i64,
+    pub active_current: i64,
+    pub free_bytes: i64,
+    pub total_bytes: i64,
+}
+
+extern "C" {
+    pub fn gmt_free_string(s: *mut c_char);
+
+    pub fn gmt_registry_install() -> gmt_error;
+    pub fn gmt_registry_installed() -> c_int;
+    pub fn gmt_registry_set_enabled(enabled: c_int) -> gmt_error;
+    /// `tensor` is an `at::Tensor*` (what `tch::Tensor::as_ptr` returns).
+    pub fn gmt_registry_register(tensor: *const c_void, name: *const c_char) -> gmt_error;
+    pub fn gmt_registry_entries() -> usize;
+    pub fn gmt_registry_name(id: i32) -> *const c_char;
+    pub fn gmt_scalar_type_name(scalar_type: i32) -> *const c_char;
+    pub fn gmt_scalar_type_itemsize(scalar_type: i32) -> i64;
+
+    pub fn gmt_snapshot_new() -> *mut gmt_snapshot;
+    pub fn gmt_snapshot_free(s: *mut gmt_snapshot);
+    pub fn gmt_snapshot_take(s: *mut gmt_snapshot, device_kind: i32, device_index: i32) -> gmt_error;
+    pub fn gmt_snapshot_len(s: *const gmt_snapshot) -> usize;
+    pub fn gmt_snapshot_records(s: *const gmt_snapshot) -> *const gmt_tensor_record;
+    pub fn gmt_snapshot_dims(s: *const gmt_snapshot, len: *mut usize) -> *const i64;
+
+    /// `module` is a `torch::jit::script::Module*`.
+    pub fn gmt_register_module(
+        module: *mut c_void,
+        prefix: *const c_char,
+        count: *mut usize,
+    ) -> gmt_error;
+
+    pub fn gmt_cpu_allocator_install() -> gmt_error;
+    pub fn gmt_cpu_allocator_installed() -> c_int;
+    pub fn gmt_cpu_allocator_open_window() -> i32;
+    pub fn gmt_cpu_allocator_close_window(window: i32);
+    pub fn gmt_cpu_allocator_stats(window: i32, reset_peak: c_int, out: *mut gmt_alloc_stats);
+
+    pub fn gmt_cuda_device_count() -> i32;
+    pub fn gmt_cuda_stats_read(device: i32, reset_peak: c_int, out: *mut gmt_cuda_stats) -> gmt_error;
+    pub fn gmt_cuda_empty_cache() -> gmt_error;
+}
