@@ -1,1 +1,162 @@
+//! # gpu-mem-track
+//!
+//! Line-by-line memory tracking for programs that train models with [`tch`] (libtorch): every
+//! [`track!`] call snapshots the live tensors on the tracked device, the allocator's counters and
+//! NVML's view of the GPU, and appends what changed since the previous call to
+//! `logs/<timestamp>-gpu_mem_track.txt`, in the format of the Python tool Pytorch-Memory-Utils
+//! (with its bugs fixed), so `tail -f` shows where memory goes.
+//!
+//! ```no_run
+//! use gpu_mem_track::{track, MemTracker};
+//! use tch::{Device, Kind, Tensor};
+//!
+//! let tracker = MemTracker::builder().log_dir("logs").build()?;
+//! track!(tracker);                                            // header + first block
+//! let x = Tensor::zeros([40, 3, 512, 512], (Kind::Float, Device::Cpu));
+//! track!(tracker);                                            // + | 1 * Size:(40, 3, 512, 512) | Memory: 120.0 M ...
+//! drop(x);
+//! track!(tracker);                                            // - | 1 * Size:(40, 3, 512, 512) ...
+//! tracker.clear_cache()?;                                     // CUDA: empty_cache; CPU: nothing cached
+//! # Ok::<(), gpu_mem_track::Error>(())
+//! ```
+//!
+//! ## What a log looks like
+//!
+//! ```text
+//! GPU Memory Track | 22-Nov-26-00:17:51 | Total Tensor Used Memory:0.0    Mb Total Allocated Memory:0.0    Mb
+//!
+//! + | 1 * Size:(64, 64, 3, 3)       | Memory: 0.1406 M | <class 'torch.nn.parameter.Parameter'> | torch.float32
+//! + | 2 * Size:(64,)                | Memory: 0.0005 M | <class 'torch.nn.parameter.Parameter'> | torch.float32
+//!
+//! At examples/train.rs line 61: main                    Total Tensor Used Memory:0.1    Mb Total Allocated Memory:0.1    Mb Peak Allocated Memory:0.2    Mb
+//! ```
+//!
+//! * A `+`/`-` line is the **net** change of one group of tensors with the same shape, dtype and
+//!   class since the previous `At` line. Bytes are counted once per storage: a view adds a line
+//!   with `Memory: 0.0 M`.
+//! * `Total Tensor Used Memory` sums the unique storages of live tensors; `Total Allocated
+//!   Memory` is the allocator's own count (exact on CPU through a wrapped allocator, and
+//!   `memory_allocated` on CUDA), so the two differ by whatever no tensor owns.
+//! * Extensions are appended to the `At` line only: `Peak Allocated Memory` (the highest
+//!   allocation since the previous line), `Reserved Memory` (CUDA) and `NVML Used Memory` (this
+//!   process, from the driver). Old readers of the format keep working.
+//!
+//! ## How live tensors are found
+//!
+//! libtorch has no garbage-collector walk. A global RecordFunction callback remembers every tensor
+//! an op returns through a weak reference; tensors no op returned (parameters loaded by
+//! `CModule::load`, tensors created before [`install`]) are added with
+//! [`MemTracker::watch_module`], [`MemTracker::watch_varstore`] and [`MemTracker::register`].
+//! The allocator totals cover anything still missed.
+//!
+//! ## Without a GPU
+//!
+//! Everything works on CPU. Asking for `cuda:N` without a GPU is
+//! [`Error::CudaUnavailable`]; NVML missing on a CUDA tracker is one warning and the NVML field is
+//! left out.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
 
+pub mod device;
+pub mod diff;
+mod error;
+mod ffi;
+pub mod log;
+pub mod nvml;
+pub mod site;
+pub mod snapshot;
+mod tracker;
+
+pub use device::{cpu_allocator_stats, cuda_device_count, empty_cuda_cache, AllocatorReading, TrackedDevice};
+pub use diff::{GroupChange, Sign};
+pub use error::{Error, Result};
+pub use site::Site;
+pub use snapshot::{DType, GroupKey, TensorClass, TensorInfo};
+pub use tracker::{
+    default_tracker, install, is_installed, registry_entries, set_default_tracker, set_registry_enabled, MemTracker,
+    MemTrackerBuilder, TrackPoint, DEFAULT_LOG_DIR,
+};
+/// Tracks on entry to a function and on every exit (`return`, `?`, end of body, unwinding).
+///
+/// `#[track_memory]` uses the default tracker; `#[track_memory(tracker = expr)]` any expression
+/// that gives a `MemTracker` (or a reference or `Arc` of one) and lives through the call.
+pub use tracker_macros::track_memory;
+
+/// Takes a track point here: `track!()` uses the default tracker, `track!(tracker)` the given one
+/// (a `MemTracker`, a reference or an `Arc`).
+///
+/// File, line and the enclosing function's name are fixed at compile time and cached in a static,
+/// so the call costs only the snapshot. Returns `Option<TrackPoint>`: `None` when tracking failed,
+/// which is logged through `tracing` (a warning the first time) and never panics.
+#[macro_export]
+macro_rules! track {
+    () => {
+        $crate::__private::track_or_warn($crate::default_tracker(), $crate::__site!())
+    };
+    ($tracker:expr) => {
+        $crate::__private::track_or_warn(
+            ::core::result::Result::Ok(::core::convert::AsRef::<$crate::MemTracker>::as_ref(&$tracker)),
+            $crate::__site!(),
+        )
+    };
+}
+
+/// The current [`Site`] as a `&'static Site`, computed once per call site.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __site {
+    () => {{
+        fn __gmt_here() {}
+        static SITE: ::std::sync::OnceLock<$crate::Site> = ::std::sync::OnceLock::new();
+        SITE.get_or_init(|| {
+            $crate::Site::new(::core::file!(), ::core::line!(), ::std::any::type_name_of_val(&__gmt_here))
+        })
+    }};
+}
+
+#[doc(hidden)]
+pub mod __private {
+    use crate::{Error, MemTracker, Site, TrackPoint};
+
+    /// What `track!()` expands to.
+    pub fn track_or_warn(tracker: Result<&MemTracker, &Error>, site: &Site) -> Option<TrackPoint> {
+        match tracker {
+            Ok(t) => t.track_at(site).map_err(|e| t.report_failure(&e)).ok(),
+            Err(e) => {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| tracing::warn!(target: "gpu_mem_track", "default tracker unavailable: {e}"));
+                None
+            }
+        }
+    }
+
+    /// Tracks on creation and on drop; what `#[track_memory]` expands to.
+    pub struct FunctionGuard<'a> {
+        tracker: Result<&'a MemTracker, &'static Error>,
+        exit: &'static Site,
+    }
+
+    impl<'a> FunctionGuard<'a> {
+        /// Tracks at `entry`; tracks at `exit` when dropped.
+        pub fn enter(tracker: Result<&'a MemTracker, &'static Error>, entry: &Site, exit: &'static Site) -> Self {
+            track_or_warn(tracker, entry);
+            FunctionGuard { tracker, exit }
+        }
+
+        /// The default tracker, for the attribute without arguments.
+        pub fn default_tracker() -> Result<&'static MemTracker, &'static Error> {
+            crate::default_tracker()
+        }
+
+        /// A given tracker.
+        pub fn given<T: AsRef<MemTracker> + ?Sized>(t: &'a T) -> Result<&'a MemTracker, &'static Error> {
+            Ok(t.as_ref())
+        }
+    }
+
+    impl Drop for FunctionGuard<'_> {
+        fn drop(&mut self) {
+            track_or_warn(self.tracker, self.exit);
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! The change between two snapshots: one line per group whose count or bytes changed, as a net
+//! delta (a group going from 1 to 2 tensors is `+1`, not a `+2` line and a `-1` line).
+use rustc_hash::FxHashMap;
+
+use crate::snapshot::{GroupKey, GroupTotals};
+
+/// Whether a group grew or shrank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Sign {
+    /// `+`: tensors appeared (or the group's bytes grew).
+    Plus,
+    /// `-`: tensors went away (or the group's bytes shrank).
+    Minus,
+}
+
+impl Sign {
+    /// The log character.
+    pub fn as_char(self) -> char {
+        match self {
+            Sign::Plus => '+',
+            Sign::Minus => '-',
+        }
+    }
+}
+
+/// One `+`/`-` line: the net change of one group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupChange {
+    /// The group.
+    pub key: GroupKey,
+    /// Direction of the change.
+    pub sign: Sign,
+    /// Tensors added or removed (absolute value).
+    pub count: u64,
+    /// Attributed storage bytes added or removed (absolute value).
+    pub bytes: u64,
+}
+
+/// Net per-group changes from `previous` to `current`, largest first, in a stable order.
+pub fn diff_groups(
+    previous: &FxHashMap<GroupKey, GroupTotals>,
+    current: &FxHashMap<GroupKey, GroupTotals>,
+) -> Vec<GroupChange> {
+    let mut out = Vec::new();
+    let mut push = |key: &GroupKey, before: GroupTotals, after: GroupTotals| {
+        let dc = after.count as i128 - before.count as i128;
+        let db = after.bytes as i128 - before.bytes as i128;
+        if dc == 0 && db == 0 {
+            return;
+        }
+        // The count decides the sign; a pure byte change (a view became its storage's owner
+        // after the base died) takes the sign of the bytes.
+        let sign = if dc > 0 || (dc == 0 && db > 0) { Sign::Plus } else { Sign::Minus };
+        out.push(GroupChange { key: key.clone(), sign, count: dc.unsigned_abs() as u64, bytes: db.unsigned_abs() as u64 });
+    };
+    for (key, &now) in current {
+        push(key, previous.get(key).copied().unwrap_or_default(), now);
+    }
+    for (key, &before) in previous {
+        if !current.contains_key(key) {
+            push(key, before, GroupTotals::default());
+        }
+    }
+    out.sort_by(|a, b| {
+        b.bytes
+            .cmp(&a.bytes)
+            .then(b.count.cmp(&a.count))
+            .then((a.sign == Sign::Minus).cmp(&(b.sign == Sign::Minus)))
+            .then(a.key.cmp(&b.key))
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::{DType, TensorClass};
+
+    fn key(shape: &[i64]) -> GroupKey {
+        GroupKey { shape: shape.into(), dtype: DType(6), class: TensorClass::Tensor }
+    }
+
+    fn table(entries: &[(&[i64], u64, u64)]) -> FxHashMap<GroupKey, GroupTotals> {
+        entries.iter().map(|(s, c, b)| (key(s), GroupTotals { count: *c, bytes: *b })).collect()
+    }
+
+    #[test]
+    fn group_growing_from_one_to_two_is_one_plus_line() {
+        let d = diff_groups(&table(&[(&[4], 1, 16)]), &table(&[(&[4], 2, 32)]));
+        assert_eq!(d, vec![GroupChange { key: key(&[4]), sign: Sign::Plus, count: 1, bytes: 16 }]);
+    }
+
+    #[test]
+    fn vanished_group_is_a_minus_line_and_order_is_largest_first() {
+        let d = diff_groups(&table(&[(&[4], 3, 48), (&[2], 1, 8)]), &table(&[(&[8], 1, 32)]));
+        let got: Vec<_> = d.iter().map(|c| (c.sign, c.key.shape.to_vec(), c.count, c.bytes)).collect();
+        assert_eq!(
+            got,
+            vec![(Sign::Minus, vec![4], 3, 48), (Sign::Plus, vec![8], 1, 32), (Sign::Minus, vec![2], 1, 8)]
+        );
+    }
+
+    #[test]
+    fn unchanged_groups_print_nothing_and_byte_only_changes_print_zero_count() {
+        assert!(diff_groups(&table(&[(&[4], 1, 16)]), &table(&[(&[4], 1, 16)])).is_empty());
+        let d = diff_groups(&table(&[(&[4], 2, 0)]), &table(&[(&[4], 2, 16)]));
+        assert_eq!(d[0].sign, Sign::Plus);
+        assert_eq!((d[0].count, d[0].bytes), (0, 16));
+    }
+}

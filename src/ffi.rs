@@ -1,0 +1,191 @@
+//! Safe wrappers over `tracker-sys`: the only module of this crate with `unsafe` code.
+#![allow(unsafe_code)]
+
+use std::ffi::{c_void, CStr, CString};
+use std::ptr::NonNull;
+
+use tracker_sys as sys;
+
+use crate::error::{Error, Result};
+
+pub(crate) use sys::{gmt_alloc_stats as AllocStats, gmt_cuda_stats as CudaStats};
+pub(crate) use sys::{gmt_tensor_record as TensorRecord, GMT_DEV_CPU, GMT_DEV_CUDA};
+
+/// Turns a shim error (owned C string or null) into a typed error.
+fn check(call: &'static str, err: sys::gmt_error) -> Result<()> {
+    if err.is_null() {
+        return Ok(());
+    }
+    // SAFETY: non-null errors are NUL-terminated strings malloc'ed by the shim; we own them.
+    let message = unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned();
+    // SAFETY: `err` came from the shim's allocator and is freed exactly once.
+    unsafe { sys::gmt_free_string(err) };
+    Err(Error::Libtorch { call, message })
+}
+
+fn c_string(call: &'static str, s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| Error::Libtorch { call, message: format!("name {s:?} contains a NUL byte") })
+}
+
+/// Installs the live-tensor registry and the wrapped CPU allocator (idempotent).
+pub(crate) fn install() -> Result<()> {
+    // SAFETY: both installs are idempotent and thread-safe on the C++ side.
+    check("registry install", unsafe { sys::gmt_registry_install() })?;
+    check("CPU allocator install", unsafe { sys::gmt_cpu_allocator_install() })
+}
+
+pub(crate) fn registry_installed() -> bool {
+    // SAFETY: reads an atomic flag.
+    unsafe { sys::gmt_registry_installed() != 0 }
+}
+
+/// Pauses or resumes the registry's per-op callback.
+pub(crate) fn set_registry_enabled(enabled: bool) -> Result<()> {
+    // SAFETY: toggles a RecordFunction callback; safe while ops run on other threads.
+    check("registry enable", unsafe { sys::gmt_registry_set_enabled(enabled as i32) })
+}
+
+pub(crate) fn registry_entries() -> usize {
+    // SAFETY: reads the map size under the registry lock.
+    unsafe { sys::gmt_registry_entries() }
+}
+
+/// Adds a tensor (and a display name) to the registry.
+pub(crate) fn register_tensor(tensor: &tch::Tensor, name: &str) -> Result<()> {
+    let name = c_string("register tensor", name)?;
+    // SAFETY: `as_ptr` is the `at::Tensor*` tch owns; it stays valid for the duration of the call
+    // because `tensor` is borrowed. The shim only takes a weak reference to its TensorImpl.
+    check("register tensor", unsafe { sys::gmt_registry_register(tensor.as_ptr() as *const c_void, name.as_ptr()) })
+}
+
+// tch's CModule is a struct holding only the `torch::jit::script::Module*` and exposes no accessor.
+const _: () = assert!(std::mem::size_of::<tch::CModule>() == std::mem::size_of::<*mut c_void>());
+
+/// Registers a TorchScript module's named parameters and buffers; returns how many.
+pub(crate) fn register_module(module: &tch::CModule, prefix: &str) -> Result<usize> {
+    let prefix = c_string("register module", prefix)?;
+    // SAFETY: `CModule` is a single-field struct around the module pointer (size asserted above),
+    // so its bytes are that pointer. The module is borrowed for the call; the shim only reads it.
+    let ptr: *mut c_void = unsafe { std::mem::transmute_copy(module) };
+    let mut count = 0usize;
+    // SAFETY: `ptr` is a live module (see above); `count` is a valid out-pointer.
+    check("register module", unsafe { sys::gmt_register_module(ptr, prefix.as_ptr(), &mut count) })?;
+    Ok(count)
+}
+
+/// A registered tensor's name, if it has one.
+pub(crate) fn registry_name(id: i32) -> Option<String> {
+    // SAFETY: returns null or a pointer into an append-only table that lives for the process.
+    let p = unsafe { sys::gmt_registry_name(id) };
+    // SAFETY: non-null pointers are NUL-terminated strings that are never freed.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
+/// libtorch's name of a scalar type ("Float", "BFloat16", ...).
+pub(crate) fn scalar_type_name(scalar_type: i32) -> &'static str {
+    // SAFETY: returns a pointer to a static string (c10::toString) or a literal.
+    let p = unsafe { sys::gmt_scalar_type_name(scalar_type) };
+    // SAFETY: static NUL-terminated strings.
+    unsafe { CStr::from_ptr(p) }.to_str().unwrap_or("Undefined")
+}
+
+/// Reusable buffer for registry snapshots (capacity is kept between calls).
+pub(crate) struct RawSnapshot {
+    ptr: NonNull<sys::gmt_snapshot>,
+}
+
+// SAFETY: the buffer is plain owned memory; the shim does not tie it to a thread.
+unsafe impl Send for RawSnapshot {}
+
+impl RawSnapshot {
+    pub(crate) fn new() -> Result<Self> {
+        // SAFETY: allocation; null on failure.
+        let ptr = unsafe { sys::gmt_snapshot_new() };
+        NonNull::new(ptr)
+            .map(|ptr| RawSnapshot { ptr })
+            .ok_or(Error::Libtorch { call: "snapshot", message: "out of memory".into() })
+    }
+
+    /// Lists live registered tensors on a device kind (`GMT_DEV_*`) and index (-1: any).
+    pub(crate) fn take(&mut self, device_kind: i32, device_index: i32) -> Result<(&[TensorRecord], &[i64])> {
+        // SAFETY: `self.ptr` is a live snapshot we own exclusively (&mut self).
+        check("snapshot", unsafe { sys::gmt_snapshot_take(self.ptr.as_ptr(), device_kind, device_index) })?;
+        // SAFETY: the returned arrays stay valid until the next `take` or drop, both of which
+        // need `&mut self`, so the borrow checker enforces their lifetime.
+        unsafe {
+            let n = sys::gmt_snapshot_len(self.ptr.as_ptr());
+            let recs = sys::gmt_snapshot_records(self.ptr.as_ptr());
+            let mut dims_len = 0usize;
+            let dims = sys::gmt_snapshot_dims(self.ptr.as_ptr(), &mut dims_len);
+            let recs = if n == 0 { &[][..] } else { std::slice::from_raw_parts(recs, n) };
+            let dims = if dims_len == 0 { &[][..] } else { std::slice::from_raw_parts(dims, dims_len) };
+            Ok((recs, dims))
+        }
+    }
+}
+
+impl Drop for RawSnapshot {
+    fn drop(&mut self) {
+        // SAFETY: allocated by gmt_snapshot_new, freed once.
+        unsafe { sys::gmt_snapshot_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// A peak window on the wrapped CPU allocator: its peak is the highest live byte count since the
+/// window was opened or last reset.
+pub(crate) struct CpuPeakWindow(i32);
+
+impl CpuPeakWindow {
+    /// Opens a window, or `None` when all of them are in use.
+    pub(crate) fn open() -> Option<Self> {
+        // SAFETY: takes the allocator lock; returns -1 when none is free.
+        let w = unsafe { sys::gmt_cpu_allocator_open_window() };
+        (w >= 0).then_some(CpuPeakWindow(w))
+    }
+
+    pub(crate) fn read(&self, reset_peak: bool) -> AllocStats {
+        cpu_allocator_stats_window(self.0, reset_peak)
+    }
+}
+
+impl Drop for CpuPeakWindow {
+    fn drop(&mut self) {
+        // SAFETY: closes a window we opened.
+        unsafe { sys::gmt_cpu_allocator_close_window(self.0) }
+    }
+}
+
+fn cpu_allocator_stats_window(window: i32, reset_peak: bool) -> AllocStats {
+    let mut out = AllocStats::default();
+    // SAFETY: `out` is a valid out-pointer; the call takes the allocator lock.
+    unsafe { sys::gmt_cpu_allocator_stats(window, reset_peak as i32, &mut out) };
+    out
+}
+
+/// Global counters of the wrapped CPU allocator (peak = since installation).
+pub(crate) fn cpu_allocator_stats() -> AllocStats {
+    cpu_allocator_stats_window(-1, false)
+}
+
+pub(crate) fn cpu_allocator_installed() -> bool {
+    // SAFETY: reads a flag.
+    unsafe { sys::gmt_cpu_allocator_installed() != 0 }
+}
+
+/// Number of visible CUDA devices; 0 without CUDA. Never fails.
+pub(crate) fn cuda_device_count() -> usize {
+    // SAFETY: guarded on the C++ side; never throws.
+    unsafe { sys::gmt_cuda_device_count() }.max(0) as usize
+}
+
+pub(crate) fn cuda_stats(device: usize, reset_peak: bool) -> Result<CudaStats> {
+    let mut out = CudaStats::default();
+    // SAFETY: `out` is a valid out-pointer; the shim checks the device index.
+    check("CUDA memory stats", unsafe { sys::gmt_cuda_stats_read(device as i32, reset_peak as i32, &mut out) })?;
+    Ok(out)
+}
+
+pub(crate) fn cuda_empty_cache() -> Result<()> {
+    // SAFETY: guarded on the C++ side.
+    check("CUDA empty_cache", unsafe { sys::gmt_cuda_empty_cache() })
+}

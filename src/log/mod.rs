@@ -1,0 +1,142 @@
+//! The Pytorch-Memory-Utils log format: writing it ([`format`], [`LogWriter`]) and reading it back
+//! ([`parse_log`]), for our logs and for those of the Python tool.
+//!
+//! ```text
+//! GPU Memory Track | 30-Apr-21-20:25:29 | Total Tensor Used Memory:0.0    Mb Total Allocated Memory:0.0    Mb
+//!
+//! + | 1 * Size:(64, 64, 3, 3)       | Memory: 0.1406 M | <class 'torch.nn.parameter.Parameter'> | torch.float32
+//!
+//! At examples/train.rs line 12: main                    Total Tensor Used Memory:76.4   Mb Total Allocated Memory:76.4   Mb
+//! ```
+pub mod format;
+mod parse;
+pub mod writer;
+
+pub use parse::{parse_log, parse_log_bytes, parse_log_file, parse_log_lenient, LogParseError};
+pub use writer::LogWriter;
+
+use crate::diff::Sign;
+use crate::snapshot::TensorClass;
+
+/// Label of the `At` line's first field: bytes of live tensor storages.
+pub const TENSOR_USED: &str = "Total Tensor Used Memory";
+/// Label of the `At` line's second field: the allocator's live bytes.
+pub const ALLOCATED: &str = "Total Allocated Memory";
+/// Extension: highest allocated bytes since the previous line.
+pub const PEAK_ALLOCATED: &str = "Peak Allocated Memory";
+/// Extension (CUDA): bytes held by the caching allocator.
+pub const RESERVED: &str = "Reserved Memory";
+/// Extension (CUDA + NVML): this process's usage as NVML reports it.
+pub const NVML_USED: &str = "NVML Used Memory";
+
+/// A `Label:12.3   Mb` figure of a header or `At` line, in MiB.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryField {
+    /// Text before the colon.
+    pub label: String,
+    /// Value in MiB (bytes / 1024²), as printed.
+    pub mib: f64,
+}
+
+impl MemoryField {
+    /// A field from a byte count.
+    pub fn from_bytes(label: &str, bytes: u64) -> Self {
+        MemoryField { label: label.to_owned(), mib: bytes as f64 / format::MIB }
+    }
+}
+
+/// The first line of a log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogHeader {
+    /// `%d-%b-%y-%H:%M:%S` local time the log was started.
+    pub timestamp: String,
+    /// Totals at the start.
+    pub fields: Vec<MemoryField>,
+}
+
+/// One `+`/`-` line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupLine {
+    /// `+` or `-`.
+    pub sign: Sign,
+    /// Tensors added or removed.
+    pub count: u64,
+    /// Sizes of each tensor of the group.
+    pub shape: Vec<i64>,
+    /// Memory added or removed, MiB, as printed.
+    pub memory_mib: f64,
+    /// Python class.
+    pub class: TensorClass,
+    /// Python dtype name (`torch.float32`).
+    pub dtype: String,
+}
+
+/// Where a track point was taken.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SourceLocation {
+    /// Source file as the compiler (or Python) named it.
+    pub file: String,
+    /// 1-based line.
+    pub line: u32,
+    /// Enclosing function.
+    pub function: String,
+}
+
+/// One `At` line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AtLine {
+    /// Where the track call was.
+    pub location: SourceLocation,
+    /// `Total Tensor Used Memory`, `Total Allocated Memory`, then extensions.
+    pub fields: Vec<MemoryField>,
+}
+
+impl AtLine {
+    /// A field by label.
+    pub fn field(&self, label: &str) -> Option<f64> {
+        self.fields.iter().find(|f| f.label == label).map(|f| f.mib)
+    }
+
+    /// `Total Tensor Used Memory`, MiB.
+    pub fn tensor_used_mib(&self) -> Option<f64> {
+        self.field(TENSOR_USED)
+    }
+
+    /// `Total Allocated Memory`, MiB.
+    pub fn allocated_mib(&self) -> Option<f64> {
+        self.field(ALLOCATED)
+    }
+}
+
+/// A track point: the group lines printed for it, then its `At` line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogBlock {
+    /// Changes since the previous block.
+    pub changes: Vec<GroupLine>,
+    /// The `At` line.
+    pub at: AtLine,
+    /// 1-based line number of the `At` line in the file (0 when not read from a file).
+    pub line_no: usize,
+}
+
+/// A whole log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedLog {
+    /// The first line.
+    pub header: LogHeader,
+    /// Every track point, in file order.
+    pub blocks: Vec<LogBlock>,
+    /// Group lines after the last `At` line (a log cut off mid-block).
+    pub trailing_changes: Vec<GroupLine>,
+}
+
+impl ParsedLog {
+    /// Writes the log in our format: for a log we wrote, this is the file's exact text.
+    pub fn render(&self) -> String {
+        let mut out = format::header(&self.header);
+        for b in &self.blocks {
+            out.push_str(&format::block(&b.changes, &b.at));
+        }
+        out
+    }
+}

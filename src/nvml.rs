@@ -1,0 +1,73 @@
+//! NVML's view of a GPU (what nvidia-smi shows): device used/total and this process's usage.
+//! NVML is loaded at run time; without a driver the tracker warns once and leaves the fields out.
+use std::sync::Once;
+
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::Nvml;
+
+use crate::error::{Error, Result};
+
+/// One NVML reading of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NvmlReading {
+    /// Bytes in use on the whole device (all processes, plus the driver's reservations).
+    pub device_used: u64,
+    /// Device memory size in bytes.
+    pub device_total: u64,
+    /// Bytes used by the process asked about, when NVML reports it.
+    pub process_used: Option<u64>,
+}
+
+/// A handle on NVML.
+pub struct NvmlReader {
+    nvml: Nvml,
+}
+
+impl NvmlReader {
+    /// Loads and initialises NVML.
+    ///
+    /// # Errors
+    /// [`Error::NvmlUnavailable`] when the driver library cannot be loaded or initialised.
+    pub fn open() -> Result<Self> {
+        Nvml::init().map(|nvml| NvmlReader { nvml }).map_err(|e| Error::NvmlUnavailable(e.to_string()))
+    }
+
+    /// Reads the device with CUDA index `cuda_index` and the usage of process `pid` on it.
+    ///
+    /// # Errors
+    /// [`Error::NvmlUnavailable`] when NVML cannot read the device.
+    pub fn read(&self, cuda_index: usize, pid: u32) -> Result<NvmlReading> {
+        let err = |e: nvml_wrapper::error::NvmlError| Error::NvmlUnavailable(format!("device {cuda_index}: {e}"));
+        let device = self.nvml.device_by_index(nvml_index(cuda_index)).map_err(err)?;
+        let mem = device.memory_info().map_err(err)?;
+        let mut process_used = None;
+        let procs = device.running_compute_processes().unwrap_or_default();
+        let gfx = device.running_graphics_processes().unwrap_or_default();
+        for p in procs.iter().chain(gfx.iter()).filter(|p| p.pid == pid) {
+            if let UsedGpuMemory::Used(bytes) = p.used_gpu_memory {
+                process_used = Some(process_used.unwrap_or(0).max(bytes));
+            }
+        }
+        Ok(NvmlReading { device_used: mem.used, device_total: mem.total, process_used })
+    }
+}
+
+/// NVML numbers every GPU; CUDA only those in `CUDA_VISIBLE_DEVICES`, renumbered from 0.
+fn nvml_index(cuda_index: usize) -> u32 {
+    std::env::var("CUDA_VISIBLE_DEVICES")
+        .ok()
+        .and_then(|v| v.split(',').nth(cuda_index).and_then(|s| s.trim().parse::<u32>().ok()))
+        .unwrap_or(cuda_index as u32)
+}
+
+/// Logs the first NVML failure of the process as a warning; later ones at debug level.
+pub(crate) fn warn_once(err: &Error) {
+    static WARNED: Once = Once::new();
+    let mut first = false;
+    WARNED.call_once(|| first = true);
+    if first {
+        tracing::warn!(target: "gpu_mem_track", "{err}; NVML fields are left out of the log");
+    } else {
+        tracing::debug!(target: "gpu_mem_track", "{err}");
+    }
+}

@@ -1,0 +1,433 @@
+//! [`MemTracker`]: snapshot, diff, log line, per track point.
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+
+use crate::device::{AllocatorCounters, AllocatorReading, TrackedDevice};
+use crate::diff::{diff_groups, GroupChange};
+use crate::error::{Error, Result};
+use crate::ffi::{self, RawSnapshot};
+use crate::log::format::{self, MIB};
+use crate::log::writer::{validate_prefix, TIMESTAMP_FORMAT};
+use crate::log::{
+    AtLine, GroupLine, LogHeader, LogWriter, MemoryField, SourceLocation, ALLOCATED, NVML_USED, PEAK_ALLOCATED,
+    RESERVED, TENSOR_USED,
+};
+use crate::nvml::{self, NvmlReader, NvmlReading};
+use crate::site::Site;
+use crate::snapshot::{self, GroupKey, GroupTotals, Snapshot, TensorInfo};
+
+/// Default log folder, created when missing.
+pub const DEFAULT_LOG_DIR: &str = "logs";
+
+/// Configures a [`MemTracker`].
+#[derive(Debug, Clone)]
+pub struct MemTrackerBuilder {
+    device: Option<TrackedDevice>,
+    log_dir: Option<PathBuf>,
+    detail: bool,
+    prefix: String,
+    nvml: bool,
+}
+
+impl Default for MemTrackerBuilder {
+    fn default() -> Self {
+        MemTrackerBuilder { device: None, log_dir: None, detail: true, prefix: String::new(), nvml: true }
+    }
+}
+
+impl MemTrackerBuilder {
+    /// The device to watch (default: `cuda:0` when available, else `cpu`).
+    pub fn device(mut self, device: TrackedDevice) -> Self {
+        self.device = Some(device);
+        self
+    }
+
+    /// The folder for log files. It must exist; only the default `logs/` is created.
+    pub fn log_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.log_dir = Some(dir.into());
+        self
+    }
+
+    /// Print `+`/`-` tensor-group lines (default on). Off: only `At` lines.
+    pub fn detail(mut self, on: bool) -> Self {
+        self.detail = on;
+        self
+    }
+
+    /// Text put before the timestamp in the file name (letters, digits, `-`, `_`, `.`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Read NVML when tracking a CUDA device (default on).
+    pub fn nvml(mut self, on: bool) -> Self {
+        self.nvml = on;
+        self
+    }
+
+    /// Installs the registry and allocator hooks, creates the log file and writes its header.
+    ///
+    /// # Errors
+    /// [`Error::InvalidPrefix`]; [`Error::CudaUnavailable`] / [`Error::NoSuchCudaDevice`] for a
+    /// CUDA device this process cannot use; [`Error::LogDirMissing`],
+    /// [`Error::LogDirNotADirectory`], [`Error::LogDirUnwritable`] for the log folder;
+    /// [`Error::Libtorch`] if the hooks cannot be installed.
+    pub fn build(self) -> Result<MemTracker> {
+        validate_prefix(&self.prefix)?;
+        let device = self.device.unwrap_or_else(TrackedDevice::default_for_this_machine);
+        device.check_available()?;
+        ffi::install()?;
+        let dir = match self.log_dir {
+            Some(d) => d,
+            None => {
+                let d = PathBuf::from(DEFAULT_LOG_DIR);
+                std::fs::create_dir_all(&d).map_err(|source| Error::LogDirUnwritable { path: d.clone(), source })?;
+                d
+            }
+        };
+        let timestamp = chrono::Local::now().format(TIMESTAMP_FORMAT).to_string();
+        let mut writer = LogWriter::create(&dir, &self.prefix, &timestamp)?;
+        let nvml = match (device, self.nvml) {
+            (TrackedDevice::Cuda(_), true) => NvmlReader::open().map_err(|e| nvml::warn_once(&e)).ok(),
+            _ => None,
+        };
+        let allocator = AllocatorCounters::for_device(device);
+        let mut raw = RawSnapshot::new()?;
+        let (filter_kind, filter_index) = device.shim_filter();
+        let (records, dims) = raw.take(filter_kind, filter_index)?;
+        let totals = Snapshot::from_records(records, dims, false);
+        let reading = allocator.read()?;
+        let header = LogHeader {
+            timestamp,
+            fields: vec![
+                MemoryField::from_bytes(TENSOR_USED, totals.tensor_bytes),
+                MemoryField::from_bytes(ALLOCATED, reading.allocated),
+            ],
+        };
+        writer.append(&format::header(&header))?;
+        Ok(MemTracker {
+            device,
+            detail: self.detail,
+            log_path: writer.path().to_owned(),
+            warned: AtomicBool::new(false),
+            state: Mutex::new(State { raw, previous: FxHashMap::default(), writer, allocator, nvml }),
+        })
+    }
+}
+
+struct State {
+    raw: RawSnapshot,
+    previous: FxHashMap<GroupKey, GroupTotals>,
+    writer: LogWriter,
+    allocator: AllocatorCounters,
+    nvml: Option<NvmlReader>,
+}
+
+/// What one track call measured (and wrote to the log).
+#[derive(Debug, Clone)]
+pub struct TrackPoint {
+    /// Where it was taken.
+    pub site: Site,
+    /// Group changes since the previous track point (empty without detail).
+    pub changes: Vec<GroupChange>,
+    /// Bytes of unique live tensor storages on the device.
+    pub tensor_bytes: u64,
+    /// Live tensors on the device.
+    pub tensor_count: usize,
+    /// Allocator counters.
+    pub allocator: AllocatorReading,
+    /// NVML reading (CUDA with a driver only).
+    pub nvml: Option<NvmlReading>,
+}
+
+impl TrackPoint {
+    /// The `At` line this point printed.
+    pub fn at_line(&self) -> AtLine {
+        let mut fields = vec![
+            MemoryField::from_bytes(TENSOR_USED, self.tensor_bytes),
+            MemoryField::from_bytes(ALLOCATED, self.allocator.allocated),
+            MemoryField::from_bytes(PEAK_ALLOCATED, self.allocator.peak_since_previous),
+        ];
+        if let Some(r) = self.allocator.reserved {
+            fields.push(MemoryField::from_bytes(RESERVED, r));
+        }
+        if let Some(used) = self.nvml.and_then(|n| n.process_used) {
+            fields.push(MemoryField::from_bytes(NVML_USED, used));
+        }
+        AtLine {
+            location: SourceLocation {
+                file: self.site.file.to_owned(),
+                line: self.site.line,
+                function: self.site.function.to_string(),
+            },
+            fields,
+        }
+    }
+
+    /// The `+`/`-` lines this point printed.
+    pub fn group_lines(&self) -> Vec<GroupLine> {
+        self.changes
+            .iter()
+            .map(|c| GroupLine {
+                sign: c.sign,
+                count: c.count,
+                shape: c.key.shape.to_vec(),
+                memory_mib: c.bytes as f64 / MIB,
+                class: c.key.class.clone(),
+                dtype: c.key.dtype.torch_name(),
+            })
+            .collect()
+    }
+}
+
+/// Tracks the memory of one device, line by line, into one log file.
+///
+/// Thread-safe: concurrent [`track`](Self::track) calls are serialised and each writes one whole
+/// block.
+pub struct MemTracker {
+    device: TrackedDevice,
+    detail: bool,
+    log_path: PathBuf,
+    warned: AtomicBool,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for MemTracker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemTracker")
+            .field("device", &self.device)
+            .field("detail", &self.detail)
+            .field("log_path", &self.log_path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AsRef<MemTracker> for MemTracker {
+    fn as_ref(&self) -> &MemTracker {
+        self
+    }
+}
+
+impl MemTracker {
+    /// A builder with the defaults: best device, `logs/`, detail on, no prefix, NVML on.
+    pub fn builder() -> MemTrackerBuilder {
+        MemTrackerBuilder::default()
+    }
+
+    /// The tracked device.
+    pub fn device(&self) -> TrackedDevice {
+        self.device
+    }
+
+    /// The log file this tracker appends to.
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// Takes a track point at the caller's line (function name resolved once per call site).
+    /// Prefer [`track!`](crate::track), which knows the function at compile time.
+    ///
+    /// # Errors
+    /// [`Error::LogWrite`] when the block cannot be appended; [`Error::Libtorch`] when the
+    /// snapshot or the allocator counters cannot be read.
+    #[track_caller]
+    pub fn track(&self) -> Result<TrackPoint> {
+        self.track_at(&Site::caller())
+    }
+
+    /// Takes a track point attributed to `site`.
+    ///
+    /// # Errors
+    /// As [`track`](Self::track).
+    pub fn track_at(&self, site: &Site) -> Result<TrackPoint> {
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        let (kind, index) = self.device.shim_filter();
+        let (records, dims) = state.raw.take(kind, index)?;
+        let snap = Snapshot::from_records(records, dims, self.detail);
+        let allocator = state.allocator.read()?;
+        let nvml = match (&state.nvml, self.device) {
+            (Some(reader), TrackedDevice::Cuda(i)) => {
+                reader.read(i, std::process::id()).map_err(|e| nvml::warn_once(&e)).ok()
+            }
+            _ => None,
+        };
+        let point = TrackPoint {
+            site: site.clone(),
+            changes: if self.detail { diff_groups(&state.previous, &snap.groups) } else { Vec::new() },
+            tensor_bytes: snap.tensor_bytes,
+            tensor_count: snap.tensor_count,
+            allocator,
+            nvml,
+        };
+        state.writer.append(&format::block(&point.group_lines(), &point.at_line()))?;
+        state.previous = snap.groups;
+        drop(guard);
+        tracing::info!(
+            target: "gpu_mem_track",
+            file = site.file,
+            line = site.line,
+            function = &*site.function,
+            tensor_mib = point.tensor_bytes as f64 / MIB,
+            allocated_mib = point.allocator.allocated as f64 / MIB,
+            peak_allocated_mib = point.allocator.peak_since_previous as f64 / MIB,
+            reserved_mib = point.allocator.reserved.map(|r| r as f64 / MIB),
+            nvml_used_mib = point.nvml.and_then(|n| n.process_used).map(|r| r as f64 / MIB),
+            changed_groups = point.changes.len(),
+            "track"
+        );
+        Ok(point)
+    }
+
+    /// Releases the CUDA caching allocator's unused blocks; returns the reserved bytes released.
+    /// On a CPU tracker there is no cache and this returns 0.
+    ///
+    /// # Errors
+    /// [`Error::Libtorch`] when CUDA reports a failure.
+    pub fn clear_cache(&self) -> Result<u64> {
+        match self.device {
+            TrackedDevice::Cpu => Ok(0),
+            TrackedDevice::Cuda(i) => {
+                let before = ffi::cuda_stats(i, false)?.reserved_current;
+                ffi::cuda_empty_cache()?;
+                let after = ffi::cuda_stats(i, false)?.reserved_current;
+                Ok((before - after).max(0) as u64)
+            }
+        }
+    }
+
+    /// Every live tensor on the device, largest storage first.
+    ///
+    /// # Errors
+    /// [`Error::Libtorch`] when the registry cannot be read.
+    pub fn live_tensors(&self) -> Result<Vec<TensorInfo>> {
+        let mut state = self.state.lock();
+        let (kind, index) = self.device.shim_filter();
+        let (records, dims) = state.raw.take(kind, index)?;
+        Ok(snapshot::tensor_infos(records, dims))
+    }
+
+    /// Writes one line per live tensor on the device (name, shape, dtype, class, bytes, storage)
+    /// and a total.
+    ///
+    /// # Errors
+    /// I/O errors of `out`; [`Error::Libtorch`] when the registry cannot be read.
+    pub fn print_all_tensors(&self, mut out: impl Write) -> Result<()> {
+        let tensors = self.live_tensors()?;
+        let io = |source| Error::LogWrite { path: PathBuf::from("<print_all_tensors writer>"), source };
+        let mut total = 0u64;
+        for t in &tensors {
+            if t.owns_storage {
+                total += t.storage_nbytes;
+            }
+            writeln!(
+                out,
+                "{:<32} | Size:{:<20} | {:<14} | {:<40} | {:>12} B | storage {:#x}{}",
+                t.name.as_deref().unwrap_or("-"),
+                format::python_tuple(&t.shape),
+                t.dtype.torch_name(),
+                t.class.to_string(),
+                t.nbytes,
+                t.storage_id,
+                if t.owns_storage { "" } else { " (view: shares storage)" }
+            )
+            .map_err(io)?;
+        }
+        writeln!(out, "{} tensors on {}, {} bytes in unique storages", tensors.len(), self.device, total).map_err(io)
+    }
+
+    /// Registers every variable of a `VarStore` by name, so parameters show up even if they were
+    /// created before the registry was installed.
+    ///
+    /// # Errors
+    /// [`Error::Libtorch`] when registration fails.
+    pub fn watch_varstore(&self, vs: &tch::nn::VarStore) -> Result<usize> {
+        let vars = vs.variables();
+        for (name, t) in &vars {
+            ffi::register_tensor(t, name)?;
+        }
+        Ok(vars.len())
+    }
+
+    /// Registers a TorchScript module's named parameters and buffers (which `CModule::load`
+    /// creates without any op the registry sees).
+    ///
+    /// # Errors
+    /// [`Error::Libtorch`] when the module cannot be walked.
+    pub fn watch_module(&self, module: &tch::CModule) -> Result<usize> {
+        ffi::register_module(module, "")
+    }
+
+    /// Registers one tensor under a name.
+    ///
+    /// # Errors
+    /// [`Error::Libtorch`] when registration fails (e.g. a NUL byte in `name`).
+    pub fn register(&self, tensor: &tch::Tensor, name: &str) -> Result<()> {
+        ffi::register_tensor(tensor, name)
+    }
+
+    /// Logs a failed track as a warning the first time, then at debug level.
+    pub(crate) fn report_failure(&self, e: &Error) {
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(target: "gpu_mem_track", log = %self.log_path.display(), "track failed: {e}");
+        } else {
+            tracing::debug!(target: "gpu_mem_track", "track failed: {e}");
+        }
+    }
+}
+
+static DEFAULT_TRACKER: OnceLock<Result<MemTracker>> = OnceLock::new();
+
+/// The process-wide tracker used by `track!()` without arguments: built on first use with the
+/// defaults unless [`set_default_tracker`] ran before.
+///
+/// # Errors
+/// The build error of the default tracker (the same one on every call).
+pub fn default_tracker() -> std::result::Result<&'static MemTracker, &'static Error> {
+    DEFAULT_TRACKER.get_or_init(|| MemTracker::builder().build()).as_ref()
+}
+
+/// Makes `tracker` the process-wide default. Fails (returning it) if a default already exists.
+pub fn set_default_tracker(tracker: MemTracker) -> std::result::Result<(), MemTracker> {
+    let mut slot = Some(tracker);
+    DEFAULT_TRACKER.get_or_init(|| Ok(slot.take().expect("taken once")));
+    match slot {
+        None => Ok(()),
+        Some(t) => Err(t),
+    }
+}
+
+/// Installs the live-tensor registry and the wrapped CPU allocator now. Tensors created before
+/// this (or before the first tracker is built) are only seen if registered explicitly, so call it
+/// first thing in `main` when that matters.
+///
+/// # Errors
+/// [`Error::Libtorch`] when libtorch refuses the hooks.
+pub fn install() -> Result<()> {
+    ffi::install()
+}
+
+/// Whether [`install`] (or a tracker) has installed the registry in this process.
+pub fn is_installed() -> bool {
+    ffi::registry_installed()
+}
+
+/// Pauses (`false`) or resumes the registry's per-op callback. Tensors created while paused are
+/// invisible to snapshots; meant for measuring the registry's overhead.
+///
+/// # Errors
+/// [`Error::Libtorch`] when the registry is not installed.
+pub fn set_registry_enabled(enabled: bool) -> Result<()> {
+    ffi::set_registry_enabled(enabled)
+}
+
+/// Registry entries, dead ones included until pruned (diagnostics).
+pub fn registry_entries() -> usize {
+    ffi::registry_entries()
+}

@@ -1,0 +1,37 @@
+//! Code generation for `#[track_memory]`.
+use proc_macro2::{Span, TokenStream};
+use quote::{quote, quote_spanned};
+use syn::ItemFn;
+
+use crate::TrackMemoryArgs;
+
+/// `&'static Site` for the line of `span`, function name from a local item's type name.
+fn site_at(span: Span) -> TokenStream {
+    // `line!()` takes the line of the span it is written with.
+    let line = quote_spanned!(span=> ::core::line!());
+    quote! {{
+        fn __gmt_here() {}
+        static SITE: ::std::sync::OnceLock<::gpu_mem_track::Site> = ::std::sync::OnceLock::new();
+        SITE.get_or_init(|| {
+            ::gpu_mem_track::Site::new(::core::file!(), #line, ::std::any::type_name_of_val(&__gmt_here))
+        })
+    }}
+}
+
+pub(crate) fn track_memory(args: TrackMemoryArgs, func: ItemFn) -> TokenStream {
+    let ItemFn { attrs, vis, sig, block } = func;
+    let entry = site_at(sig.ident.span());
+    let exit = site_at(block.brace_token.span.close());
+    let tracker = match &args.tracker {
+        Some(expr) => quote!(::gpu_mem_track::__private::FunctionGuard::given(&#expr)),
+        None => quote!(::gpu_mem_track::__private::FunctionGuard::default_tracker()),
+    };
+    let stmts = &block.stmts;
+    quote! {
+        #(#attrs)*
+        #vis #sig {
+            let __gmt_guard = ::gpu_mem_track::__private::FunctionGuard::enter(#tracker, #entry, #exit);
+            #(#stmts)*
+        }
+    }
+}
