@@ -1,0 +1,58 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+use std::path::Path;
+
+use gpu_mem_track::{MemTracker, TrackedDevice};
+
+/// A CPU tracker logging into `dir`.
+pub fn cpu_tracker(dir: &Path) -> MemTracker {
+    MemTracker::builder().device(TrackedDevice::Cpu).log_dir(dir).build().expect("CPU tracker")
+}
+
+/// The raw text of each block of a log: (group lines, `At` line).
+pub fn raw_blocks(path: &Path) -> Vec<(Vec<String>, String)> {
+    let text = std::fs::read_to_string(path).expect("log readable");
+    let mut out = Vec::new();
+    let mut pending = Vec::new();
+    for line in text.lines().skip(1) {
+        if line.starts_with("+ |") || line.starts_with("- |") {
+            pending.push(line.to_owned());
+        } else if line.starts_with("At ") {
+            out.push((std::mem::take(&mut pending), line.to_owned()));
+        } else {
+            assert!(line.is_empty(), "unexpected line {line:?}");
+        }
+    }
+    assert!(pending.is_empty(), "group lines after the last At line");
+    out
+}
+
+/// The group lines of the last block.
+pub fn last_group_lines(tracker: &MemTracker) -> Vec<String> {
+    raw_blocks(tracker.log_path()).pop().expect("a block").0
+}
+
+/// A group line as the log must print it.
+pub fn line(sign: char, n: u64, shape: &str, mem: &str, class: &str, dtype: &str) -> String {
+    format!("{sign} | {n} * Size:{shape:<20} | Memory: {mem} M | {class:<20} | {dtype}")
+}
+
+pub const TENSOR: &str = "<class 'torch.Tensor'>";
+pub const PARAM: &str = "<class 'torch.nn.parameter.Parameter'>";
+
+/// A Python interpreter with torch, for tests that export TorchScript models.
+pub fn python_with_torch() -> Option<std::path::PathBuf> {
+    let mut candidates = Vec::new();
+    if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
+        candidates.push(Path::new(&venv).join("bin/python"));
+    }
+    candidates.push(Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
+    candidates.push("python3".into());
+    candidates.into_iter().find(|p| {
+        std::process::Command::new(p)
+            .args(["-c", "import torch"])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    })
+}

@@ -1,0 +1,170 @@
+//! Exact log content for tensors created, viewed, cloned, moved, converted and dropped on CPU.
+//! Each test runs in its own process (cargo nextest), so byte counts are exact.
+mod common;
+
+use common::{cpu_tracker, last_group_lines, line, raw_blocks, PARAM, TENSOR};
+use gpu_mem_track::log::{parse_log_file, ALLOCATED, PEAK_ALLOCATED, TENSOR_USED};
+use gpu_mem_track::{cpu_allocator_stats, track};
+use tch::{Device, Kind, Tensor};
+
+const QUARTER_MIB: usize = 256 * 256 * 4;
+
+#[test]
+fn create_view_clone_move_convert_drop() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = cpu_tracker(dir.path());
+    track!(t).unwrap();
+
+    let a = Tensor::zeros([256, 256], (Kind::Float, Device::Cpu));
+    let p = track!(t).unwrap();
+    assert_eq!(last_group_lines(&t), vec![line('+', 1, "(256, 256)", "0.25", TENSOR, "torch.float32")]);
+    assert_eq!(p.tensor_bytes, QUARTER_MIB as u64);
+
+    // A view shares the storage: a new group line, but no bytes.
+    let v = a.view([65536]);
+    let p = track!(t).unwrap();
+    assert_eq!(last_group_lines(&t), vec![line('+', 1, "(65536,)", "0.0", TENSOR, "torch.float32")]);
+    assert_eq!(p.tensor_bytes, QUARTER_MIB as u64, "views are not double counted");
+
+    // A clone joins the (256, 256) group: 1 -> 2 prints one `+ | 1 *` line, not `+2` and `-1`.
+    let b = a.copy();
+    let p = track!(t).unwrap();
+    assert_eq!(last_group_lines(&t), vec![line('+', 1, "(256, 256)", "0.25", TENSOR, "torch.float32")]);
+    assert_eq!(p.tensor_bytes, 2 * QUARTER_MIB as u64);
+
+    // Moving a tensor between Rust owners, or `to` the device it is on, creates nothing.
+    let holder = vec![b];
+    let same = a.to_device(Device::Cpu);
+    track!(t).unwrap();
+    assert_eq!(last_group_lines(&t), Vec::<String>::new());
+
+    // A dtype conversion is a new tensor of twice the bytes.
+    let d = a.to_kind(Kind::Double);
+    track!(t).unwrap();
+    assert_eq!(last_group_lines(&t), vec![line('+', 1, "(256, 256)", "0.5", TENSOR, "torch.float64")]);
+
+    drop(holder);
+    track!(t).unwrap();
+    assert_eq!(last_group_lines(&t), vec![line('-', 1, "(256, 256)", "0.25", TENSOR, "torch.float32")]);
+
+    // Dropping the base, its view and the conversion: largest first, then by key.
+    drop((a, v, same, d));
+    let p = track!(t).unwrap();
+    assert_eq!(
+        last_group_lines(&t),
+        vec![
+            line('-', 1, "(256, 256)", "0.5", TENSOR, "torch.float64"),
+            line('-', 1, "(256, 256)", "0.25", TENSOR, "torch.float32"),
+            line('-', 1, "(65536,)", "0.0", TENSOR, "torch.float32"),
+        ]
+    );
+    assert_eq!(p.tensor_bytes, 0);
+}
+
+#[test]
+fn at_line_totals_are_live_storages_and_the_allocator_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = cpu_tracker(dir.path());
+    let x = Tensor::ones([1000, 1000], (Kind::Float, Device::Cpu)); // 4,000,000 B
+    let y = x.narrow(0, 0, 10); // view: no bytes
+    let z = Tensor::arange(1000, (Kind::Int64, Device::Cpu)); // 8,000 B
+    let p = track!(t).unwrap();
+    assert_eq!(p.tensor_bytes, 4_000_000 + 8_000);
+    let stats = cpu_allocator_stats().expect("installed");
+    assert_eq!(p.allocator.allocated, stats.current, "Total Allocated Memory is the wrapped allocator's count");
+
+    let log = parse_log_file(t.log_path()).unwrap();
+    let at = &log.blocks.last().unwrap().at;
+    let mib = |b: u64| (b as f64 / 1048576.0 * 10.0).round() / 10.0;
+    assert_eq!(at.field(TENSOR_USED), Some(mib(4_008_000)));
+    assert_eq!(at.field(ALLOCATED), Some(mib(stats.current)));
+    drop((x, y, z));
+}
+
+#[test]
+fn peak_between_lines_comes_from_the_allocator() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = cpu_tracker(dir.path());
+    let before = track!(t).unwrap().allocator.allocated;
+    {
+        let tmp = Tensor::zeros([1024, 1024], (Kind::Float, Device::Cpu)); // 4 MiB, freed before the line
+        drop(tmp);
+    }
+    let p = track!(t).unwrap();
+    assert_eq!(p.allocator.allocated, before);
+    assert_eq!(p.allocator.peak_since_previous, before + 4 * 1024 * 1024);
+    let log = parse_log_file(t.log_path()).unwrap();
+    let at = &log.blocks.last().unwrap().at;
+    assert_eq!(at.field(PEAK_ALLOCATED), Some(((before + 4 * 1024 * 1024) as f64 / 1048576.0 * 10.0).round() / 10.0));
+    // The window restarts at each line.
+    let p = track!(t).unwrap();
+    assert_eq!(p.allocator.peak_since_previous, before);
+}
+
+#[test]
+fn varstore_variables_print_as_parameters_and_grads_as_tensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = cpu_tracker(dir.path());
+    track!(t).unwrap();
+    let vs = tch::nn::VarStore::new(Device::Cpu);
+    let fc = tch::nn::linear(vs.root() / "fc", 32, 16, Default::default());
+    assert_eq!(t.watch_varstore(&vs).unwrap(), 2);
+    track!(t).unwrap();
+    assert_eq!(
+        last_group_lines(&t),
+        vec![
+            line('+', 1, "(16, 32)", "0.002", PARAM, "torch.float32"),
+            line('+', 1, "(16,)", "0.0001", PARAM, "torch.float32"),
+        ]
+    );
+    let mut listing = Vec::new();
+    t.print_all_tensors(&mut listing).unwrap();
+    let listing = String::from_utf8(listing).unwrap();
+    assert!(listing.contains("fc.weight"), "{listing}");
+    assert!(listing.contains("2 tensors on cpu, 2112 bytes"), "{listing}");
+
+    let x = Tensor::ones([4, 32], (Kind::Float, Device::Cpu));
+    let loss = x.apply(&fc).sum(Kind::Float);
+    loss.backward();
+    drop(loss);
+    track!(t).unwrap();
+    let lines = last_group_lines(&t);
+    // The input and the two gradients (plain tensors, not parameters).
+    assert!(lines.contains(&line('+', 1, "(16, 32)", "0.002", TENSOR, "torch.float32")), "{lines:#?}");
+    assert!(lines.contains(&line('+', 1, "(4, 32)", "0.0005", TENSOR, "torch.float32")), "{lines:#?}");
+    assert!(lines.contains(&line('+', 1, "(16,)", "0.0001", TENSOR, "torch.float32")), "{lines:#?}");
+}
+
+#[test]
+fn tensors_the_registry_missed_appear_once_registered() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = cpu_tracker(dir.path());
+    gpu_mem_track::set_registry_enabled(false).unwrap();
+    let hidden = Tensor::zeros([128], (Kind::Int64, Device::Cpu));
+    gpu_mem_track::set_registry_enabled(true).unwrap();
+    track!(t).unwrap();
+    assert!(last_group_lines(&t).is_empty());
+    t.register(&hidden, "hidden").unwrap();
+    track!(t).unwrap();
+    assert_eq!(last_group_lines(&t), vec![line('+', 1, "(128,)", "0.001", TENSOR, "torch.int64")]);
+}
+
+#[test]
+fn without_detail_only_at_lines_are_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = gpu_mem_track::MemTracker::builder()
+        .device(gpu_mem_track::TrackedDevice::Cpu)
+        .log_dir(dir.path())
+        .detail(false)
+        .build()
+        .unwrap();
+    let x = Tensor::zeros([512, 512], (Kind::Float, Device::Cpu));
+    let p = track!(t).unwrap();
+    assert!(p.changes.is_empty());
+    assert_eq!(p.tensor_bytes, 512 * 512 * 4);
+    let blocks = raw_blocks(t.log_path());
+    assert_eq!(blocks.len(), 1);
+    assert!(blocks[0].0.is_empty());
+    assert!(blocks[0].1.contains("Total Tensor Used Memory:1.0    Mb"), "{}", blocks[0].1);
+    drop(x);
+}
