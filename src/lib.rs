@@ -79,11 +79,11 @@ pub use tracker::{
 /// Tracks on entry to a function and on every exit (`return`, `?`, end of body, unwinding).
 ///
 /// `#[track_memory]` uses the default tracker; `#[track_memory(tracker = expr)]` any expression
-/// that gives a `MemTracker` (or a reference or `Arc` of one) and lives through the call.
+/// that derefs to a `MemTracker` and outlives the call.
 pub use tracker_macros::track_memory;
 
 /// Takes a track point here: `track!()` uses the default tracker, `track!(tracker)` the given one
-/// (a `MemTracker`, a reference or an `Arc`).
+/// (anything that derefs to a `MemTracker`: the tracker, a reference, an `Arc`, a `LazyLock`).
 ///
 /// File, line and the enclosing function's name are fixed at compile time and cached in a static,
 /// so the call costs only the snapshot. Returns `Option<TrackPoint>`: `None` when tracking failed,
@@ -94,10 +94,11 @@ macro_rules! track {
         $crate::__private::track_or_warn($crate::default_tracker(), $crate::__site!())
     };
     ($tracker:expr) => {
-        $crate::__private::track_or_warn(
-            ::core::result::Result::Ok(::core::convert::AsRef::<$crate::MemTracker>::as_ref(&$tracker)),
-            $crate::__site!(),
-        )
+{
+        // Deref coercion accepts a tracker, a reference, an `Arc`, a `LazyLock`, ...
+        let __gmt_tracker: &$crate::MemTracker = &$tracker;
+        $crate::__private::track_or_warn(::core::result::Result::Ok(__gmt_tracker), $crate::__site!())
+    }
     };
 }
 
@@ -146,11 +147,6 @@ pub mod __private {
         /// The default tracker, for the attribute without arguments.
         pub fn default_tracker() -> Result<&'static MemTracker, &'static Error> {
             crate::default_tracker()
-        }
-
-        /// A given tracker.
-        pub fn given<T: AsRef<MemTracker> + ?Sized>(t: &'a T) -> Result<&'a MemTracker, &'static Error> {
-            Ok(t.as_ref())
         }
     }
 

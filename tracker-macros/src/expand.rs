@@ -23,7 +23,10 @@ pub(crate) fn track_memory(args: TrackMemoryArgs, func: ItemFn) -> TokenStream {
     let entry = site_at(sig.ident.span());
     let exit = site_at(block.brace_token.span.close());
     let tracker = match &args.tracker {
-        Some(expr) => quote!(::gpu_mem_track::__private::FunctionGuard::given(&#expr)),
+        Some(expr) => quote!({
+            let __gmt_tracker: &::gpu_mem_track::MemTracker = &#expr;
+            ::core::result::Result::Ok(__gmt_tracker)
+        }),
         None => quote!(::gpu_mem_track::__private::FunctionGuard::default_tracker()),
     };
     let stmts = &block.stmts;
