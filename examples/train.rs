@@ -34,7 +34,13 @@ fn batch(n: i64, device: Device) -> (Tensor, Tensor) {
 }
 
 #[track_memory(tracker = tracker)]
-fn train_step(tracker: &MemTracker, model: &impl Module, opt: &mut nn::Optimizer, x: &Tensor, y: &Tensor) -> f64 {
+fn train_step(
+    tracker: &MemTracker,
+    model: &impl Module,
+    opt: &mut nn::Optimizer,
+    x: &Tensor,
+    y: &Tensor,
+) -> f64 {
     let logits = model.forward(x);
     track!(tracker); // activations and the autograd graph are alive here
     let loss = logits.cross_entropy_for_logits(y);

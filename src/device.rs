@@ -38,7 +38,8 @@ impl TrackedDevice {
                 let count = cuda_device_count();
                 if count == 0 {
                     Err(Error::CudaUnavailable {
-                        reason: "libtorch sees no CUDA device (no GPU, no driver, or a CPU-only libtorch)".into(),
+                        reason: "libtorch sees no CUDA device (no GPU, no driver, or a CPU-only libtorch)"
+                            .into(),
                     })
                 } else if index >= count {
                     Err(Error::NoSuchCudaDevice { index, count })
@@ -116,7 +117,9 @@ pub fn cuda_device_count() -> usize {
 /// [`Error::CudaUnavailable`] when this process has no usable GPU.
 pub fn empty_cuda_cache() -> Result<()> {
     if cuda_device_count() == 0 {
-        return Err(Error::CudaUnavailable { reason: "libtorch sees no CUDA device; there is no cache to empty".into() });
+        return Err(Error::CudaUnavailable {
+            reason: "libtorch sees no CUDA device; there is no cache to empty".into(),
+        });
     }
     ffi::cuda_empty_cache()
 }

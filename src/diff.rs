@@ -51,7 +51,12 @@ pub fn diff_groups(
         // The count decides the sign; a pure byte change (a view became its storage's owner
         // after the base died) takes the sign of the bytes.
         let sign = if dc > 0 || (dc == 0 && db > 0) { Sign::Plus } else { Sign::Minus };
-        out.push(GroupChange { key: key.clone(), sign, count: dc.unsigned_abs() as u64, bytes: db.unsigned_abs() as u64 });
+        out.push(GroupChange {
+            key: key.clone(),
+            sign,
+            count: dc.unsigned_abs() as u64,
+            bytes: db.unsigned_abs() as u64,
+        });
     };
     for (key, &now) in current {
         push(key, previous.get(key).copied().unwrap_or_default(), now);

@@ -50,12 +50,19 @@ pub(crate) fn registry_entries() -> usize {
     unsafe { sys::gmt_registry_entries() }
 }
 
+pub(crate) fn registry_callbacks() -> u64 {
+    // SAFETY: reads an atomic counter.
+    unsafe { sys::gmt_registry_callbacks() }
+}
+
 /// Adds a tensor (and a display name) to the registry.
 pub(crate) fn register_tensor(tensor: &tch::Tensor, name: &str) -> Result<()> {
     let name = c_string("register tensor", name)?;
     // SAFETY: `as_ptr` is the `at::Tensor*` tch owns; it stays valid for the duration of the call
     // because `tensor` is borrowed. The shim only takes a weak reference to its TensorImpl.
-    check("register tensor", unsafe { sys::gmt_registry_register(tensor.as_ptr() as *const c_void, name.as_ptr()) })
+    check("register tensor", unsafe {
+        sys::gmt_registry_register(tensor.as_ptr() as *const c_void, name.as_ptr())
+    })
 }
 
 // tch's CModule is a struct holding only the `torch::jit::script::Module*` and exposes no accessor.
@@ -181,7 +188,9 @@ pub(crate) fn cuda_device_count() -> usize {
 pub(crate) fn cuda_stats(device: usize, reset_peak: bool) -> Result<CudaStats> {
     let mut out = CudaStats::default();
     // SAFETY: `out` is a valid out-pointer; the shim checks the device index.
-    check("CUDA memory stats", unsafe { sys::gmt_cuda_stats_read(device as i32, reset_peak as i32, &mut out) })?;
+    check("CUDA memory stats", unsafe {
+        sys::gmt_cuda_stats_read(device as i32, reset_peak as i32, &mut out)
+    })?;
     Ok(out)
 }
 

@@ -73,8 +73,8 @@ pub use error::{Error, Result};
 pub use site::Site;
 pub use snapshot::{DType, GroupKey, TensorClass, TensorInfo};
 pub use tracker::{
-    default_tracker, install, is_installed, registry_entries, set_default_tracker, set_registry_enabled, MemTracker,
-    MemTrackerBuilder, TrackPoint, DEFAULT_LOG_DIR,
+    default_tracker, install, is_installed, registry_callbacks, registry_entries, set_default_tracker,
+    set_registry_enabled, MemTracker, MemTrackerBuilder, TrackPoint, DEFAULT_LOG_DIR,
 };
 /// Tracks on entry to a function and on every exit (`return`, `?`, end of body, unwinding).
 ///
@@ -93,13 +93,11 @@ macro_rules! track {
     () => {
         $crate::__private::track_or_warn($crate::default_tracker(), $crate::__site!())
     };
-    ($tracker:expr) => {
-{
+    ($tracker:expr) => {{
         // Deref coercion accepts a tracker, a reference, an `Arc`, a `LazyLock`, ...
         let __gmt_tracker: &$crate::MemTracker = &$tracker;
         $crate::__private::track_or_warn(::core::result::Result::Ok(__gmt_tracker), $crate::__site!())
-    }
-    };
+    }};
 }
 
 /// The current [`Site`] as a `&'static Site`, computed once per call site.
@@ -125,7 +123,9 @@ pub mod __private {
             Ok(t) => t.track_at(site).map_err(|e| t.report_failure(&e)).ok(),
             Err(e) => {
                 static WARNED: std::sync::Once = std::sync::Once::new();
-                WARNED.call_once(|| tracing::warn!(target: "gpu_mem_track", "default tracker unavailable: {e}"));
+                WARNED.call_once(
+                    || tracing::warn!(target: "gpu_mem_track", "default tracker unavailable: {e}"),
+                );
                 None
             }
         }
@@ -139,7 +139,11 @@ pub mod __private {
 
     impl<'a> FunctionGuard<'a> {
         /// Tracks at `entry`; tracks at `exit` when dropped.
-        pub fn enter(tracker: Result<&'a MemTracker, &'static Error>, entry: &Site, exit: &'static Site) -> Self {
+        pub fn enter(
+            tracker: Result<&'a MemTracker, &'static Error>,
+            entry: &Site,
+            exit: &'static Site,
+        ) -> Self {
             track_or_warn(tracker, entry);
             FunctionGuard { tracker, exit }
         }

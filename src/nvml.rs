@@ -20,7 +20,8 @@ pub struct NvmlReading {
 
 /// A handle on NVML.
 pub struct NvmlReader {
-    nvml: Nvml,
+    // Boxed: the loaded library's symbol table is several KiB.
+    nvml: Box<Nvml>,
 }
 
 impl NvmlReader {
@@ -29,7 +30,9 @@ impl NvmlReader {
     /// # Errors
     /// [`Error::NvmlUnavailable`] when the driver library cannot be loaded or initialised.
     pub fn open() -> Result<Self> {
-        Nvml::init().map(|nvml| NvmlReader { nvml }).map_err(|e| Error::NvmlUnavailable(e.to_string()))
+        Nvml::init()
+            .map(|nvml| NvmlReader { nvml: Box::new(nvml) })
+            .map_err(|e| Error::NvmlUnavailable(e.to_string()))
     }
 
     /// Reads the device with CUDA index `cuda_index` and the usage of process `pid` on it.
@@ -37,7 +40,8 @@ impl NvmlReader {
     /// # Errors
     /// [`Error::NvmlUnavailable`] when NVML cannot read the device.
     pub fn read(&self, cuda_index: usize, pid: u32) -> Result<NvmlReading> {
-        let err = |e: nvml_wrapper::error::NvmlError| Error::NvmlUnavailable(format!("device {cuda_index}: {e}"));
+        let err =
+            |e: nvml_wrapper::error::NvmlError| Error::NvmlUnavailable(format!("device {cuda_index}: {e}"));
         let device = self.nvml.device_by_index(nvml_index(cuda_index)).map_err(err)?;
         let mem = device.memory_info().map_err(err)?;
         let mut process_used = None;

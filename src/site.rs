@@ -75,7 +75,9 @@ fn function_from_backtrace(loc: &Location<'_>) -> String {
         for sym in frame.symbols() {
             let Some(name) = sym.name() else { continue };
             let name = format!("{name:#}");
-            let at_loc = sym.filename().is_some_and(|f| f.ends_with(loc.file()) || loc.file().ends_with(&*f.to_string_lossy()))
+            let at_loc = sym
+                .filename()
+                .is_some_and(|f| f.ends_with(loc.file()) || loc.file().ends_with(&*f.to_string_lossy()))
                 && sym.lineno() == Some(loc.line());
             if at_loc {
                 return clean_function_path(&name);

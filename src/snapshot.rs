@@ -155,12 +155,12 @@ impl Hash for BorrowedKey<'_> {
     }
 }
 
-/// Index of each storage's owner among `records` (`usize::MAX` for tensors without storage).
-fn storage_owners(records: &[TensorRecord]) -> FxHashMap<u64, usize> {
+/// Index of the owner of each storage held by several tensors, among `records`. A storage held by
+/// one tensor (`storage_shared == 0`, the common case) is owned by it without a lookup.
+fn shared_storage_owners(records: &[TensorRecord]) -> FxHashMap<u64, usize> {
     let mut owners: FxHashMap<u64, usize> = FxHashMap::default();
-    owners.reserve(records.len());
     for (i, r) in records.iter().enumerate() {
-        if r.storage_id == 0 {
+        if r.storage_id == 0 || r.storage_shared == 0 {
             continue;
         }
         owners
@@ -176,6 +176,12 @@ fn storage_owners(records: &[TensorRecord]) -> FxHashMap<u64, usize> {
     owners
 }
 
+/// Whether record `i` is the one its storage's bytes are attributed to.
+fn owns_storage(records: &[TensorRecord], owners: &FxHashMap<u64, usize>, i: usize) -> bool {
+    let r = &records[i];
+    r.storage_id != 0 && (r.storage_shared == 0 || owners.get(&r.storage_id) == Some(&i))
+}
+
 pub(crate) fn is_parameter(r: &TensorRecord) -> bool {
     r.is_leaf != 0 && r.requires_grad != 0
 }
@@ -188,21 +194,23 @@ pub(crate) fn shape_of<'a>(r: &TensorRecord, dims: &'a [i64]) -> &'a [i64] {
 impl Snapshot {
     /// Groups raw registry records. With `detail == false` only the totals are computed.
     pub(crate) fn from_records(records: &[TensorRecord], dims: &[i64], detail: bool) -> Snapshot {
-        let owners = storage_owners(records);
-        let tensor_bytes = owners.values().map(|&i| records[i].storage_nbytes.max(0) as u64).sum();
-        let mut snap = Snapshot {
-            groups: FxHashMap::default(),
-            tensor_bytes,
-            tensor_count: records.len(),
-            storage_count: owners.len(),
-        };
-        if !detail {
-            return snap;
-        }
+        let owners = shared_storage_owners(records);
+        let mut snap = Snapshot { tensor_count: records.len(), ..Snapshot::default() };
         let mut grouped: FxHashMap<BorrowedKey<'_>, GroupTotals> = FxHashMap::default();
         for (i, r) in records.iter().enumerate() {
-            let owned = r.storage_id != 0 && owners.get(&r.storage_id) == Some(&i);
-            let key = BorrowedKey { shape: shape_of(r, dims), scalar_type: r.scalar_type, parameter: is_parameter(r) };
+            let owned = owns_storage(records, &owners, i);
+            if owned {
+                snap.tensor_bytes += r.storage_nbytes.max(0) as u64;
+                snap.storage_count += 1;
+            }
+            if !detail {
+                continue;
+            }
+            let key = BorrowedKey {
+                shape: shape_of(r, dims),
+                scalar_type: r.scalar_type,
+                parameter: is_parameter(r),
+            };
             let g = grouped.entry(key).or_default();
             g.count += 1;
             if owned {
@@ -240,7 +248,7 @@ pub struct TensorInfo {
 }
 
 pub(crate) fn tensor_infos(records: &[TensorRecord], dims: &[i64]) -> Vec<TensorInfo> {
-    let owners = storage_owners(records);
+    let owners = shared_storage_owners(records);
     let mut out: Vec<TensorInfo> = records
         .iter()
         .enumerate()
@@ -252,7 +260,7 @@ pub(crate) fn tensor_infos(records: &[TensorRecord], dims: &[i64]) -> Vec<Tensor
             nbytes: r.nbytes.max(0) as u64,
             storage_nbytes: r.storage_nbytes.max(0) as u64,
             storage_id: r.storage_id,
-            owns_storage: r.storage_id != 0 && owners.get(&r.storage_id) == Some(&i),
+            owns_storage: owns_storage(records, &owners, i),
         })
         .collect();
     out.sort_by(|a, b| {

@@ -14,8 +14,8 @@ use crate::ffi::{self, RawSnapshot};
 use crate::log::format::{self, MIB};
 use crate::log::writer::{validate_prefix, TIMESTAMP_FORMAT};
 use crate::log::{
-    AtLine, GroupLine, LogHeader, LogWriter, MemoryField, SourceLocation, ALLOCATED, NVML_USED, PEAK_ALLOCATED,
-    RESERVED, TENSOR_USED,
+    AtLine, GroupLine, LogHeader, LogWriter, MemoryField, SourceLocation, ALLOCATED, NVML_USED,
+    PEAK_ALLOCATED, RESERVED, TENSOR_USED,
 };
 use crate::nvml::{self, NvmlReader, NvmlReading};
 use crate::site::Site;
@@ -87,7 +87,8 @@ impl MemTrackerBuilder {
             Some(d) => d,
             None => {
                 let d = PathBuf::from(DEFAULT_LOG_DIR);
-                std::fs::create_dir_all(&d).map_err(|source| Error::LogDirUnwritable { path: d.clone(), source })?;
+                std::fs::create_dir_all(&d)
+                    .map_err(|source| Error::LogDirUnwritable { path: d.clone(), source })?;
                 d
             }
         };
@@ -339,7 +340,8 @@ impl MemTracker {
             )
             .map_err(io)?;
         }
-        writeln!(out, "{} tensors on {}, {} bytes in unique storages", tensors.len(), self.device, total).map_err(io)
+        writeln!(out, "{} tensors on {}, {} bytes in unique storages", tensors.len(), self.device, total)
+            .map_err(io)
     }
 
     /// Registers every variable of a `VarStore` by name, so parameters show up even if they were
@@ -394,12 +396,12 @@ pub fn default_tracker() -> std::result::Result<&'static MemTracker, &'static Er
 }
 
 /// Makes `tracker` the process-wide default. Fails (returning it) if a default already exists.
-pub fn set_default_tracker(tracker: MemTracker) -> std::result::Result<(), MemTracker> {
+pub fn set_default_tracker(tracker: MemTracker) -> std::result::Result<(), Box<MemTracker>> {
     let mut slot = Some(tracker);
     DEFAULT_TRACKER.get_or_init(|| Ok(slot.take().expect("taken once")));
     match slot {
         None => Ok(()),
-        Some(t) => Err(t),
+        Some(t) => Err(Box::new(t)),
     }
 }
 
@@ -425,6 +427,11 @@ pub fn is_installed() -> bool {
 /// [`Error::Libtorch`] when the registry is not installed.
 pub fn set_registry_enabled(enabled: bool) -> Result<()> {
     ffi::set_registry_enabled(enabled)
+}
+
+/// Op callbacks the registry has received since installation (diagnostics, benchmarks).
+pub fn registry_callbacks() -> u64 {
+    ffi::registry_callbacks()
 }
 
 /// Registry entries, dead ones included until pruned (diagnostics).

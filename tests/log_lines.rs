@@ -71,7 +71,10 @@ fn at_line_totals_are_live_storages_and_the_allocator_count() {
     let p = track!(t).unwrap();
     assert_eq!(p.tensor_bytes, 4_000_000 + 8_000);
     let stats = cpu_allocator_stats().expect("installed");
-    assert_eq!(p.allocator.allocated, stats.current, "Total Allocated Memory is the wrapped allocator's count");
+    assert_eq!(
+        p.allocator.allocated, stats.current,
+        "Total Allocated Memory is the wrapped allocator's count"
+    );
 
     let log = parse_log_file(t.log_path()).unwrap();
     let at = &log.blocks.last().unwrap().at;
@@ -95,7 +98,10 @@ fn peak_between_lines_comes_from_the_allocator() {
     assert_eq!(p.allocator.peak_since_previous, before + 4 * 1024 * 1024);
     let log = parse_log_file(t.log_path()).unwrap();
     let at = &log.blocks.last().unwrap().at;
-    assert_eq!(at.field(PEAK_ALLOCATED), Some(((before + 4 * 1024 * 1024) as f64 / 1048576.0 * 10.0).round() / 10.0));
+    assert_eq!(
+        at.field(PEAK_ALLOCATED),
+        Some(((before + 4 * 1024 * 1024) as f64 / 1048576.0 * 10.0).round() / 10.0)
+    );
     // The window restarts at each line.
     let p = track!(t).unwrap();
     assert_eq!(p.allocator.peak_since_previous, before);

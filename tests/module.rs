@@ -20,7 +20,9 @@ torch.jit.script(Net()).save(sys.argv[1])
 #[test]
 fn watch_module_registers_parameters_and_buffers() {
     let Some(python) = python_with_torch() else {
-        println!("skipped: no Python with torch to export a TorchScript module (run through scripts/dev test)");
+        println!(
+            "skipped: no Python with torch to export a TorchScript module (run through scripts/dev test)"
+        );
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -46,7 +48,15 @@ fn watch_module_registers_parameters_and_buffers() {
         ]
     );
     let names: Vec<_> = t.live_tensors().unwrap().into_iter().filter_map(|i| i.name).collect();
-    for n in ["conv.weight", "conv.bias", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked"] {
+    for n in [
+        "conv.weight",
+        "conv.bias",
+        "bn.weight",
+        "bn.bias",
+        "bn.running_mean",
+        "bn.running_var",
+        "bn.num_batches_tracked",
+    ] {
         assert!(names.iter().any(|x| x == n), "{n} missing from {names:?}");
     }
     drop(module);

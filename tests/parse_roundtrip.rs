@@ -22,7 +22,7 @@ fn our_log_round_trips_and_matches_the_track_points() {
         keep.push(Tensor::zeros([i * 100, 3], (Kind::Float, Device::Cpu)));
         keep.push(Tensor::ones([i], (Kind::BFloat16, Device::Cpu)));
         if i % 2 == 0 {
-            keep.remove(0);
+            drop(keep.remove(0));
         }
         points.push(track!(t).unwrap());
     }
@@ -110,7 +110,8 @@ fn arb_group_line() -> impl Strategy<Value = GroupLine> {
 }
 
 fn arb_field(label: &'static str) -> impl Strategy<Value = MemoryField> {
-    (0u64..(1 << 45)).prop_map(move |b| MemoryField { label: label.into(), mib: ((b as f64 / MIB) * 10.0).round() / 10.0 })
+    (0u64..(1 << 45))
+        .prop_map(move |b| MemoryField { label: label.into(), mib: ((b as f64 / MIB) * 10.0).round() / 10.0 })
 }
 
 fn arb_block() -> impl Strategy<Value = LogBlock> {

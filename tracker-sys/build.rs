@@ -47,12 +47,7 @@ fn main() {
         .define("GLOG_USE_GLOG_EXPORT", None)
         .flag_if_supported("-Wno-c++20-extensions")
         .flag_if_supported("-Wno-unused-parameter")
-        .files([
-            "csrc/registry.cpp",
-            "csrc/allocator.cpp",
-            "csrc/cuda.cpp",
-            "csrc/module.cpp",
-        ])
+        .files(["csrc/registry.cpp", "csrc/allocator.cpp", "csrc/cuda.cpp", "csrc/module.cpp"])
         .compile("gpu_mem_track_shim");
 
     println!("cargo:rustc-link-search=native={}", lib.display());

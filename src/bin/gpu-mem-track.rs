@@ -28,10 +28,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Check { logs } => {
             for path in logs {
                 let log = parse_log_file(&path)?;
-                let peak = log
-                    .blocks
-                    .iter()
-                    .max_by(|a, b| a.at.tensor_used_mib().partial_cmp(&b.at.tensor_used_mib()).unwrap_or(std::cmp::Ordering::Equal));
+                let peak = log.blocks.iter().max_by(|a, b| {
+                    a.at.tensor_used_mib()
+                        .partial_cmp(&b.at.tensor_used_mib())
+                        .unwrap_or(std::cmp::Ordering::Equal)
+                });
                 let peak = peak
                     .map(|b| {
                         format!(

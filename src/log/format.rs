@@ -137,7 +137,11 @@ mod tests {
     #[test]
     fn at_line_pads_place_and_numbers_like_python() {
         let at = AtLine {
-            location: super::super::SourceLocation { file: "main.py".into(), line: 10, function: "<module>".into() },
+            location: super::super::SourceLocation {
+                file: "main.py".into(),
+                line: 10,
+                function: "<module>".into(),
+            },
             fields: vec![MemoryField { label: "Total Tensor Used Memory".into(), mib: 0.0 }],
         };
         assert_eq!(

@@ -113,9 +113,8 @@ fn parse_inner(text: &str, strict: bool) -> (Option<ParsedLog>, Vec<LogParseErro
         } else if l.starts_with("+ |") || l.starts_with("- |") {
             parse_group_line(l).map(|g| pending.push(g))
         } else if let Some(rest) = l.strip_prefix("At ") {
-            parse_at(rest).map(|at| {
-                log.blocks.push(LogBlock { changes: std::mem::take(&mut pending), at, line_no: n })
-            })
+            parse_at(rest)
+                .map(|at| log.blocks.push(LogBlock { changes: std::mem::take(&mut pending), at, line_no: n }))
         } else {
             Err("not a `+`/`-` group line, an `At` line or a blank line".to_owned())
         };
@@ -182,7 +181,14 @@ fn parse_group_line(l: &str) -> Result<GroupLine, String> {
     if dtype.is_empty() {
         return Err("missing dtype column".into());
     }
-    Ok(GroupLine { sign, count, shape, memory_mib, class: TensorClass::from_python_name(class), dtype: dtype.to_owned() })
+    Ok(GroupLine {
+        sign,
+        count,
+        shape,
+        memory_mib,
+        class: TensorClass::from_python_name(class),
+        dtype: dtype.to_owned(),
+    })
 }
 
 /// `()`, `(512,)`, `(64, 3)`; also `torch.Size([64, 3])`.
@@ -252,7 +258,10 @@ At /home/u/my project/train.py line 37: train_step                Total Tensor U
         assert_eq!(b1.changes[1].count, 8);
         assert_eq!(b1.changes[1].shape, vec![512]);
         assert_eq!(b1.changes[2].memory_mib, 1.3351); // the Python tool's truncation, read as printed
-        assert_eq!(b1.at.location, SourceLocation { file: "main.py".into(), line: 12, function: "<module>".into() });
+        assert_eq!(
+            b1.at.location,
+            SourceLocation { file: "main.py".into(), line: 12, function: "<module>".into() }
+        );
         assert_eq!(b1.at.tensor_used_mib(), Some(76.4));
         let b2 = &log.blocks[2];
         assert_eq!(b2.changes[0].sign, Sign::Minus);
@@ -265,7 +274,8 @@ At /home/u/my project/train.py line 37: train_step                Total Tensor U
 
     #[test]
     fn bad_lines_name_their_line_number() {
-        let e = parse_log("GPU Memory Track | t | Total Tensor Used Memory:0.0    Mb\n\nhello\n").unwrap_err();
+        let e =
+            parse_log("GPU Memory Track | t | Total Tensor Used Memory:0.0    Mb\n\nhello\n").unwrap_err();
         assert_eq!(e.line, 3);
         assert!(e.to_string().contains("line 3"), "{e}");
         let e = parse_log("").unwrap_err();

@@ -26,7 +26,9 @@ impl LogWriter {
     /// [`Error::LogDirMissing`], [`Error::LogDirNotADirectory`], [`Error::LogDirUnwritable`].
     pub fn create(dir: &Path, prefix: &str, timestamp: &str) -> Result<Self> {
         match std::fs::metadata(dir) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Error::LogDirMissing { path: dir.to_owned() }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(Error::LogDirMissing { path: dir.to_owned() })
+            }
             Err(source) => return Err(Error::LogDirUnwritable { path: dir.to_owned(), source }),
             Ok(m) if !m.is_dir() => return Err(Error::LogDirNotADirectory { path: dir.to_owned() }),
             Ok(_) => {}

@@ -14,24 +14,30 @@
 #include <vector>
 
 #include "common.h"
+#include "ptr_index.h"
 #include "registry.h"
 
 namespace {
 using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 
 struct Entry {
+  c10::TensorImpl* impl;
   WeakImpl weak;
   uint64_t seq;
   int32_t name_id;
 };
 
 // Dead entries keep ~176 B each (the weak reference pins the TensorImpl's memory) until pruned.
-// Pruning is amortised: when the map doubles past its last live size.
-constexpr size_t kMinPruneAt = 1 << 16;
+// Pruning is amortised: when the registry doubles past its last live size. Pruning early lets
+// malloc reuse the dead TensorImpls' memory while it is still in cache.
+constexpr size_t kMinPruneAt = 4096;
 
+// Entries live in a vector so snapshots walk contiguous memory and can prefetch the TensorImpls
+// ahead; `index` finds an entry by TensorImpl for the per-op de-duplication.
 struct Registry {
   std::mutex mu;
-  std::unordered_map<c10::TensorImpl*, Entry> entries;
+  std::vector<Entry> entries;
+  gmt::PtrIndex index;
   std::deque<std::string> names;  // append-only: c_str() pointers stay valid
   std::unordered_map<std::string, int32_t> name_ids;
   uint64_t next_seq = 0;
@@ -43,22 +49,32 @@ struct Registry {
   void record(const at::Tensor& t, int32_t name_id) {
     if (!t.defined()) return;
     c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-    auto it = entries.find(impl);
-    if (it != entries.end()) {
-      if (name_id >= 0) it->second.name_id = name_id;
+    auto [slot, inserted] = index.try_emplace(impl, static_cast<uint32_t>(entries.size()));
+    if (!inserted) {
+      if (name_id >= 0) entries[*slot].name_id = name_id;
       return;  // keep the first registration's order
     }
-    entries.emplace(impl, Entry{WeakImpl(t.getIntrusivePtr()), next_seq++, name_id});
+    entries.push_back(Entry{impl, WeakImpl(t.getIntrusivePtr()), next_seq++, name_id});
     if (entries.size() >= prune_at) {
       prune();
       prune_at = std::max(kMinPruneAt, entries.size() * 2);
     }
   }
 
+  // Caller holds mu. Swap-removes entry i; the entry moved into i must be looked at again.
+  void remove_at(size_t i) {
+    index.erase(entries[i].impl);
+    if (i + 1 != entries.size()) {
+      entries[i] = std::move(entries.back());
+      *index.find(entries[i].impl) = static_cast<uint32_t>(i);
+    }
+    entries.pop_back();
+  }
+
   void prune() {
-    for (auto it = entries.begin(); it != entries.end();) {
-      if (it->second.weak.expired()) it = entries.erase(it);
-      else ++it;
+    for (size_t i = 0; i < entries.size();) {
+      if (entries[i].weak.expired()) remove_at(i);
+      else ++i;
     }
   }
 
@@ -89,7 +105,10 @@ void record_ivalue(Registry& r, const c10::IValue& v) {
   }
 }
 
+std::atomic<uint64_t> g_callbacks{0};
+
 void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  g_callbacks.fetch_add(1, std::memory_order_relaxed);
   auto outputs = fn.outputs();
   if (outputs.empty()) return;
   Registry& r = registry();
@@ -162,6 +181,8 @@ size_t gmt_registry_entries(void) {
   return r.entries.size();
 }
 
+uint64_t gmt_registry_callbacks(void) { return g_callbacks.load(std::memory_order_relaxed); }
+
 const char* gmt_registry_name(int32_t id) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
@@ -191,50 +212,57 @@ gmt_error gmt_snapshot_take(gmt_snapshot* s, int32_t device_kind, int32_t device
     if (!s) throw std::invalid_argument("null snapshot");
     s->records.clear();
     s->dims.clear();
-    // Strong references taken during the walk are released after the lock: dropping the last one
-    // runs the tensor's deleter, which must not happen under the registry lock.
-    std::vector<c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> keep;
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mu);
-    keep.reserve(r.entries.size());
-    s->records.reserve(r.entries.size());
-    for (auto it = r.entries.begin(); it != r.entries.end();) {
-      auto strong = it->second.weak.lock();
+    auto& entries = r.entries;
+    s->records.reserve(entries.size());
+    // Memory latency dominates large registries: prefetch the TensorImpls a few entries ahead.
+    constexpr size_t kAhead = 8;
+    for (size_t i = 0; i < entries.size();) {
+      if (i + kAhead < entries.size()) {
+        const char* ahead = reinterpret_cast<const char*>(entries[i + kAhead].impl);
+        __builtin_prefetch(ahead);
+        __builtin_prefetch(ahead + 64);
+        __builtin_prefetch(ahead + 128);
+      }
+      auto strong = entries[i].weak.lock();
       if (!strong) {
-        it = r.entries.erase(it);
+        r.remove_at(i);
         continue;
       }
-      c10::TensorImpl* t = strong.get();
-      const auto dev = t->device_type();
-      const int32_t kind = device_kind_of(dev);
-      const int32_t index = t->device().has_index() ? t->device().index() : (kind == GMT_DEV_CUDA ? 0 : -1);
+      const at::Tensor t(std::move(strong));
+      const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+      const int32_t kind = device_kind_of(impl->device_type());
+      const int32_t index = impl->device().has_index() ? impl->device().index() : (kind == GMT_DEV_CUDA ? 0 : -1);
       if ((device_kind == GMT_DEV_ANY || device_kind == kind) &&
           (device_index < 0 || index < 0 || device_index == index)) {
         gmt_tensor_record rec{};
-        rec.impl_id = reinterpret_cast<uint64_t>(t);
-        if (t->has_storage()) {
-          const c10::Storage& st = t->unsafe_storage();
+        rec.impl_id = reinterpret_cast<uint64_t>(impl);
+        if (impl->has_storage()) {
+          const c10::Storage& st = impl->unsafe_storage();
           rec.storage_id = reinterpret_cast<uint64_t>(st.unsafeGetStorageImpl());
           rec.storage_nbytes = static_cast<int64_t>(st.nbytes());
+          // Only one TensorImpl holds it: this tensor owns it without a lookup.
+          rec.storage_shared = st.use_count() > 1 ? 1 : 0;
         }
-        rec.nbytes = t->numel() * static_cast<int64_t>(t->itemsize());
-        rec.seq = it->second.seq;
-        auto sizes = t->sizes();
+        rec.nbytes = impl->numel() * static_cast<int64_t>(impl->itemsize());
+        rec.seq = entries[i].seq;
+        const auto sizes = impl->sizes();
         rec.dims_offset = static_cast<int64_t>(s->dims.size());
         rec.ndim = static_cast<int32_t>(sizes.size());
         s->dims.insert(s->dims.end(), sizes.begin(), sizes.end());
-        rec.scalar_type = static_cast<int32_t>(t->dtype().toScalarType());
+        rec.scalar_type = static_cast<int32_t>(impl->dtype().toScalarType());
         rec.device_kind = kind;
         rec.device_index = index;
-        rec.name_id = it->second.name_id;
-        rec.requires_grad = t->requires_grad() ? 1 : 0;
-        rec.is_leaf = (t->autograd_meta() == nullptr || at::Tensor(strong).is_leaf()) ? 1 : 0;
+        rec.name_id = entries[i].name_id;
+        rec.requires_grad = impl->requires_grad() ? 1 : 0;
+        // is_leaf only matters for tensors that require grad (the Parameter class).
+        rec.is_leaf = rec.requires_grad ? (t.is_leaf() ? 1 : 0) : 1;
         s->records.push_back(rec);
       }
-      keep.push_back(std::move(strong));
-      ++it;
+      ++i;
     }
-    r.prune_at = std::max(kMinPruneAt, r.entries.size() * 2);
+    r.prune_at = std::max(kMinPruneAt, entries.size() * 2);
   })
 }
 

@@ -29,7 +29,8 @@ typedef struct {
   int32_t name_id;         // -1 = unnamed; name via gmt_registry_name
   uint8_t requires_grad;
   uint8_t is_leaf;
-  uint8_t pad_[2];
+  uint8_t storage_shared;  // another TensorImpl (a view, or one the registry cannot see) holds it
+  uint8_t pad_;
 } gmt_tensor_record;
 
 typedef struct gmt_snapshot gmt_snapshot;
@@ -38,7 +39,8 @@ gmt_error gmt_registry_install(void);          // idempotent, thread-safe
 int gmt_registry_installed(void);
 gmt_error gmt_registry_set_enabled(int enabled);  // pause/resume the op callback (benchmarks)
 gmt_error gmt_registry_register(const void* tensor, const char* name);  // tensor: at::Tensor*
-size_t gmt_registry_entries(void);             // entries, dead ones included until pruned
+size_t gmt_registry_entries(void);
+uint64_t gmt_registry_callbacks(void);         // op callbacks seen since installation             // entries, dead ones included until pruned
 const char* gmt_registry_name(int32_t id);     // stable for the process lifetime
 const char* gmt_scalar_type_name(int32_t scalar_type);  // c10 name: "Float", "BFloat16", ...
 int64_t gmt_scalar_type_itemsize(int32_t scalar_type);

@@ -37,7 +37,8 @@ pub struct gmt_tensor_record {
     pub name_id: i32,
     pub requires_grad: u8,
     pub is_leaf: u8,
-    pub pad_: [u8; 2],
+    pub storage_shared: u8,
+    pub pad_: u8,
 }
 
 /// Opaque snapshot buffer owned by the shim.
@@ -79,6 +80,7 @@ extern "C" {
     /// `tensor` is an `at::Tensor*` (what `tch::Tensor::as_ptr` returns).
     pub fn gmt_registry_register(tensor: *const c_void, name: *const c_char) -> gmt_error;
     pub fn gmt_registry_entries() -> usize;
+    pub fn gmt_registry_callbacks() -> u64;
     pub fn gmt_registry_name(id: i32) -> *const c_char;
     pub fn gmt_scalar_type_name(scalar_type: i32) -> *const c_char;
     pub fn gmt_scalar_type_itemsize(scalar_type: i32) -> i64;
@@ -91,11 +93,7 @@ extern "C" {
     pub fn gmt_snapshot_dims(s: *const gmt_snapshot, len: *mut usize) -> *const i64;
 
     /// `module` is a `torch::jit::script::Module*`.
-    pub fn gmt_register_module(
-        module: *mut c_void,
-        prefix: *const c_char,
-        count: *mut usize,
-    ) -> gmt_error;
+    pub fn gmt_register_module(module: *mut c_void, prefix: *const c_char, count: *mut usize) -> gmt_error;
 
     pub fn gmt_cpu_allocator_install() -> gmt_error;
     pub fn gmt_cpu_allocator_installed() -> c_int;
