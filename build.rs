@@ -9,6 +9,8 @@ fn main() {
         return;
     };
     let lib = PathBuf::from(lib);
+    // Tests check the linking against this folder.
+    println!("cargo:rustc-env=GMT_LIBTORCH_LIB={}", lib.display());
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     if lib.join("libtorch_cuda.so").exists() {
         println!("cargo:rustc-link-arg=-L{}", lib.display());

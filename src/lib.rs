@@ -6,17 +6,24 @@
 //! `logs/<timestamp>-gpu_mem_track.txt`, in the format of the Python tool Pytorch-Memory-Utils
 //! (with its bugs fixed), so `tail -f` shows where memory goes.
 //!
-//! ```no_run
-//! use gpu_mem_track::{track, MemTracker};
+//! ```
+//! use gpu_mem_track::{track, MemTracker, TrackedDevice};
 //! use tch::{Device, Kind, Tensor};
 //!
-//! let tracker = MemTracker::builder().log_dir("logs").build()?;
-//! track!(tracker);                                            // header + first block
+//! let dir = std::env::temp_dir();
+//! let tracker = MemTracker::builder().device(TrackedDevice::Cpu).log_dir(&dir).build()?;
+//! track!(tracker);                                          // header + first block
 //! let x = Tensor::zeros([40, 3, 512, 512], (Kind::Float, Device::Cpu));
-//! track!(tracker);                                            // + | 1 * Size:(40, 3, 512, 512) | Memory: 120.0 M ...
+//! let point = track!(tracker).expect("tracked");
+//! assert_eq!(point.tensor_bytes, 40 * 3 * 512 * 512 * 4);
 //! drop(x);
-//! track!(tracker);                                            // - | 1 * Size:(40, 3, 512, 512) ...
-//! tracker.clear_cache()?;                                     // CUDA: empty_cache; CPU: nothing cached
+//! track!(tracker);
+//! assert_eq!(tracker.clear_cache()?, 0);                    // CUDA: empty_cache; CPU: nothing cached
+//!
+//! let log = std::fs::read_to_string(tracker.log_path()).unwrap();
+//! assert!(log.contains("+ | 1 * Size:(40, 3, 512, 512)    | Memory: 120.0 M | <class 'torch.Tensor'> | torch.float32"));
+//! assert!(log.contains("- | 1 * Size:(40, 3, 512, 512)    | Memory: 120.0 M"));
+//! # std::fs::remove_file(tracker.log_path()).unwrap();
 //! # Ok::<(), gpu_mem_track::Error>(())
 //! ```
 //!

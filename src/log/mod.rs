@@ -1,4 +1,4 @@
-//! The Pytorch-Memory-Utils log format: writing it ([`format`], [`LogWriter`]) and reading it back
+//! The Pytorch-Memory-Utils log format: writing it ([`mod@format`], [`LogWriter`]) and reading it back
 //! ([`parse_log`]), for our logs and for those of the Python tool.
 //!
 //! ```text

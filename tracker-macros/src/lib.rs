@@ -35,7 +35,7 @@ impl Parse for TrackMemoryArgs {
 /// the body, and unwinding). The entry point is the function's name line, the exit point its
 /// closing brace.
 ///
-/// ```ignore
+/// ```rust,ignore
 /// #[gpu_mem_track::track_memory]
 /// fn train_step(model: &Net, batch: &Tensor) -> Tensor { ... }
 ///
