@@ -58,6 +58,14 @@ impl TrackedDevice {
         }
     }
 
+    /// The device's tag in log file names: `cpu`, `cuda0`.
+    pub fn file_tag(self) -> String {
+        match self {
+            TrackedDevice::Cpu => "cpu".into(),
+            TrackedDevice::Cuda(i) => format!("cuda{i}"),
+        }
+    }
+
     /// (shim device kind, index) used to filter registry snapshots.
     pub(crate) fn shim_filter(self) -> (i32, i32) {
         match self {

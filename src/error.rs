@@ -35,6 +35,9 @@ pub enum Error {
     /// NVML (the NVIDIA driver's management library) could not be used.
     #[error("NVML is not available: {0}")]
     NvmlUnavailable(String),
+    /// The background sampler thread could not be started.
+    #[error("cannot start the sampler thread: {source}")]
+    SamplerStart { source: io::Error },
     /// A call into libtorch failed; the message is libtorch's.
     #[error("libtorch call {call} failed: {message}")]
     Libtorch { call: &'static str, message: String },

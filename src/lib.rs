@@ -70,9 +70,13 @@ mod error;
 mod ffi;
 pub mod log;
 pub mod nvml;
+pub mod plot;
+pub mod report;
+pub mod sampler;
 pub mod site;
 pub mod snapshot;
 mod tracker;
+pub mod watch;
 
 pub use device::{cpu_allocator_stats, cuda_device_count, empty_cuda_cache, AllocatorReading, TrackedDevice};
 pub use diff::{GroupChange, Sign};

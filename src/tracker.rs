@@ -3,6 +3,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
@@ -12,12 +13,13 @@ use crate::diff::{diff_groups, GroupChange};
 use crate::error::{Error, Result};
 use crate::ffi::{self, RawSnapshot};
 use crate::log::format::{self, MIB};
-use crate::log::writer::{validate_prefix, TIMESTAMP_FORMAT};
+use crate::log::writer::{launcher_rank, log_file_stem, validate_prefix, TIMESTAMP_FORMAT};
 use crate::log::{
     AtLine, GroupLine, LogHeader, LogWriter, MemoryField, SourceLocation, ALLOCATED, NVML_USED,
-    PEAK_ALLOCATED, RESERVED, TENSOR_USED,
+    PEAK_ALLOCATED, PEAK_NVML_USED, RESERVED, TENSOR_USED,
 };
 use crate::nvml::{self, NvmlReader, NvmlReading};
+use crate::sampler::{DeviceSource, SampledPeak, Sampler};
 use crate::site::Site;
 use crate::snapshot::{self, GroupKey, GroupTotals, Snapshot, TensorInfo};
 
@@ -32,11 +34,19 @@ pub struct MemTrackerBuilder {
     detail: bool,
     prefix: String,
     nvml: bool,
+    sample_every: Option<Duration>,
 }
 
 impl Default for MemTrackerBuilder {
     fn default() -> Self {
-        MemTrackerBuilder { device: None, log_dir: None, detail: true, prefix: String::new(), nvml: true }
+        MemTrackerBuilder {
+            device: None,
+            log_dir: None,
+            detail: true,
+            prefix: String::new(),
+            nvml: true,
+            sample_every: None,
+        }
     }
 }
 
@@ -71,7 +81,17 @@ impl MemTrackerBuilder {
         self
     }
 
+    /// Starts a background thread that samples the allocator (and NVML on CUDA) every `interval`
+    /// and reports the maximum between two track points (` Peak NVML Used Memory` on the `At`
+    /// line; [`TrackPoint::sampled`]). Off by default; costs nothing when off.
+    pub fn sample_every(mut self, interval: Duration) -> Self {
+        self.sample_every = Some(interval);
+        self
+    }
+
     /// Installs the registry and allocator hooks, creates the log file and writes its header.
+    /// The file is `<prefix><timestamp>-<device>[-rank<R>]-gpu_mem_track.txt`; the rank comes from
+    /// `RANK`, `SLURM_PROCID` or `LOCAL_RANK` when a launcher set them.
     ///
     /// # Errors
     /// [`Error::InvalidPrefix`]; [`Error::CudaUnavailable`] / [`Error::NoSuchCudaDevice`] for a
@@ -93,10 +113,19 @@ impl MemTrackerBuilder {
             }
         };
         let timestamp = chrono::Local::now().format(TIMESTAMP_FORMAT).to_string();
-        let mut writer = LogWriter::create(&dir, &self.prefix, &timestamp)?;
-        let nvml = match (device, self.nvml) {
+        let stem = log_file_stem(&self.prefix, &timestamp, &device.file_tag(), launcher_rank());
+        let mut writer = LogWriter::create(&dir, &stem)?;
+        let open_nvml = || match (device, self.nvml) {
             (TrackedDevice::Cuda(_), true) => NvmlReader::open().map_err(|e| nvml::warn_once(&e)).ok(),
             _ => None,
+        };
+        let nvml = open_nvml();
+        let sampler = match self.sample_every {
+            Some(interval) => Some(
+                Sampler::start(DeviceSource::new(device, open_nvml()), interval)
+                    .map_err(|source| Error::SamplerStart { source })?,
+            ),
+            None => None,
         };
         let allocator = AllocatorCounters::for_device(device);
         let mut raw = RawSnapshot::new()?;
@@ -117,6 +146,7 @@ impl MemTrackerBuilder {
             detail: self.detail,
             log_path: writer.path().to_owned(),
             warned: AtomicBool::new(false),
+            sampler,
             state: Mutex::new(State { raw, previous: FxHashMap::default(), writer, allocator, nvml }),
         })
     }
@@ -145,6 +175,8 @@ pub struct TrackPoint {
     pub allocator: AllocatorReading,
     /// NVML reading (CUDA with a driver only).
     pub nvml: Option<NvmlReading>,
+    /// Maxima the background sampler saw since the previous track point (when sampling is on).
+    pub sampled: Option<SampledPeak>,
 }
 
 impl TrackPoint {
@@ -160,6 +192,9 @@ impl TrackPoint {
         }
         if let Some(used) = self.nvml.and_then(|n| n.process_used) {
             fields.push(MemoryField::from_bytes(NVML_USED, used));
+        }
+        if let Some(peak) = self.sampled.and_then(|s| s.nvml_process_used) {
+            fields.push(MemoryField::from_bytes(PEAK_NVML_USED, peak));
         }
         AtLine {
             location: SourceLocation {
@@ -196,6 +231,7 @@ pub struct MemTracker {
     detail: bool,
     log_path: PathBuf,
     warned: AtomicBool,
+    sampler: Option<Sampler>,
     state: Mutex<State>,
 }
 
@@ -253,6 +289,7 @@ impl MemTracker {
         let (records, dims) = state.raw.take(kind, index)?;
         let snap = Snapshot::from_records(records, dims, self.detail);
         let allocator = state.allocator.read()?;
+        let sampled = self.sampler.as_ref().map(Sampler::take_peak);
         let nvml = match (&state.nvml, self.device) {
             (Some(reader), TrackedDevice::Cuda(i)) => {
                 reader.read(i, std::process::id()).map_err(|e| nvml::warn_once(&e)).ok()
@@ -266,6 +303,7 @@ impl MemTracker {
             tensor_count: snap.tensor_count,
             allocator,
             nvml,
+            sampled,
         };
         state.writer.append(&format::block(&point.group_lines(), &point.at_line()))?;
         state.previous = snap.groups;

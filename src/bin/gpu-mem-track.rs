@@ -1,10 +1,19 @@
-//! The `gpu-mem-track` command line.
-use std::path::PathBuf;
+//! The `gpu-mem-track` command line: `report`, `plot` and `watch`.
+//!
+//! Exit codes: 0 success, 1 error (one line on stderr naming the file or option), 2 usage.
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use gpu_mem_track::log::{parse_log_file, ALLOCATED, TENSOR_USED};
+use gpu_mem_track::log::{parse_log_lenient, ParsedLog};
+use gpu_mem_track::plot::plot_log;
+use gpu_mem_track::report::{analyse, combine, render_text};
+use gpu_mem_track::watch::{run_watch, NvmlLibrary, StopReason, WatchConfig, WatchTarget};
 
 #[derive(Parser)]
 #[command(name = "gpu-mem-track", version, about = "Where does the GPU memory of a tch program go?")]
@@ -15,49 +24,174 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Check that logs parse (ours or Pytorch-Memory-Utils') and print a one-line summary of each.
-    Check {
-        /// Log files (`*-gpu_mem_track.txt`).
+    /// Summarise logs (ours or Pytorch-Memory-Utils'): peak line, largest growth, leak suspects.
+    Report {
+        /// Log files (`*-gpu_mem_track.txt`); several give one table each and a combined view.
         #[arg(required = true)]
         logs: Vec<PathBuf>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// How many growth lines to list.
+        #[arg(long, default_value_t = 10)]
+        top: usize,
+    },
+    /// Plot memory over track points to an SVG or PNG.
+    Plot {
+        /// The log file.
+        log: PathBuf,
+        /// Output file: `.svg` or `.png`.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Chart title (default: the log's file name).
+        #[arg(long)]
+        title: Option<String>,
+    },
+    /// Log NVML memory of a GPU or of processes on it, at an interval, until Ctrl-C / SIGTERM.
+    Watch {
+        /// NVML device index.
+        #[arg(long, default_value_t = 0)]
+        device: u32,
+        /// A process id to log (repeatable).
+        #[arg(long = "pid", conflicts_with = "all")]
+        pids: Vec<u32>,
+        /// Log every process on the device.
+        #[arg(long)]
+        all: bool,
+        /// Time between samples, e.g. `500ms`, `2s`.
+        #[arg(long, default_value = "1s", value_parser = parse_duration)]
+        interval: Duration,
+        /// Stop after this long, e.g. `10m`.
+        #[arg(long, value_parser = parse_duration)]
+        duration: Option<Duration>,
+        /// Stop after this many samples.
+        #[arg(long)]
+        samples: Option<u64>,
+        /// Folder for the log files (created if missing).
+        #[arg(long, default_value = "logs")]
+        log_dir: PathBuf,
+        /// File-name prefix.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Start a new file when the current one reaches this many bytes.
+        #[arg(long)]
+        rotate_bytes: Option<u64>,
     },
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
-        Command::Check { logs } => {
-            for path in logs {
-                let log = parse_log_file(&path)?;
-                let peak = log.blocks.iter().max_by(|a, b| {
-                    a.at.tensor_used_mib()
-                        .partial_cmp(&b.at.tensor_used_mib())
-                        .unwrap_or(std::cmp::Ordering::Equal)
-                });
-                let peak = peak
-                    .map(|b| {
-                        format!(
-                            "peak {TENSOR_USED} {:.1} Mb ({ALLOCATED} {:.1} Mb) at {} line {}: {}",
-                            b.at.tensor_used_mib().unwrap_or(0.0),
-                            b.at.allocated_mib().unwrap_or(0.0),
-                            b.at.location.file,
-                            b.at.location.line,
-                            b.at.location.function
-                        )
-                    })
-                    .unwrap_or_else(|| "no track points".into());
-                println!("{}: {} track points, {}", path.display(), log.blocks.len(), peak);
-            }
-            Ok(())
-        }
+/// `250ms`, `2s`, `1.5s`, `10m`, `1h`; a bare number is seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let value: f64 = num.parse().map_err(|_| format!("{s:?} is not a duration like 500ms, 2s or 10m"))?;
+    let secs = match unit {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(format!("unknown unit {unit:?} in {s:?} (use ms, s, m or h)")),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("{s:?} is not a valid duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Reads a log leniently: bad lines become report entries; a file that is not a log is an error.
+fn read_log(path: &Path) -> Result<(ParsedLog, Vec<String>)> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text = String::from_utf8_lossy(&bytes);
+    let (log, errors) = parse_log_lenient(&text);
+    let errors: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+    match log {
+        Some(log) => Ok((log, errors)),
+        None => bail!("{}: {}", path.display(), errors.first().map(String::as_str).unwrap_or("not a log")),
     }
 }
 
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Report { logs, json, top } => {
+            let mut reports = Vec::new();
+            for path in &logs {
+                let (log, errors) = read_log(path)?;
+                reports.push(analyse(path, &log, errors, top));
+            }
+            let combined = combine(reports);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&combined)?);
+            } else {
+                print!("{}", render_text(&combined));
+            }
+        }
+        Command::Plot { log, output, title } => {
+            let (parsed, errors) = read_log(&log)?;
+            for e in &errors {
+                eprintln!("warning: skipped {e}");
+            }
+            let title = title.unwrap_or_else(|| {
+                log.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()
+            });
+            plot_log(&parsed, &title, &output)?;
+            if std::io::stderr().is_terminal() {
+                eprintln!("wrote {}", output.display());
+            }
+        }
+        Command::Watch { device, pids, all, interval, duration, samples, log_dir, prefix, rotate_bytes } => {
+            let target = if all {
+                WatchTarget::AllProcesses
+            } else if pids.is_empty() {
+                WatchTarget::Device
+            } else {
+                WatchTarget::Pids(pids)
+            };
+            let mut nvml = NvmlLibrary::open().context("watch needs NVML (an NVIDIA driver)")?;
+            std::fs::create_dir_all(&log_dir).with_context(|| format!("--log-dir {}", log_dir.display()))?;
+            let stop = Arc::new(AtomicBool::new(false));
+            for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+                signal_hook::flag::register(signal, Arc::clone(&stop))
+                    .context("cannot install signal handlers")?;
+            }
+            let cfg = WatchConfig {
+                device,
+                target,
+                interval,
+                duration,
+                max_samples: samples,
+                log_dir,
+                prefix,
+                rotate_bytes,
+            };
+            if std::io::stderr().is_terminal() {
+                eprintln!(
+                    "watching GPU {device} every {interval:?} into {} (Ctrl-C to stop)",
+                    cfg.log_dir.display()
+                );
+            }
+            let summary = run_watch(&mut nvml, &cfg, &stop)?;
+            if std::io::stderr().is_terminal() {
+                let why = match summary.stopped_by {
+                    StopReason::Duration => "duration reached",
+                    StopReason::Samples => "sample count reached",
+                    StopReason::Stopped => "stopped",
+                };
+                eprintln!("{} samples ({why}); files:", summary.samples);
+                for f in &summary.files {
+                    eprintln!("  {}", f.display());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match run(cli).context("gpu-mem-track") {
+    let cli = Cli::parse(); // usage errors exit with 2
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {:#}", e);
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
             ExitCode::from(1)
         }
     }

@@ -28,6 +28,16 @@ pub const PEAK_ALLOCATED: &str = "Peak Allocated Memory";
 pub const RESERVED: &str = "Reserved Memory";
 /// Extension (CUDA + NVML): this process's usage as NVML reports it.
 pub const NVML_USED: &str = "NVML Used Memory";
+/// Extension (sampler, CUDA + NVML): highest NVML usage of this process since the previous line.
+pub const PEAK_NVML_USED: &str = "Peak NVML Used Memory";
+/// `gpu-mem-track watch` without processes: the whole device's usage.
+pub const DEVICE_USED: &str = "Device Used Memory";
+/// `gpu-mem-track watch`: the device's memory size.
+pub const DEVICE_TOTAL: &str = "Device Total Memory";
+
+/// Labels that can open the figures of an `At` line: tracker lines start with the tensor total,
+/// `watch` lines with NVML figures.
+pub(crate) const FIRST_FIELDS: [&str; 3] = [TENSOR_USED, NVML_USED, DEVICE_USED];
 
 /// A `Label:12.3   Mb` figure of a header or `At` line, in MiB.
 #[derive(Debug, Clone, PartialEq)]

@@ -3,7 +3,9 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use super::{AtLine, GroupLine, LogBlock, LogHeader, MemoryField, ParsedLog, SourceLocation, TENSOR_USED};
+use super::{
+    AtLine, GroupLine, LogBlock, LogHeader, MemoryField, ParsedLog, SourceLocation, FIRST_FIELDS, TENSOR_USED,
+};
 use crate::diff::Sign;
 use crate::error::{Error, Result};
 use crate::snapshot::TensorClass;
@@ -207,8 +209,11 @@ fn parse_shape(s: &str) -> Result<Vec<i64>, String> {
 }
 
 fn parse_at(rest: &str) -> Result<AtLine, String> {
-    let marker = format!(" {TENSOR_USED}:");
-    let idx = rest.find(&marker).ok_or_else(|| format!("`At` line has no `{TENSOR_USED}` field"))?;
+    let idx = FIRST_FIELDS
+        .iter()
+        .filter_map(|label| rest.find(&format!(" {label}:")))
+        .min()
+        .ok_or_else(|| format!("`At` line has no `{TENSOR_USED}` field"))?;
     let place = rest[..idx].trim_end();
     let fields = parse_fields(&rest[idx..])?;
     let line_at = place.rfind(" line ").ok_or("`At` line has no `<file> line <n>: <function>` location")?;

@@ -19,12 +19,12 @@ pub struct LogWriter {
 }
 
 impl LogWriter {
-    /// Creates `<dir>/<prefix><timestamp>-gpu_mem_track.txt` (adding `-2`, `-3`, ... before the
-    /// suffix if that name is taken), never appending to another run's file.
+    /// Creates `<dir>/<stem>-gpu_mem_track.txt` (adding `-2`, `-3`, ... before the suffix if that
+    /// name is taken), never appending to another run's file. See [`log_file_stem`].
     ///
     /// # Errors
     /// [`Error::LogDirMissing`], [`Error::LogDirNotADirectory`], [`Error::LogDirUnwritable`].
-    pub fn create(dir: &Path, prefix: &str, timestamp: &str) -> Result<Self> {
+    pub fn create(dir: &Path, stem: &str) -> Result<Self> {
         match std::fs::metadata(dir) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(Error::LogDirMissing { path: dir.to_owned() })
@@ -34,11 +34,8 @@ impl LogWriter {
             Ok(_) => {}
         }
         for n in 1u32.. {
-            let name = if n == 1 {
-                format!("{prefix}{timestamp}-{FILE_SUFFIX}")
-            } else {
-                format!("{prefix}{timestamp}-{n}-{FILE_SUFFIX}")
-            };
+            let name =
+                if n == 1 { format!("{stem}-{FILE_SUFFIX}") } else { format!("{stem}-{n}-{FILE_SUFFIX}") };
             let path = dir.join(name);
             match OpenOptions::new().append(true).create_new(true).open(&path) {
                 Ok(file) => return Ok(LogWriter { path, file }),
@@ -82,4 +79,65 @@ pub fn validate_prefix(prefix: &str) -> Result<()> {
         return bad("only ASCII letters, digits, `-`, `_` and `.` are allowed in a file name prefix");
     }
     Ok(())
+}
+
+/// The rank of this process in a distributed job, from the usual launcher variables:
+/// `RANK` (torchrun, and most launchers), else `SLURM_PROCID`, else `LOCAL_RANK`.
+pub fn launcher_rank() -> Option<u32> {
+    ["RANK", "SLURM_PROCID", "LOCAL_RANK"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().and_then(|s| s.trim().parse().ok()))
+}
+
+/// `<prefix><timestamp>-<device>[-rank<R>]`: one file per device and rank, so the processes of a
+/// multi-GPU or multi-node job can share a log folder.
+pub fn log_file_stem(prefix: &str, timestamp: &str, device_tag: &str, rank: Option<u32>) -> String {
+    match rank {
+        Some(r) => format!("{prefix}{timestamp}-{device_tag}-rank{r}"),
+        None => format!("{prefix}{timestamp}-{device_tag}"),
+    }
+}
+
+/// What a log's file name says about its origin.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LogFileName {
+    /// Device tag (`cpu`, `cuda0`, `gpu0`), when present.
+    pub device: Option<String>,
+    /// Rank, when the job had one.
+    pub rank: Option<u32>,
+}
+
+/// Reads the device and rank tags out of a log file name (absent in the Python tool's names).
+pub fn parse_log_file_name(name: &str) -> LogFileName {
+    let stem = name.strip_suffix(FILE_SUFFIX).unwrap_or(name).trim_end_matches('-');
+    let mut out = LogFileName::default();
+    for part in stem.rsplit('-').take(3) {
+        if let Some(r) = part.strip_prefix("rank").and_then(|r| r.parse().ok()) {
+            out.rank = Some(r);
+        } else if part == "cpu"
+            || ["cuda", "gpu"].iter().any(|p| {
+                part.strip_prefix(p).is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+            })
+        {
+            out.device = Some(part.to_owned());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_names_carry_device_and_rank_and_read_back() {
+        let stem = log_file_stem("job-", "22-Nov-26-00:35:47", "cuda1", Some(3));
+        assert_eq!(stem, "job-22-Nov-26-00:35:47-cuda1-rank3");
+        let name = format!("{stem}-{FILE_SUFFIX}");
+        assert_eq!(parse_log_file_name(&name), LogFileName { device: Some("cuda1".into()), rank: Some(3) });
+        let plain = "30-Apr-21-20:25:29-gpu_mem_track.txt";
+        assert_eq!(parse_log_file_name(plain), LogFileName::default());
+        let cpu = format!("{}-{FILE_SUFFIX}", log_file_stem("", "22-Nov-26-00:35:47", "cpu", None));
+        assert_eq!(parse_log_file_name(&cpu).device.as_deref(), Some("cpu"));
+    }
 }

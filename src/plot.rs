@@ -1,0 +1,199 @@
+//! `gpu-mem-track plot`: memory over track points as an SVG or PNG, with the source lines as
+//! labels, a legend, axes in MiB and the peak marked.
+use std::path::Path;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::{register_font, FontStyle};
+
+use crate::log::{ParsedLog, ALLOCATED, DEVICE_USED, NVML_USED, TENSOR_USED};
+use crate::report::Dialect;
+
+/// Errors of [`plot_log`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlotError {
+    /// The output's extension is neither `.svg` nor `.png`.
+    #[error("output {0}: the file name must end in .svg or .png")]
+    UnsupportedFormat(String),
+    /// The log has no track points.
+    #[error("the log has no track points to plot")]
+    EmptyLog,
+    /// Drawing or writing failed.
+    #[error("cannot draw {path}: {message}")]
+    Draw {
+        /// The output.
+        path: String,
+        /// The backend's message.
+        message: String,
+    },
+}
+
+const FONT: &str = "sans-serif";
+static FONT_BYTES: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+
+fn ensure_font() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // The bundled font is valid; a failure would only mean text is not drawn.
+        let _ = register_font(FONT, FontStyle::Normal, FONT_BYTES);
+    });
+}
+
+/// One line of the chart.
+struct Series {
+    name: String,
+    points: Vec<(f64, f64)>,
+}
+
+/// The series of a log: one per figure for tracker logs, one per process for watch logs.
+fn series_of(log: &ParsedLog) -> Vec<Series> {
+    let mut out: Vec<Series> = Vec::new();
+    let mut push = |name: String, x: f64, y: f64| match out.iter_mut().find(|s| s.name == name) {
+        Some(s) => s.points.push((x, y)),
+        None => out.push(Series { name, points: vec![(x, y)] }),
+    };
+    let watch = Dialect::detect(log) == Dialect::Watch;
+    for (i, b) in log.blocks.iter().enumerate() {
+        if watch {
+            let x = b.at.location.line as f64;
+            if let Some(v) = b.at.field(NVML_USED) {
+                push(format!("{} {}", b.at.location.file, b.at.location.function), x, v);
+            }
+            if let Some(v) = b.at.field(DEVICE_USED) {
+                push(DEVICE_USED.to_owned(), x, v);
+            }
+        } else {
+            for f in &b.at.fields {
+                push(f.label.clone(), i as f64, f.mib);
+            }
+        }
+    }
+    out
+}
+
+/// Draws `log` to `out` (`.svg` or `.png`).
+///
+/// # Errors
+/// [`PlotError`] naming the output or what is missing.
+pub fn plot_log(log: &ParsedLog, title: &str, out: &Path) -> Result<(), PlotError> {
+    if log.blocks.is_empty() {
+        return Err(PlotError::EmptyLog);
+    }
+    ensure_font();
+    let ext = out.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    let draw_err = |e: String| PlotError::Draw { path: out.display().to_string(), message: e };
+    let size = (1400, 800);
+    match ext.as_deref() {
+        Some("svg") => {
+            let root = SVGBackend::new(out, size).into_drawing_area();
+            draw(&root, log, title).map_err(draw_err)?;
+            root.present().map_err(|e| draw_err(e.to_string()))
+        }
+        Some("png") => {
+            let root = BitMapBackend::new(out, size).into_drawing_area();
+            draw(&root, log, title).map_err(draw_err)?;
+            root.present().map_err(|e| draw_err(e.to_string()))
+        }
+        _ => Err(PlotError::UnsupportedFormat(out.display().to_string())),
+    }
+}
+
+fn short_place(file: &str, line: u32) -> String {
+    let name = Path::new(file).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    format!("{name}:{line}")
+}
+
+fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, log: &ParsedLog, title: &str) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
+    root.fill(&WHITE).map_err(e)?;
+    let series = series_of(log);
+    let watch = Dialect::detect(log) == Dialect::Watch;
+    let x_max = series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).fold(1.0f64, f64::max);
+    let x_min = series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).fold(x_max, f64::min);
+    let y_max = series.iter().flat_map(|s| s.points.iter().map(|p| p.1)).fold(0.0f64, f64::max);
+    let y_top = if y_max > 0.0 { y_max * 1.15 } else { 1.0 };
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, (FONT, 24))
+        .margin(20)
+        .x_label_area_size(if watch { 50 } else { 130 })
+        .y_label_area_size(80)
+        .build_cartesian_2d(x_min..x_max.max(x_min + 1.0), 0.0..y_top)
+        .map_err(e)?;
+    let labels: Vec<String> =
+        log.blocks.iter().map(|b| short_place(&b.at.location.file, b.at.location.line)).collect();
+    let label_of = |x: &f64| {
+        if watch {
+            format!("{}", x.round() as i64)
+        } else {
+            labels.get(x.round() as usize).cloned().unwrap_or_default()
+        }
+    };
+    chart
+        .configure_mesh()
+        .x_desc(if watch { "sample" } else { "track point (source line)" })
+        .y_desc("MiB")
+        .x_labels(if watch { 12 } else { labels.len().min(25) })
+        .x_label_formatter(&label_of)
+        .x_label_style(TextStyle::from((FONT, 13).into_font()).transform(if watch {
+            FontTransform::None
+        } else {
+            FontTransform::Rotate90
+        }))
+        .label_style((FONT, 14))
+        .axis_desc_style((FONT, 16))
+        .draw()
+        .map_err(e)?;
+    for (i, s) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let style = ShapeStyle { color, filled: false, stroke_width: 2 };
+        chart
+            .draw_series(LineSeries::new(s.points.iter().copied(), style))
+            .map_err(e)?
+            .label(s.name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        if s.points.len() <= 200 {
+            chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 2, color.filled()))).map_err(e)?;
+        }
+    }
+    // Mark the peak of the main figure.
+    let main = [ALLOCATED, TENSOR_USED, NVML_USED, DEVICE_USED].iter().find_map(|m| {
+        series.iter().find(|s| s.name == *m || (watch && s.name.contains('/') && *m == NVML_USED))
+    });
+    if let Some(s) = main {
+        if let Some(&(x, y)) = s.points.iter().max_by(|a, b| a.1.total_cmp(&b.1)) {
+            let place = if watch {
+                format!("sample {}", x as i64)
+            } else {
+                let loc = &log.blocks[x as usize].at.location;
+                format!("{} line {}: {}", loc.file, loc.line, loc.function)
+            };
+            let text = format!("peak {} {y:.1} MiB at {place}", s.name);
+            chart
+                .draw_series(std::iter::once(
+                    EmptyElement::at((x, y)) + Circle::new((0, 0), 7, RED.stroke_width(3)),
+                ))
+                .map_err(e)?;
+            let x_frac = (x - x_min) / (x_max - x_min).max(1.0);
+            let anchor = if x_frac > 0.6 { -12 - 7 * text.len() as i32 } else { 12 };
+            chart
+                .draw_series(std::iter::once(
+                    EmptyElement::at((x, y))
+                        + Text::new(text, (anchor, -18), (FONT, 15).into_font().color(&RED)),
+                ))
+                .map_err(e)?;
+        }
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FONT, 14))
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(e)?;
+    Ok(())
+}
