@@ -6,7 +6,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 
-use crate::log::{ParsedLog, ALLOCATED, DEVICE_USED, NVML_USED, TENSOR_USED};
+use crate::log::{ParsedLog, DEVICE_USED, NVML_USED};
 use crate::report::Dialect;
 
 /// Errors of [`plot_log`].
@@ -119,9 +119,10 @@ where
     let mut chart = ChartBuilder::on(root)
         .caption(title, (FONT, 24))
         .margin(20)
-        .x_label_area_size(if watch { 50 } else { 130 })
+        .margin_right(40)
+        .x_label_area_size(60)
         .y_label_area_size(80)
-        .build_cartesian_2d(x_min..x_max.max(x_min + 1.0), 0.0..y_top)
+        .build_cartesian_2d(x_min - 0.5..x_max.max(x_min + 1.0) + 0.5, 0.0..y_top)
         .map_err(e)?;
     let labels: Vec<String> =
         log.blocks.iter().map(|b| short_place(&b.at.location.file, b.at.location.line)).collect();
@@ -136,7 +137,7 @@ where
         .configure_mesh()
         .x_desc(if watch { "sample" } else { "track point (source line)" })
         .y_desc("MiB")
-        .x_labels(if watch { 12 } else { labels.len().min(25) })
+        .x_labels(labels.len().clamp(2, 10))
         .x_label_formatter(&label_of)
         .x_label_style(TextStyle::from((FONT, 13).into_font()).transform(if watch {
             FontTransform::None
@@ -159,33 +160,34 @@ where
             chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 2, color.filled()))).map_err(e)?;
         }
     }
-    // Mark the peak of the main figure.
-    let main = [ALLOCATED, TENSOR_USED, NVML_USED, DEVICE_USED].iter().find_map(|m| {
-        series.iter().find(|s| s.name == *m || (watch && s.name.contains('/') && *m == NVML_USED))
-    });
-    if let Some(s) = main {
-        if let Some(&(x, y)) = s.points.iter().max_by(|a, b| a.1.total_cmp(&b.1)) {
-            let place = if watch {
-                format!("sample {}", x as i64)
-            } else {
-                let loc = &log.blocks[x as usize].at.location;
-                format!("{} line {}: {}", loc.file, loc.line, loc.function)
-            };
-            let text = format!("peak {} {y:.1} MiB at {place}", s.name);
-            chart
-                .draw_series(std::iter::once(
-                    EmptyElement::at((x, y)) + Circle::new((0, 0), 7, RED.stroke_width(3)),
-                ))
-                .map_err(e)?;
-            let x_frac = (x - x_min) / (x_max - x_min).max(1.0);
-            let anchor = if x_frac > 0.6 { -12 - 7 * text.len() as i32 } else { 12 };
-            chart
-                .draw_series(std::iter::once(
-                    EmptyElement::at((x, y))
-                        + Text::new(text, (anchor, -18), (FONT, 15).into_font().color(&RED)),
-                ))
-                .map_err(e)?;
-        }
+    // Mark the highest point of the chart (the first one, if it repeats).
+    let peak = series.iter().flat_map(|s| s.points.iter().map(move |&p| (s, p))).fold(
+        None,
+        |best: Option<(&Series, (f64, f64))>, (s, p)| match best {
+            Some((_, b)) if b.1 >= p.1 => best,
+            _ => Some((s, p)),
+        },
+    );
+    if let Some((s, (x, y))) = peak {
+        let place = if watch {
+            format!("sample {}", x as i64)
+        } else {
+            let loc = &log.blocks[x as usize].at.location;
+            format!("{} line {}: {}", loc.file, loc.line, loc.function)
+        };
+        let text = format!("peak {} {y:.1} MiB at {place}", s.name);
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((x, y)) + Circle::new((0, 0), 7, RED.stroke_width(3)),
+            ))
+            .map_err(e)?;
+        let x_frac = (x - x_min) / (x_max - x_min).max(1.0);
+        let anchor = if x_frac > 0.6 { -12 - 7 * text.len() as i32 } else { 12 };
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((x, y)) + Text::new(text, (anchor, -18), (FONT, 15).into_font().color(&RED)),
+            ))
+            .map_err(e)?;
     }
     chart
         .configure_series_labels()

@@ -49,6 +49,11 @@ fn sampler_thread_stops_within_one_interval_on_drop() {
         .sample_every(interval)
         .build()
         .unwrap();
+    // The thread names itself once it runs.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sampler_threads() == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     assert_eq!(sampler_threads(), 1);
     let start = Instant::now();
     drop(t);

@@ -1,0 +1,112 @@
+//! The command line: exit codes (0 ok, 1 error, 2 usage), one-line errors naming the file or
+//! option, `report`, `plot` (a valid SVG and PNG) and `watch` without NVML.
+use std::path::Path;
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gpu-mem-track");
+const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/pytorch_memory_utils.txt");
+
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("binary runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn one_line_error(o: &Output, needle: &str) {
+    assert_eq!(o.status.code(), Some(1), "stderr: {}", stderr(o));
+    let e = stderr(o);
+    assert_eq!(e.trim_end().lines().count(), 1, "one line: {e}");
+    assert!(e.starts_with("error: ") && e.contains(needle), "{e}");
+}
+
+#[test]
+fn report_prints_the_peak_and_json() {
+    let o = run(&["report", FIXTURE]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(text.contains("peak Total Allocated Memory: 316.4 MiB at main.py line 14: <module>"), "{text}");
+    let o = run(&["report", "--json", FIXTURE, FIXTURE]);
+    assert!(o.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["logs"].as_array().unwrap().len(), 2);
+    assert_eq!(v["logs"][0]["peak"]["mib"], 316.4);
+    assert_eq!(v["logs"][0]["dialect"], "pytorch_memory_utils");
+    assert_eq!(v["sum_of_peaks_mib"], 632.8);
+}
+
+#[test]
+fn bad_inputs_are_one_line_errors_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.txt");
+    one_line_error(&run(&["report", missing.to_str().unwrap()]), "missing.txt");
+    let garbage = dir.path().join("garbage.bin");
+    std::fs::write(&garbage, [0u8, 159, 146, 150, 255, 0, 1, 2, 3]).unwrap();
+    one_line_error(&run(&["report", garbage.to_str().unwrap()]), "garbage.bin");
+    let empty = dir.path().join("empty.txt");
+    std::fs::write(&empty, "").unwrap();
+    one_line_error(&run(&["report", empty.to_str().unwrap()]), "empty file");
+    one_line_error(
+        &run(&["plot", FIXTURE, "-o", dir.path().join("x.jpg").to_str().unwrap()]),
+        ".svg or .png",
+    );
+}
+
+#[test]
+fn usage_errors_exit_2_and_every_subcommand_has_help() {
+    assert_eq!(run(&["report"]).status.code(), Some(2));
+    assert_eq!(run(&["frobnicate"]).status.code(), Some(2));
+    assert_eq!(run(&["watch", "--interval", "fast"]).status.code(), Some(2));
+    assert_eq!(run(&["watch", "--pid", "1", "--all"]).status.code(), Some(2));
+    for sub in ["report", "plot", "watch"] {
+        let o = run(&[sub, "--help"]);
+        assert!(o.status.success());
+        assert!(String::from_utf8_lossy(&o.stdout).contains("Usage: gpu-mem-track"));
+    }
+}
+
+#[test]
+fn plot_writes_a_valid_svg_and_png() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("mem.svg");
+    let o = run(&["plot", FIXTURE, "-o", svg.to_str().unwrap(), "--title", "fixture"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    let doc = roxmltree::Document::parse(&text).expect("well-formed SVG");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let texts: Vec<String> = doc
+        .descendants()
+        .filter(|n| n.tag_name().name() == "text")
+        .filter_map(|n| n.text().map(|t| t.trim().to_owned()))
+        .collect();
+    assert!(texts.iter().any(|t| t == "MiB"), "y axis in MiB: {texts:?}");
+    assert!(
+        texts.iter().any(|t| t.starts_with("peak Total Tensor Used Memory 316.4 MiB at main.py line 14")),
+        "{texts:?}"
+    );
+    assert!(texts.iter().any(|t| t == "Total Tensor Used Memory"), "legend: {texts:?}");
+    assert!(texts.iter().any(|t| t == "main.py:12"), "source lines as labels: {texts:?}");
+
+    let png = dir.path().join("mem.png");
+    let o = run(&["plot", FIXTURE, "-o", png.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    assert!(bytes.len() > 10_000);
+    if let Ok(keep) = std::env::var("GMT_KEEP_PLOT") {
+        std::fs::copy(&png, Path::new(&keep)).unwrap();
+    }
+}
+
+#[test]
+fn watch_without_nvml_fails_cleanly() {
+    if gpu_mem_track::nvml::NvmlReader::open().is_ok() {
+        println!("skipped: NVML is present on this machine");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let o = run(&["watch", "--samples", "1", "--log-dir", dir.path().to_str().unwrap()]);
+    one_line_error(&o, "NVML");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "no file left behind");
+}
