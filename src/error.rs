@@ -38,6 +38,12 @@ pub enum Error {
     /// The background sampler thread could not be started.
     #[error("cannot start the sampler thread: {source}")]
     SamplerStart { source: io::Error },
+    /// An estimate's model file or input is unusable (missing, not TorchScript, wrong input).
+    #[error("{0}")]
+    EstimateInput(String),
+    /// An op of the model has no meta-device kernel; the estimate can run on the CPU instead.
+    #[error("operator {op} has no meta kernel, so the model cannot run on the meta device (allow a CPU run to estimate it anyway)")]
+    MissingMetaKernel { op: String },
     /// A call into libtorch failed; the message is libtorch's.
     #[error("libtorch call {call} failed: {message}")]
     Libtorch { call: &'static str, message: String },

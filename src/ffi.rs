@@ -9,7 +9,7 @@ use tracker_sys as sys;
 use crate::error::{Error, Result};
 
 pub(crate) use sys::{gmt_alloc_stats as AllocStats, gmt_cuda_stats as CudaStats};
-pub(crate) use sys::{gmt_tensor_record as TensorRecord, GMT_DEV_CPU, GMT_DEV_CUDA};
+pub(crate) use sys::{gmt_tensor_record as TensorRecord, GMT_DEV_CPU, GMT_DEV_CUDA, GMT_DEV_META};
 
 /// Turns a shim error (owned C string or null) into a typed error.
 fn check(call: &'static str, err: sys::gmt_error) -> Result<()> {
@@ -197,4 +197,68 @@ pub(crate) fn cuda_stats(device: usize, reset_peak: bool) -> Result<CudaStats> {
 pub(crate) fn cuda_empty_cache() -> Result<()> {
     // SAFETY: guarded on the C++ side.
     check("CUDA empty_cache", unsafe { sys::gmt_cuda_empty_cache() })
+}
+
+pub(crate) use sys::{gmt_alloc_event as AllocEvent, gmt_estimate_result as EstimateSizes};
+
+/// Options of a TorchScript estimate, owned on the Rust side.
+pub(crate) struct EstimateCall<'a> {
+    pub path: &'a std::path::Path,
+    pub input_shape: &'a [i64],
+    pub scalar_type: i32,
+    pub input_is_index: bool,
+    pub train: bool,
+    pub optimizer: i32,
+    pub iterations: i32,
+    pub device_kind: i32,
+}
+
+/// Runs a TorchScript model with the allocation recorder on; returns its sizes, the recorded
+/// events and the op names they refer to.
+pub(crate) fn estimate_torchscript(
+    call: &EstimateCall<'_>,
+) -> Result<(EstimateSizes, Vec<AllocEvent>, Vec<String>)> {
+    let path = c_string("estimate", &call.path.to_string_lossy())?;
+    let opts = sys::gmt_estimate_options {
+        path: path.as_ptr(),
+        input_shape: call.input_shape.as_ptr(),
+        input_ndim: call.input_shape.len() as i32,
+        dtype: call.scalar_type,
+        input_is_index: call.input_is_index as i32,
+        train: call.train as i32,
+        optimizer: call.optimizer,
+        iterations: call.iterations,
+        device_kind: call.device_kind,
+    };
+    let mut sizes = EstimateSizes::default();
+    // SAFETY: `opts` points at live buffers (`path`, `input_shape`) for the call; `sizes` is a
+    // valid out-pointer.
+    check("estimate", unsafe { sys::gmt_estimate_torchscript(&opts, &mut sizes) })?;
+    let (events, names) = recorded_events();
+    Ok((sizes, events, names))
+}
+
+/// The allocation recorder's events and op-name table (copied out).
+pub(crate) fn recorded_events() -> (Vec<AllocEvent>, Vec<String>) {
+    // SAFETY: the recorder is stopped; its buffer stays valid until the next start, and we copy it
+    // before returning.
+    let events = unsafe {
+        let n = sys::gmt_recorder_len();
+        let p = sys::gmt_recorder_events();
+        if n == 0 || p.is_null() {
+            Vec::new()
+        } else {
+            std::slice::from_raw_parts(p, n).to_vec()
+        }
+    };
+    let max_op = events.iter().map(|e| e.op).max().unwrap_or(-1);
+    let names = (0..=max_op)
+        .map(|i| {
+            // SAFETY: returns a pointer into the recorder's name table or a static literal.
+            let p = unsafe { sys::gmt_recorder_op_name(i) };
+            // SAFETY: NUL-terminated; copied immediately.
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        })
+        .collect();
+    (events, names)
 }

@@ -67,6 +67,7 @@
 pub mod device;
 pub mod diff;
 mod error;
+pub mod estimate;
 mod ffi;
 pub mod log;
 pub mod nvml;

@@ -47,7 +47,14 @@ fn main() {
         .define("GLOG_USE_GLOG_EXPORT", None)
         .flag_if_supported("-Wno-c++20-extensions")
         .flag_if_supported("-Wno-unused-parameter")
-        .files(["csrc/registry.cpp", "csrc/allocator.cpp", "csrc/cuda.cpp", "csrc/module.cpp"])
+        .files([
+            "csrc/registry.cpp",
+            "csrc/allocator.cpp",
+            "csrc/cuda.cpp",
+            "csrc/recorder.cpp",
+            "csrc/meta_kernels.cpp",
+            "csrc/script.cpp",
+        ])
         .compile("gpu_mem_track_shim");
 
     println!("cargo:rustc-link-search=native={}", lib.display());

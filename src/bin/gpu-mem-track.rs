@@ -1,4 +1,4 @@
-//! The `gpu-mem-track` command line: `report`, `plot` and `watch`.
+//! The `gpu-mem-track` command line: `report`, `plot`, `watch` and `estimate`.
 //!
 //! Exit codes: 0 success, 1 error (one line on stderr naming the file or option), 2 usage.
 use std::io::IsTerminal;
@@ -10,10 +10,14 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
+use gpu_mem_track::estimate::{
+    estimate_torchscript, Estimate, EstimateDevice, EstimateOptions, Mode, Optimizer, Precision,
+};
 use gpu_mem_track::log::{parse_log_lenient, ParsedLog};
 use gpu_mem_track::plot::plot_log;
 use gpu_mem_track::report::{analyse, combine, render_text};
 use gpu_mem_track::watch::{run_watch, NvmlLibrary, StopReason, WatchConfig, WatchTarget};
+use gpu_mem_track::Error;
 
 #[derive(Parser)]
 #[command(name = "gpu-mem-track", version, about = "Where does the GPU memory of a tch program go?")]
@@ -46,6 +50,38 @@ enum Command {
         /// Chart title (default: the log's file name).
         #[arg(long)]
         title: Option<String>,
+    },
+    /// Estimate the memory of a TorchScript model without a GPU (runs it on the meta device).
+    Estimate {
+        /// TorchScript model file (`torch.jit.script(model).save(...)`).
+        model: PathBuf,
+        /// Input shape, batch first: `16x3x224x224`.
+        #[arg(long, value_parser = parse_shape)]
+        input: Shape,
+        /// The input is integer token ids (int64), e.g. for language models.
+        #[arg(long)]
+        ids: bool,
+        /// Precision of parameters and input: f32, f16 or bf16.
+        #[arg(long, default_value = "f32")]
+        dtype: Precision,
+        /// inference (no grad) or train (forward, backward, optimizer step; twice).
+        #[arg(long, default_value = "inference", value_parser = ["inference", "train"])]
+        mode: String,
+        /// Optimizer for --mode train: sgd, momentum, adam or adamw.
+        #[arg(long, default_value = "adam")]
+        optimizer: Optimizer,
+        /// Show the CUDA caching-allocator prediction (`cuda`) or only tensor bytes (`none`).
+        #[arg(long, default_value = "cuda", value_parser = ["cuda", "none"])]
+        device_profile: String,
+        /// Run on the CPU when an op has no meta kernel (slow: real compute).
+        #[arg(long)]
+        allow_cpu: bool,
+        /// Where to run: meta (shapes only, fast) or cpu (real compute, to check an estimate).
+        #[arg(long, default_value = "meta", value_parser = ["meta", "cpu"])]
+        run_on: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Log NVML memory of a GPU or of processes on it, at an interval, until Ctrl-C / SIGTERM.
     Watch {
@@ -98,6 +134,82 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// An input shape from the command line.
+#[derive(Debug, Clone)]
+struct Shape(Vec<i64>);
+
+/// `16x3x224x224` (also `16,3,224,224`).
+fn parse_shape(s: &str) -> Result<Shape, String> {
+    let dims: Result<Vec<i64>, _> = s.split(['x', 'X', ',']).map(|d| d.trim().parse::<i64>()).collect();
+    match dims {
+        Ok(d) if !d.is_empty() && d.iter().all(|&x| x > 0) => Ok(Shape(d)),
+        _ => Err(format!("{s:?} is not a shape like 16x3x224x224")),
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / 1048576.0)
+}
+
+fn print_estimate(e: &Estimate, model: &Path, cuda: bool) {
+    let o = &e.options;
+    let mode = match o.mode {
+        Mode::Inference => "inference".to_owned(),
+        Mode::Train(opt) => format!("train ({opt:?})"),
+    };
+    println!(
+        "{}: input {:?} {:?}, {mode}, on {:?} in {:.2} s",
+        model.display(),
+        o.input_shape,
+        o.precision,
+        o.device,
+        e.seconds
+    );
+    println!(
+        "  parameters   {} ({} elements); buffers {}; input {}",
+        mib(e.param_bytes),
+        e.param_count,
+        mib(e.buffer_bytes),
+        mib(e.input_bytes)
+    );
+    if matches!(o.mode, Mode::Train(_)) {
+        println!("  gradients    {}; optimizer state {}", mib(e.grad_bytes), mib(e.optimizer_state_bytes));
+    }
+    println!("  live after forward {}; forward peak {}", mib(e.live_after_forward), mib(e.forward_peak));
+    println!(
+        "  peak         {} ({} bytes) in {} (iteration {}) at {}",
+        mib(e.peak.bytes),
+        e.peak.bytes,
+        e.peak.phase,
+        e.peak.iteration,
+        e.peak.op
+    );
+    for p in &e.phases {
+        println!("    iteration {} {:<15} peak {}", p.iteration, p.phase.to_string(), mib(p.peak_bytes));
+    }
+    if cuda {
+        println!(
+            "  CUDA caching allocator model: peak allocated {}, peak reserved {} ({} segments)",
+            mib(e.cuda.peak_allocated),
+            mib(e.cuda.peak_reserved),
+            e.cuda.segment_allocs
+        );
+    }
+}
+
+/// Runs `f` with a spinner on stderr when it is a terminal.
+fn with_spinner<T>(message: String, f: impl FnOnce() -> T) -> T {
+    if !std::io::stderr().is_terminal() {
+        return f();
+    }
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_message(message);
+    bar.enable_steady_tick(Duration::from_millis(100));
+    let out = f();
+    bar.finish_and_clear();
+    out
+}
+
 /// Reads a log leniently: bad lines become report entries; a file that is not a log is an error.
 fn read_log(path: &Path) -> Result<(ParsedLog, Vec<String>)> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
@@ -136,6 +248,41 @@ fn run(cli: Cli) -> Result<()> {
             plot_log(&parsed, &title, &output)?;
             if std::io::stderr().is_terminal() {
                 eprintln!("wrote {}", output.display());
+            }
+        }
+        Command::Estimate {
+            model,
+            input,
+            ids,
+            dtype,
+            mode,
+            optimizer,
+            device_profile,
+            allow_cpu,
+            run_on,
+            json,
+        } => {
+            let mut options = EstimateOptions {
+                input_shape: input.0,
+                input_is_index: ids,
+                precision: dtype,
+                mode: if mode == "train" { Mode::Train(optimizer) } else { Mode::Inference },
+                device: if run_on == "cpu" { EstimateDevice::Cpu } else { EstimateDevice::Meta },
+            };
+            let label = format!("estimating {} on {run_on}", model.display());
+            let mut result = with_spinner(label, || estimate_torchscript(&model, &options));
+            if let (Err(Error::MissingMetaKernel { op }), true) = (&result, allow_cpu) {
+                eprintln!("warning: {op} has no meta kernel; estimating on the CPU instead");
+                options.device = EstimateDevice::Cpu;
+                result = with_spinner(format!("estimating {} on the CPU", model.display()), || {
+                    estimate_torchscript(&model, &options)
+                });
+            }
+            let e = result?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&e)?);
+            } else {
+                print_estimate(&e, &model, device_profile == "cuda");
             }
         }
         Command::Watch { device, pids, all, interval, duration, samples, log_dir, prefix, rotate_bytes } => {

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "common.h"
+#include "recorder.h"
 
 namespace {
 constexpr int kWindows = 32;
@@ -32,12 +33,15 @@ struct CpuAccounting {
     }
   }
   void on_free(void* p) {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = live.find(p);
-    if (it == live.end()) return;
-    current -= static_cast<int64_t>(it->second);
-    ++frees;
-    live.erase(it);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = live.find(p);
+      if (it == live.end()) return;
+      current -= static_cast<int64_t>(it->second);
+      ++frees;
+      live.erase(it);
+    }
+    gmt::record_free(GMT_DEV_CPU, reinterpret_cast<int64_t>(p));
   }
 };
 
@@ -62,6 +66,7 @@ struct TrackingCpuAllocator final : c10::Allocator {
     if (d.get_context() != p || d.get_deleter() != g_orig_deleter) return d;  // not ours to re-wrap
     d.release_context();  // take ownership; re-wrap with our deleter (context == data, as before)
     accounting().on_alloc(p, n);
+    gmt::record_alloc(GMT_DEV_CPU, reinterpret_cast<int64_t>(p), static_cast<int64_t>(n));
     return c10::DataPtr(p, p, &tracking_delete, c10::Device(c10::DeviceType::CPU));
   }
   c10::DeleterFnPtr raw_deleter() const override { return &tracking_delete; }

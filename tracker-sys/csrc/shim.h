@@ -88,6 +88,56 @@ int32_t gmt_cuda_device_count(void);          // 0 when CUDA is absent; never th
 gmt_error gmt_cuda_stats_read(int32_t device, int reset_peak, gmt_cuda_stats* out);
 gmt_error gmt_cuda_empty_cache(void);
 
+// ---- allocation recorder and meta allocator (recorder.cpp) ----
+typedef struct {
+  int64_t id;           // allocation identity (meta: sequence number; CPU: data pointer)
+  int64_t size;         // bytes for an allocation, 0 for a free
+  uint8_t is_free;
+  uint8_t phase;        // estimation phase set by the estimator
+  uint8_t device_kind;  // gmt_device_kind
+  uint8_t iteration;    // estimation iteration (1-based; 0 outside iterations)
+  int32_t op;           // innermost op at the time; name via gmt_recorder_op_name
+} gmt_alloc_event;
+
+gmt_error gmt_meta_allocator_install(void);  // idempotent
+int64_t gmt_meta_allocator_current(void);    // live meta bytes
+// Records every allocation/free of `device_kind` (GMT_DEV_ANY: all) until stopped. Clears the
+// previous recording; the events stay readable until the next start.
+gmt_error gmt_recorder_start(int32_t device_kind);
+gmt_error gmt_recorder_stop(void);
+void gmt_recorder_set_phase(int32_t phase, int32_t iteration);
+size_t gmt_recorder_len(void);
+const gmt_alloc_event* gmt_recorder_events(void);
+int64_t gmt_recorder_peak(void);  // highest live bytes among recorded allocations
+const char* gmt_recorder_op_name(int32_t op);
+
+// ---- TorchScript estimation (script.cpp) ----
+enum gmt_optimizer { GMT_OPT_NONE = 0, GMT_OPT_SGD = 1, GMT_OPT_SGD_MOMENTUM = 2, GMT_OPT_ADAM = 3, GMT_OPT_ADAMW = 4 };
+enum gmt_phase { GMT_PHASE_LOAD = 0, GMT_PHASE_INPUT = 1, GMT_PHASE_FORWARD = 2, GMT_PHASE_BACKWARD = 3,
+                 GMT_PHASE_OPTIMIZER = 4 };
+
+typedef struct {
+  const char* path;
+  const int64_t* input_shape;
+  int32_t input_ndim;
+  int32_t dtype;          // c10::ScalarType for parameters and float inputs (6 = float32)
+  int32_t input_is_index; // integer token ids (int64) instead of a float input
+  int32_t train;          // 0: inference (no grad); 1: training steps
+  int32_t optimizer;      // gmt_optimizer
+  int32_t iterations;     // training iterations (2 shows the steady state)
+  int32_t device_kind;    // GMT_DEV_META or GMT_DEV_CPU
+} gmt_estimate_options;
+
+// Sizes of what the run created; timing and peaks come from the recorded events.
+typedef struct {
+  int64_t param_count, param_bytes, buffer_bytes, input_bytes, grad_bytes, optimizer_state_bytes;
+  int64_t output_numel;
+} gmt_estimate_result;
+
+// Loads and runs the module on the device with the allocator recorder on; the recording stays
+// readable afterwards (gmt_recorder_*).
+gmt_error gmt_estimate_torchscript(const gmt_estimate_options* options, gmt_estimate_result* out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -58,6 +58,59 @@ pub struct gmt_alloc_stats {
     pub frees: i64,
 }
 
+/// One recorded allocation or free (mirrors `gmt_alloc_event`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct gmt_alloc_event {
+    pub id: i64,
+    pub size: i64,
+    pub is_free: u8,
+    pub phase: u8,
+    pub device_kind: u8,
+    pub iteration: u8,
+    pub op: i32,
+}
+
+pub const GMT_OPT_NONE: i32 = 0;
+pub const GMT_OPT_SGD: i32 = 1;
+pub const GMT_OPT_SGD_MOMENTUM: i32 = 2;
+pub const GMT_OPT_ADAM: i32 = 3;
+pub const GMT_OPT_ADAMW: i32 = 4;
+
+pub const GMT_PHASE_LOAD: u8 = 0;
+pub const GMT_PHASE_INPUT: u8 = 1;
+pub const GMT_PHASE_FORWARD: u8 = 2;
+pub const GMT_PHASE_BACKWARD: u8 = 3;
+pub const GMT_PHASE_OPTIMIZER: u8 = 4;
+
+/// Options of a TorchScript estimate (mirrors `gmt_estimate_options`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct gmt_estimate_options {
+    pub path: *const c_char,
+    pub input_shape: *const i64,
+    pub input_ndim: i32,
+    pub dtype: i32,
+    pub input_is_index: i32,
+    pub train: i32,
+    pub optimizer: i32,
+    pub iterations: i32,
+    pub device_kind: i32,
+}
+
+/// Sizes found by a TorchScript estimate (mirrors `gmt_estimate_result`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct gmt_estimate_result {
+    pub param_count: i64,
+    pub param_bytes: i64,
+    pub buffer_bytes: i64,
+    pub input_bytes: i64,
+    pub grad_bytes: i64,
+    pub optimizer_state_bytes: i64,
+    pub output_numel: i64,
+}
+
 /// CUDA caching-allocator counters (mirrors `gmt_cuda_stats`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -100,6 +153,20 @@ extern "C" {
     pub fn gmt_cpu_allocator_open_window() -> i32;
     pub fn gmt_cpu_allocator_close_window(window: i32);
     pub fn gmt_cpu_allocator_stats(window: i32, reset_peak: c_int, out: *mut gmt_alloc_stats);
+
+    pub fn gmt_meta_allocator_install() -> gmt_error;
+    pub fn gmt_meta_allocator_current() -> i64;
+    pub fn gmt_recorder_start(device_kind: i32) -> gmt_error;
+    pub fn gmt_recorder_stop() -> gmt_error;
+    pub fn gmt_recorder_set_phase(phase: i32, iteration: i32);
+    pub fn gmt_recorder_len() -> usize;
+    pub fn gmt_recorder_events() -> *const gmt_alloc_event;
+    pub fn gmt_recorder_peak() -> i64;
+    pub fn gmt_recorder_op_name(op: i32) -> *const c_char;
+    pub fn gmt_estimate_torchscript(
+        options: *const gmt_estimate_options,
+        out: *mut gmt_estimate_result,
+    ) -> gmt_error;
 
     pub fn gmt_cuda_device_count() -> i32;
     pub fn gmt_cuda_stats_read(device: i32, reset_peak: c_int, out: *mut gmt_cuda_stats) -> gmt_error;

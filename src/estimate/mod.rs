@@ -1,0 +1,395 @@
+//! Estimating memory without a GPU: a whole TorchScript model run on the meta device (exact
+//! tensor sizes, no data, no compute) with every allocation recorded, replayed through a model of
+//! the CUDA caching allocator to predict `memory_allocated` and `memory_reserved`.
+pub mod caching_allocator;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::ffi::{self, AllocEvent};
+use caching_allocator::{BlockId, CachingAllocatorModel, CachingStats};
+
+/// Element type of parameters and float inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// float32
+    F32,
+    /// float16
+    F16,
+    /// bfloat16
+    Bf16,
+}
+
+impl Precision {
+    fn scalar_type(self) -> i32 {
+        match self {
+            Precision::F32 => 6,
+            Precision::F16 => 5,
+            Precision::Bf16 => 15,
+        }
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" | "float32" | "fp32" => Ok(Precision::F32),
+            "f16" | "float16" | "fp16" | "half" => Ok(Precision::F16),
+            "bf16" | "bfloat16" => Ok(Precision::Bf16),
+            other => Err(format!("unknown dtype {other:?} (use f32, f16 or bf16)")),
+        }
+    }
+}
+
+/// Optimizer whose state a training step allocates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Optimizer {
+    /// Plain SGD: no state.
+    Sgd,
+    /// SGD with momentum: one buffer per parameter.
+    SgdMomentum,
+    /// Adam: two buffers per parameter, plus a parameter-sized temporary per step.
+    Adam,
+    /// AdamW: as Adam.
+    AdamW,
+}
+
+impl Optimizer {
+    fn code(self) -> i32 {
+        match self {
+            Optimizer::Sgd => tracker_sys::GMT_OPT_SGD,
+            Optimizer::SgdMomentum => tracker_sys::GMT_OPT_SGD_MOMENTUM,
+            Optimizer::Adam => tracker_sys::GMT_OPT_ADAM,
+            Optimizer::AdamW => tracker_sys::GMT_OPT_ADAMW,
+        }
+    }
+}
+
+impl std::str::FromStr for Optimizer {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "sgd" => Ok(Optimizer::Sgd),
+            "momentum" | "sgd-momentum" | "sgd_momentum" => Ok(Optimizer::SgdMomentum),
+            "adam" => Ok(Optimizer::Adam),
+            "adamw" => Ok(Optimizer::AdamW),
+            other => Err(format!("unknown optimizer {other:?} (use sgd, momentum, adam or adamw)")),
+        }
+    }
+}
+
+/// Inference (forward without grad) or training steps (forward, backward, optimizer step).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// `torch.no_grad()` forward.
+    Inference,
+    /// Forward, backward and an optimizer step, twice (the second shows the steady state).
+    Train(Optimizer),
+}
+
+/// Where the estimate runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EstimateDevice {
+    /// The meta device: shapes only.
+    Meta,
+    /// The CPU: real compute, for models with ops that have no meta kernel, and for checking.
+    Cpu,
+}
+
+/// What to estimate.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EstimateOptions {
+    /// Input shape, batch first.
+    pub input_shape: Vec<i64>,
+    /// Integer token ids (int64) rather than a float input.
+    pub input_is_index: bool,
+    /// Precision of parameters and float input.
+    pub precision: Precision,
+    /// Inference or training.
+    pub mode: Mode,
+    /// Where to run.
+    pub device: EstimateDevice,
+}
+
+impl Default for EstimateOptions {
+    fn default() -> Self {
+        EstimateOptions {
+            input_shape: vec![1, 3, 224, 224],
+            input_is_index: false,
+            precision: Precision::F32,
+            mode: Mode::Inference,
+            device: EstimateDevice::Meta,
+        }
+    }
+}
+
+/// A phase of the estimated run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// Loading the module (parameters, buffers).
+    Load,
+    /// Creating the input.
+    Input,
+    /// The forward pass.
+    Forward,
+    /// Loss and backward pass.
+    Backward,
+    /// The optimizer step.
+    Optimizer,
+}
+
+impl Phase {
+    fn from_code(c: u8) -> Phase {
+        match c {
+            tracker_sys::GMT_PHASE_LOAD => Phase::Load,
+            tracker_sys::GMT_PHASE_INPUT => Phase::Input,
+            tracker_sys::GMT_PHASE_FORWARD => Phase::Forward,
+            tracker_sys::GMT_PHASE_BACKWARD => Phase::Backward,
+            _ => Phase::Optimizer,
+        }
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Phase::Load => "load",
+            Phase::Input => "input",
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::Optimizer => "optimizer step",
+        })
+    }
+}
+
+/// Where the highest live byte count was reached.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PeakPlace {
+    /// Live bytes at the peak.
+    pub bytes: u64,
+    /// Phase.
+    pub phase: Phase,
+    /// Training iteration (1-based; 0 before the first).
+    pub iteration: u32,
+    /// The innermost op that made the allocation.
+    pub op: String,
+}
+
+/// Peak of one phase of one iteration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PhasePeak {
+    /// Iteration (1-based; 0 for loading).
+    pub iteration: u32,
+    /// Phase.
+    pub phase: Phase,
+    /// Highest live bytes in it.
+    pub peak_bytes: u64,
+}
+
+/// The result of an estimate. Byte counts are exact tensor storage sizes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Estimate {
+    /// What was asked.
+    pub options: EstimateOptions,
+    /// Parameter elements.
+    pub param_count: u64,
+    /// Parameter bytes.
+    pub param_bytes: u64,
+    /// Buffer bytes (batch-norm statistics, ...).
+    pub buffer_bytes: u64,
+    /// Input bytes.
+    pub input_bytes: u64,
+    /// Gradient bytes (training).
+    pub grad_bytes: u64,
+    /// Optimizer state bytes (training).
+    pub optimizer_state_bytes: u64,
+    /// Live bytes right after the (last) forward: parameters, input and what is kept for backward.
+    pub live_after_forward: u64,
+    /// Highest live bytes during the (last) forward.
+    pub forward_peak: u64,
+    /// Highest live bytes of the whole run, and where.
+    pub peak: PeakPlace,
+    /// Peak of each phase of each iteration.
+    pub phases: Vec<PhasePeak>,
+    /// The CUDA caching allocator model's view of the same sequence: peak `allocated` (rounded
+    /// blocks) and peak `reserved` (segments).
+    pub cuda: CachingStats,
+    /// CPU runs only: highest bytes held at once by temporaries that oneDNN kernels allocate
+    /// directly (reorders, scratch space); no GPU kernel makes them, so they are left out of the
+    /// figures above and reported here.
+    pub cpu_only_temporaries: u64,
+    /// Allocations recorded.
+    pub allocations: u64,
+    /// Seconds the estimate took.
+    pub seconds: f64,
+}
+
+/// Estimates a TorchScript model file.
+///
+/// # Errors
+/// [`Error::EstimateInput`] for a missing file, a file that is not TorchScript, or an input the
+/// model rejects; [`Error::MissingMetaKernel`] naming an op without a meta kernel (retry with
+/// [`EstimateDevice::Cpu`]).
+pub fn estimate_torchscript(path: &Path, options: &EstimateOptions) -> Result<Estimate> {
+    if !path.is_file() {
+        return Err(Error::EstimateInput(format!("model file {} does not exist", path.display())));
+    }
+    if options.input_shape.is_empty() || options.input_shape.iter().any(|&d| d <= 0) {
+        return Err(Error::EstimateInput(format!(
+            "input shape {:?} must have positive sizes",
+            options.input_shape
+        )));
+    }
+    crate::ffi::install()?;
+    let start = Instant::now();
+    let (train, optimizer) = match options.mode {
+        Mode::Inference => (false, tracker_sys::GMT_OPT_NONE),
+        Mode::Train(o) => (true, o.code()),
+    };
+    let call = ffi::EstimateCall {
+        path,
+        input_shape: &options.input_shape,
+        scalar_type: options.precision.scalar_type(),
+        input_is_index: options.input_is_index,
+        train,
+        optimizer,
+        iterations: 2,
+        device_kind: match options.device {
+            EstimateDevice::Meta => ffi::GMT_DEV_META,
+            EstimateDevice::Cpu => ffi::GMT_DEV_CPU,
+        },
+    };
+    let (sizes, events, names) = ffi::estimate_torchscript(&call).map_err(|e| match e {
+        Error::Libtorch { message, .. } => classify_failure(path, message),
+        other => other,
+    })?;
+    let timeline = Timeline::replay(&events, &names, options.device == EstimateDevice::Cpu);
+    Ok(Estimate {
+        options: options.clone(),
+        param_count: sizes.param_count.max(0) as u64,
+        param_bytes: sizes.param_bytes.max(0) as u64,
+        buffer_bytes: sizes.buffer_bytes.max(0) as u64,
+        input_bytes: sizes.input_bytes.max(0) as u64,
+        grad_bytes: sizes.grad_bytes.max(0) as u64,
+        optimizer_state_bytes: sizes.optimizer_state_bytes.max(0) as u64,
+        live_after_forward: timeline.live_after_forward,
+        forward_peak: timeline.forward_peak,
+        peak: timeline.peak,
+        phases: timeline.phases,
+        cuda: timeline.cuda,
+        cpu_only_temporaries: timeline.cpu_only_peak,
+        allocations: events.iter().filter(|e| e.is_free == 0).count() as u64,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Turns a libtorch failure into the error a user can act on.
+fn classify_failure(path: &Path, message: String) -> Error {
+    if message.contains("no fake impl or Meta kernel registered") || message.contains("Meta kernel") {
+        let op = message
+            .split_whitespace()
+            .find(|w| w.starts_with("aten::") || w.contains("::"))
+            .map(|w| w.trim_end_matches(':').to_owned())
+            .unwrap_or_else(|| "an operator".into());
+        return Error::MissingMetaKernel { op };
+    }
+    if message.starts_with("cannot load") || message.starts_with("forward failed") {
+        return Error::EstimateInput(message.replace('\n', " "));
+    }
+    Error::EstimateInput(format!("{}: {}", path.display(), message.lines().next().unwrap_or("")))
+}
+
+/// What the recorded events say.
+struct Timeline {
+    live_after_forward: u64,
+    forward_peak: u64,
+    peak: PeakPlace,
+    phases: Vec<PhasePeak>,
+    cuda: CachingStats,
+    cpu_only_peak: u64,
+}
+
+/// Allocations made directly by a oneDNN kernel (not by an `aten::empty` it calls) exist only on
+/// the CPU.
+fn cpu_only_op(name: &str) -> bool {
+    name.starts_with("aten::mkldnn") || name.starts_with("mkldnn::") || name.starts_with("onednn::")
+}
+
+impl Timeline {
+    fn replay(events: &[AllocEvent], names: &[String], cpu: bool) -> Timeline {
+        let last_iter = events.iter().map(|e| e.iteration).max().unwrap_or(0);
+        let mut sizes: HashMap<i64, u64> = HashMap::new();
+        let mut blocks: HashMap<i64, BlockId> = HashMap::new();
+        let mut cuda = CachingAllocatorModel::new();
+        let mut live = 0u64;
+        let mut peak = PeakPlace { bytes: 0, phase: Phase::Load, iteration: 0, op: String::new() };
+        let mut phases: Vec<PhasePeak> = Vec::new();
+        let mut live_after_forward = None;
+        let mut forward_peak = 0;
+        let (mut cpu_only, mut cpu_only_live, mut cpu_only_peak) = (HashMap::new(), 0u64, 0u64);
+        for e in events {
+            let phase = Phase::from_code(e.phase);
+            let iteration = u32::from(e.iteration);
+            if live_after_forward.is_none() && iteration == u32::from(last_iter) && phase > Phase::Forward {
+                live_after_forward = Some(live);
+            }
+            let op_name = || names.get(e.op.max(0) as usize).map(String::as_str).unwrap_or("");
+            if e.is_free == 0 && cpu && cpu_only_op(op_name()) {
+                cpu_only.insert(e.id, e.size.max(0) as u64);
+                cpu_only_live += e.size.max(0) as u64;
+                cpu_only_peak = cpu_only_peak.max(cpu_only_live);
+                continue;
+            }
+            if e.is_free != 0 {
+                if let Some(size) = cpu_only.remove(&e.id) {
+                    cpu_only_live -= size;
+                    continue;
+                }
+            }
+            if e.is_free == 0 {
+                let size = e.size.max(0) as u64;
+                live += size;
+                sizes.insert(e.id, size);
+                if let Ok(b) = cuda.malloc(size) {
+                    blocks.insert(e.id, b);
+                }
+                if live > peak.bytes {
+                    peak = PeakPlace { bytes: live, phase, iteration, op: op_name().to_owned() };
+                }
+            } else {
+                live -= sizes.remove(&e.id).unwrap_or(0);
+                if let Some(b) = blocks.remove(&e.id) {
+                    cuda.free(b);
+                }
+            }
+            match phases.last_mut() {
+                Some(p) if p.phase == phase && p.iteration == iteration => {
+                    p.peak_bytes = p.peak_bytes.max(live)
+                }
+                _ => phases.push(PhasePeak { iteration, phase, peak_bytes: live }),
+            }
+            if phase == Phase::Forward && iteration == u32::from(last_iter) {
+                forward_peak = forward_peak.max(live);
+            }
+        }
+        Timeline {
+            live_after_forward: live_after_forward.unwrap_or(live),
+            forward_peak,
+            peak,
+            phases,
+            cuda: cuda.stats(),
+            cpu_only_peak,
+        }
+    }
+}

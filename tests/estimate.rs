@@ -1,0 +1,101 @@
+//! Meta-device estimates equal the wrapped CPU allocator's measurement of the same run.
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::python_with_torch;
+use gpu_mem_track::estimate::{
+    estimate_torchscript, Estimate, EstimateDevice, EstimateOptions, Mode, Optimizer, Precision,
+};
+use gpu_mem_track::Error;
+
+fn export(dir: &Path, names: &[&str]) -> Option<Vec<PathBuf>> {
+    let Some(python) = python_with_torch() else {
+        println!("skipped: no Python with torch to export TorchScript models (run through scripts/dev test)");
+        return None;
+    };
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/export_models.py");
+    let out = std::process::Command::new(python).arg(script).arg(dir).args(names).output().unwrap();
+    assert!(out.status.success(), "export failed: {}", String::from_utf8_lossy(&out.stderr));
+    Some(names.iter().map(|n| dir.join(format!("{n}.pt"))).collect())
+}
+
+fn run(model: &Path, shape: &[i64], ids: bool, mode: Mode, device: EstimateDevice) -> Estimate {
+    let options = EstimateOptions {
+        input_shape: shape.to_vec(),
+        input_is_index: ids,
+        precision: Precision::F32,
+        mode,
+        device,
+    };
+    estimate_torchscript(model, &options).unwrap_or_else(|e| panic!("{}: {e}", model.display()))
+}
+
+fn within(meta: u64, cpu: u64, pct: f64, what: &str) {
+    let diff = (meta as f64 - cpu as f64).abs() / cpu as f64 * 100.0;
+    println!("  {what:<20} meta {meta:>12} cpu {cpu:>12}  diff {diff:.3} %");
+    assert!(diff <= pct, "{what}: meta {meta} vs cpu {cpu} differ by {diff:.2} %");
+}
+
+#[test]
+fn meta_matches_the_cpu_allocator_within_2_percent() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(models) = export(dir.path(), &["mlp", "cnn", "resnetlike", "transformer"]) else { return };
+    let shapes: [(&[i64], bool); 4] =
+        [(&[256, 256], false), (&[32, 3, 64, 64], false), (&[16, 3, 32, 32], false), (&[8, 64], true)];
+    for (model, (shape, ids)) in models.iter().zip(shapes) {
+        println!("{}", model.display());
+        let train = Mode::Train(Optimizer::Adam);
+        let meta = run(model, shape, ids, train, EstimateDevice::Meta);
+        let cpu = run(model, shape, ids, train, EstimateDevice::Cpu);
+        assert_eq!(meta.param_bytes, cpu.param_bytes);
+        assert_eq!(meta.grad_bytes, cpu.grad_bytes);
+        assert_eq!(meta.optimizer_state_bytes, 2 * meta.param_bytes, "Adam keeps two buffers per parameter");
+        within(meta.live_after_forward, cpu.live_after_forward, 2.0, "live after forward");
+        within(meta.forward_peak, cpu.forward_peak, 2.0, "forward peak");
+        within(meta.peak.bytes, cpu.peak.bytes, 2.0, "training step peak");
+        let inf_meta = run(model, shape, ids, Mode::Inference, EstimateDevice::Meta);
+        let inf_cpu = run(model, shape, ids, Mode::Inference, EstimateDevice::Cpu);
+        within(inf_meta.peak.bytes, inf_cpu.peak.bytes, 2.0, "inference peak");
+        // The only allocations left out on the CPU are oneDNN's own temporaries.
+        println!(
+            "  oneDNN temporaries (CPU only): training {} B, inference {} B",
+            cpu.cpu_only_temporaries, inf_cpu.cpu_only_temporaries
+        );
+        assert_eq!(meta.cpu_only_temporaries, 0);
+    }
+}
+
+#[test]
+fn transposed_grouped_convolution_and_group_norm_run_on_meta() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(models) = export(dir.path(), &["decoder"]) else { return };
+    let train = Mode::Train(Optimizer::SgdMomentum);
+    let meta = run(&models[0], &[8, 32, 16, 16], false, train, EstimateDevice::Meta);
+    let cpu = run(&models[0], &[8, 32, 16, 16], false, train, EstimateDevice::Cpu);
+    // Output 8x8x32x32 f32 and everything kept for backward: the same storages on both devices.
+    within(meta.live_after_forward, cpu.live_after_forward, 2.0, "live after forward");
+    assert_eq!(meta.optimizer_state_bytes, meta.param_bytes, "momentum: one buffer per parameter");
+    // The CPU's transposed convolution (oneDNN) reorders its input and output through temporaries
+    // that no GPU kernel makes, so the CPU peak is higher; meta never exceeds a real run.
+    assert!(meta.forward_peak <= cpu.forward_peak);
+}
+
+#[test]
+fn bad_models_and_inputs_are_one_line_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = EstimateOptions { input_shape: vec![4, 256], ..EstimateOptions::default() };
+    let e = estimate_torchscript(&dir.path().join("none.pt"), &opts).unwrap_err();
+    assert!(matches!(e, Error::EstimateInput(_)) && e.to_string().contains("none.pt"), "{e}");
+    let junk = dir.path().join("junk.pt");
+    std::fs::write(&junk, b"not a zip archive").unwrap();
+    let e = estimate_torchscript(&junk, &opts).unwrap_err();
+    assert!(e.to_string().starts_with("cannot load") && e.to_string().contains("junk.pt"), "{e}");
+    assert_eq!(e.to_string().lines().count(), 1);
+    let Some(models) = export(dir.path(), &["mlp"]) else { return };
+    let wrong = EstimateOptions { input_shape: vec![4, 100], ..EstimateOptions::default() };
+    let e = estimate_torchscript(&models[0], &wrong).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.starts_with("forward failed for input [4, 100]"), "{msg}");
+    assert_eq!(msg.lines().count(), 1, "{msg}");
+}

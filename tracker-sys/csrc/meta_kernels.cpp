@@ -1,0 +1,260 @@
+// Meta (shape-only) kernels for ops libtorch C++ has no Meta implementation for. Python torch
+// registers these from torch/_meta_registrations.py at import; a C++ program never gets them.
+// Each returns empty tensors of the right shape and dtype, so the meta allocator sees the same
+// allocations a real run would make.
+#include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <tuple>
+#include <vector>
+
+namespace {
+using at::Tensor;
+using c10::IntArrayRef;
+using OptTensor = std::optional<Tensor>;
+
+// Norm statistics are kept in float for reduced-precision inputs, as the real kernels do.
+c10::TensorOptions stats_options(const Tensor& x) {
+  const auto t = x.scalar_type();
+  return x.options().dtype(t == at::kHalf || t == at::kBFloat16 ? at::kFloat : t);
+}
+
+std::vector<int64_t> conv_output_size(const Tensor& in, const Tensor& w, IntArrayRef stride, IntArrayRef pad,
+                                      IntArrayRef dil, bool transposed, IntArrayRef opad, int64_t groups) {
+  TORCH_CHECK(in.dim() == w.dim(), "meta convolution: input has ", in.dim(), " dims, weight ", w.dim());
+  const int64_t spatial = in.dim() - 2;
+  auto at = [](IntArrayRef a, int64_t k) { return a.size() == 1 ? a[0] : a[k]; };
+  std::vector<int64_t> out{in.size(0), transposed ? w.size(1) * groups : w.size(0)};
+  for (int64_t k = 0; k < spatial; ++k) {
+    const int64_t i = in.size(k + 2), kw = w.size(k + 2);
+    const int64_t s = at(stride, k), p = at(pad, k), d = at(dil, k);
+    if (transposed) {
+      const int64_t op = opad.empty() ? 0 : at(opad, k);
+      out.push_back((i - 1) * s - 2 * p + d * (kw - 1) + op + 1);
+    } else {
+      out.push_back((i + 2 * p - d * (kw - 1) - 1) / s + 1);
+    }
+  }
+  return out;
+}
+
+Tensor convolution_meta(const Tensor& in, const Tensor& w, const OptTensor&, IntArrayRef stride, IntArrayRef pad,
+                        IntArrayRef dil, bool transposed, IntArrayRef opad, int64_t groups) {
+  return at::empty(conv_output_size(in, w, stride, pad, dil, transposed, opad, groups), in.options());
+}
+
+std::tuple<Tensor, Tensor, Tensor> convolution_backward_meta(const Tensor&, const Tensor& in, const Tensor& w,
+                                                              IntArrayRef, IntArrayRef, IntArrayRef, bool transposed,
+                                                              IntArrayRef, int64_t groups, std::array<bool, 3> mask) {
+  const int64_t c_out = transposed ? w.size(1) * groups : w.size(0);
+  return {mask[0] ? at::empty_like(in) : Tensor(), mask[1] ? at::empty_like(w) : Tensor(),
+          mask[2] ? at::empty({c_out}, w.options()) : Tensor()};
+}
+
+// ---- batch norm (every entry point the dispatcher may pick)
+std::tuple<Tensor, Tensor, Tensor> native_batch_norm_meta(const Tensor& x, const OptTensor&, const OptTensor&,
+                                                           const OptTensor&, const OptTensor&, bool training, double,
+                                                           double) {
+  const int64_t c = x.size(1);
+  auto stats = stats_options(x);
+  return {at::empty_like(x), at::empty({training ? c : 0}, stats), at::empty({training ? c : 0}, stats)};
+}
+
+std::tuple<Tensor, Tensor, Tensor> native_batch_norm_backward_meta(const Tensor&, const Tensor& x, const OptTensor& w,
+                                                                    const OptTensor&, const OptTensor&,
+                                                                    const OptTensor&, const OptTensor&, bool, double,
+                                                                    std::array<bool, 3> mask) {
+  const int64_t c = x.size(1);
+  auto opts = w.has_value() && w->defined() ? w->options() : x.options();
+  return {mask[0] ? at::empty_like(x) : Tensor(), mask[1] ? at::empty({c}, opts) : Tensor(),
+          mask[2] ? at::empty({c}, opts) : Tensor()};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_with_update_meta(const Tensor& x, const OptTensor& w,
+                                                                       const OptTensor& b, Tensor& rm, Tensor& rv,
+                                                                       double momentum, double eps) {
+  auto [out, mean, invstd] = native_batch_norm_meta(x, w, b, rm, rv, true, momentum, eps);
+  return {out, mean, invstd, at::empty({0}, x.options().dtype(at::kByte))};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_no_update_meta(const Tensor& x, const OptTensor& w,
+                                                                     const OptTensor& b, const OptTensor& rm,
+                                                                     const OptTensor& rv, double momentum, double eps) {
+  auto [out, mean, invstd] = native_batch_norm_meta(x, w, b, rm, rv, false, momentum, eps);
+  return {out, mean, invstd, at::empty({0}, x.options().dtype(at::kByte))};
+}
+
+std::tuple<Tensor, Tensor, Tensor> batch_norm_backward_meta(const Tensor& go, const Tensor& x, const Tensor& w,
+                                                             const OptTensor& rm, const OptTensor& rv,
+                                                             const OptTensor& sm, const OptTensor& sv, bool update,
+                                                             double eps, std::array<bool, 3> mask, const Tensor&) {
+  return native_batch_norm_backward_meta(go, x, w, rm, rv, sm, sv, update, eps, mask);
+}
+
+std::tuple<Tensor, Tensor, Tensor> native_batch_norm_legit_meta(const Tensor& x, const OptTensor& w,
+                                                                 const OptTensor& b, Tensor& rm, Tensor& rv,
+                                                                 bool training, double momentum, double eps) {
+  return native_batch_norm_meta(x, w, b, rm, rv, training, momentum, eps);
+}
+
+std::tuple<Tensor, Tensor, Tensor> native_batch_norm_legit_no_stats_meta(const Tensor& x, const OptTensor& w,
+                                                                          const OptTensor& b, bool training,
+                                                                          double momentum, double eps) {
+  return native_batch_norm_meta(x, w, b, std::nullopt, std::nullopt, training, momentum, eps);
+}
+
+std::tuple<Tensor, Tensor, Tensor> native_batch_norm_legit_no_training_meta(const Tensor& x, const OptTensor& w,
+                                                                             const OptTensor& b, const Tensor& rm,
+                                                                             const Tensor& rv, double momentum,
+                                                                             double eps) {
+  return native_batch_norm_meta(x, w, b, rm, rv, false, momentum, eps);
+}
+
+// ---- group norm
+std::tuple<Tensor, Tensor, Tensor> native_group_norm_meta(const Tensor& x, const OptTensor&, const OptTensor&,
+                                                           int64_t n, int64_t, int64_t, int64_t group, double) {
+  return {at::empty_like(x), at::empty({n, group}, x.options()), at::empty({n, group}, x.options())};
+}
+
+std::tuple<Tensor, Tensor, Tensor> native_group_norm_backward_meta(const Tensor&, const Tensor& x, const Tensor&,
+                                                                    const Tensor&, const OptTensor& w, int64_t,
+                                                                    int64_t c, int64_t, int64_t,
+                                                                    std::array<bool, 3> mask) {
+  auto opts = w.has_value() && w->defined() ? w->options() : x.options();
+  return {mask[0] ? at::empty_like(x) : Tensor(), mask[1] ? at::empty({c}, opts) : Tensor(),
+          mask[2] ? at::empty({c}, opts) : Tensor()};
+}
+
+// ---- layer norm
+std::tuple<Tensor, Tensor, Tensor> native_layer_norm_meta(const Tensor& x, c10::SymIntArrayRef normalized,
+                                                           const OptTensor&, const OptTensor&, double) {
+  const int64_t axis = x.dim() - static_cast<int64_t>(normalized.size());
+  std::vector<int64_t> stat_shape(x.sizes().begin(), x.sizes().begin() + axis);
+  stat_shape.resize(x.dim(), 1);
+  auto stats = stats_options(x);
+  return {at::empty_like(x), at::empty(stat_shape, stats), at::empty(stat_shape, stats)};
+}
+
+std::tuple<Tensor, Tensor, Tensor> native_layer_norm_backward_meta(const Tensor&, const Tensor& x,
+                                                                    c10::SymIntArrayRef, const Tensor&, const Tensor&,
+                                                                    const OptTensor& w, const OptTensor& b,
+                                                                    std::array<bool, 3> mask) {
+  auto like = [&](const OptTensor& t) { return t.has_value() && t->defined() ? at::empty_like(*t) : Tensor(); };
+  return {mask[0] ? at::empty_like(x) : Tensor(), mask[1] ? like(w) : Tensor(), mask[2] ? like(b) : Tensor()};
+}
+
+// ---- elementwise and indexing
+Tensor relu_meta(const Tensor& x) { return at::empty_like(x); }
+Tensor& relu__meta(Tensor& x) { return x; }
+
+Tensor index_select_meta(const Tensor& self, int64_t dim, const Tensor& index) {
+  auto sizes = self.sizes().vec();
+  if (self.dim() > 0) sizes[c10::maybe_wrap_dim(dim, self.dim())] = index.numel();
+  return at::empty(sizes, self.options());
+}
+
+Tensor embedding_dense_backward_meta(const Tensor& grad, const Tensor&, c10::SymInt num_weights, c10::SymInt, bool) {
+  return at::empty({num_weights.expect_int(), grad.size(-1)}, grad.options());
+}
+
+Tensor where_meta(const Tensor& cond, const Tensor& self, const Tensor& other) {
+  auto shape = at::infer_size(at::infer_size(cond.sizes(), self.sizes()), other.sizes());
+  return at::empty(shape, self.options().dtype(at::result_type(self, other)));
+}
+
+// out= variants: resize_ on meta bypasses the allocator, so give `out` a freshly allocated
+// storage of the right size instead; the allocation is then counted like a real one.
+Tensor& resize_out_counted(Tensor& out, at::IntArrayRef shape) {
+  if (out.sizes() != shape) out.set_(at::empty(shape, out.options()));
+  return out;
+}
+
+Tensor& where_out_meta(const Tensor& cond, const Tensor& self, const Tensor& other, Tensor& out) {
+  return resize_out_counted(out, at::infer_size(at::infer_size(cond.sizes(), self.sizes()), other.sizes()));
+}
+
+// ---- attention. On meta, scaled_dot_product_attention would take the math path, which
+// materialises and saves the [B, H, L, S] attention weights. GPUs (and CPUs) run a fused
+// flash-attention kernel that saves only the output and a [B, H, L] logsumexp, so on meta the op
+// is routed to the fused CPU kernel's schema, whose autograd formula saves the same tensors.
+std::tuple<Tensor, Tensor> flash_attention_meta(const Tensor& q, const Tensor& k, const Tensor& v, double, bool,
+                                                const OptTensor&, std::optional<double>) {
+  // Fused kernels write (batch, seq, heads, dim) and return it transposed, so a later
+  // `.transpose(1, 2).reshape(...)` is a view, not a copy.
+  const int64_t b = q.size(0), h = q.size(1), l = q.size(2), ev = v.size(-1);
+  Tensor out = at::empty({b, l, h, ev}, q.options()).transpose(1, 2);
+  return {out, at::empty({b, h, l}, stats_options(q))};
+}
+
+std::tuple<Tensor, Tensor, Tensor> flash_attention_backward_meta(const Tensor&, const Tensor& q, const Tensor& k,
+                                                                 const Tensor& v, const Tensor&, const Tensor&,
+                                                                 double, bool, const OptTensor&,
+                                                                 std::optional<double>) {
+  return {at::empty_like(q), at::empty_like(k), at::empty_like(v)};
+}
+
+Tensor sdpa_fused_on_meta(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& mask, double dropout,
+                          bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  const bool fusable = q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && !enable_gqa && q.size(1) == k.size(1);
+  if (!fusable) {
+    // The composite math implementation; its ops record their own autograd nodes.
+    return std::get<0>(
+        at::_scaled_dot_product_attention_math(q, k, v, mask, dropout, is_causal, std::nullopt, scale, enable_gqa));
+  }
+  return std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout, is_causal, mask, scale));
+}
+
+// JIT constant pooling compares tensor constants; meta tensors hold no data: never equal.
+bool equal_meta(const Tensor&, const Tensor&) { return false; }
+
+// `.item()` on meta: there is no value. Zero keeps shape-only programs going; control flow that
+// depends on data cannot be estimated on meta (use --allow-cpu).
+c10::Scalar local_scalar_dense_meta(const Tensor& t) {
+  if (t.is_floating_point()) return c10::Scalar(0.0);
+  if (t.scalar_type() == at::kBool) return c10::Scalar(false);
+  return c10::Scalar(static_cast<int64_t>(0));
+}
+
+// Module::to() and set_data() check this; meta-to-meta copies are fine.
+bool compatible_shallow_copy_meta(const Tensor&, const Tensor&) { return true; }
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, Meta, m) {
+  m.impl("convolution_overrideable", convolution_meta);
+  m.impl("convolution_backward_overrideable", convolution_backward_meta);
+  m.impl("native_batch_norm", native_batch_norm_meta);
+  m.impl("native_batch_norm_backward", native_batch_norm_backward_meta);
+  m.impl("_batch_norm_with_update", batch_norm_with_update_meta);
+  m.impl("_batch_norm_no_update", batch_norm_no_update_meta);
+  m.impl("batch_norm_backward", batch_norm_backward_meta);
+  m.impl("_native_batch_norm_legit", native_batch_norm_legit_meta);
+  m.impl("_native_batch_norm_legit.no_stats", native_batch_norm_legit_no_stats_meta);
+  m.impl("_native_batch_norm_legit_no_training", native_batch_norm_legit_no_training_meta);
+  m.impl("native_group_norm", native_group_norm_meta);
+  m.impl("native_group_norm_backward", native_group_norm_backward_meta);
+  m.impl("native_layer_norm", native_layer_norm_meta);
+  m.impl("native_layer_norm_backward", native_layer_norm_backward_meta);
+  m.impl("relu", relu_meta);
+  m.impl("relu_", relu__meta);
+  m.impl("index_select", index_select_meta);
+  m.impl("embedding_dense_backward", embedding_dense_backward_meta);
+  m.impl("where.self", where_meta);
+  m.impl("where.self_out", where_out_meta);
+  m.impl("equal", equal_meta);
+  m.impl("_local_scalar_dense", local_scalar_dense_meta);
+  m.impl("_has_compatible_shallow_copy_type", compatible_shallow_copy_meta);
+  m.impl("_scaled_dot_product_flash_attention_for_cpu", flash_attention_meta);
+  m.impl("_scaled_dot_product_flash_attention_for_cpu_backward", flash_attention_backward_meta);
+}
+
+TORCH_LIBRARY_IMPL(aten, AutogradMeta, m) {
+  m.impl("scaled_dot_product_attention", sdpa_fused_on_meta);
+}
+
+namespace gmt {
+// Referenced by the estimators so the linker keeps this object (and its registrations) when the
+// shim is linked as a static library.
+int meta_kernels_linked() { return 1; }
+}  // namespace gmt

@@ -1,0 +1,186 @@
+// Allocation recorder: every allocation and free on the recorded device, in order, tagged with the
+// estimation phase and the innermost op running on the allocating thread (from a RecordFunction
+// start/end callback that is only enabled while recording). Also the tracking Meta allocator: meta
+// tensors hold no data, so their sizes travel in the DataPtr context.
+#include <ATen/record_function.h>
+#include <c10/core/Allocator.h>
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common.h"
+#include "recorder.h"
+
+namespace {
+struct Recorder {
+  std::mutex mu;
+  std::vector<gmt_alloc_event> events;
+  std::vector<std::string> op_names;  // index = op id
+  std::unordered_map<std::string, int32_t> op_ids;
+  std::atomic<int32_t> device_kind{GMT_DEV_ANY};
+  std::atomic<bool> active{false};
+  std::atomic<int32_t> phase{0};
+  std::atomic<int32_t> iteration{0};
+  int64_t live = 0, peak = 0;
+  at::CallbackHandle op_callback = 0;
+};
+
+Recorder& recorder() {
+  static Recorder* r = new Recorder();  // leaked: frees may be reported during exit
+  return *r;
+}
+
+thread_local std::vector<const char*> t_op_stack;
+
+std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
+  t_op_stack.push_back(fn.name());
+  return nullptr;
+}
+void on_op_end(const at::RecordFunction&, at::ObserverContext*) {
+  if (!t_op_stack.empty()) t_op_stack.pop_back();
+}
+
+int32_t current_op(Recorder& r) {  // caller holds r.mu
+  const std::string name = t_op_stack.empty() ? "<no op>" : t_op_stack.back();
+  auto it = r.op_ids.find(name);
+  if (it != r.op_ids.end()) return it->second;
+  const auto id = static_cast<int32_t>(r.op_names.size());
+  r.op_names.push_back(name);
+  r.op_ids.emplace(name, id);
+  return id;
+}
+
+bool recording(Recorder& r, int32_t device_kind) {
+  if (!r.active.load(std::memory_order_relaxed)) return false;
+  const int32_t want = r.device_kind.load(std::memory_order_relaxed);
+  return want == GMT_DEV_ANY || want == device_kind;
+}
+
+// ---- Meta allocator
+struct MetaBlock {
+  int64_t id;
+  int64_t size;
+};
+std::atomic<int64_t> g_meta_next_id{1};
+std::atomic<int64_t> g_meta_current{0};
+
+void meta_delete(void* ctx) {
+  auto* b = static_cast<MetaBlock*>(ctx);
+  g_meta_current.fetch_sub(b->size, std::memory_order_relaxed);
+  gmt::record_free(GMT_DEV_META, b->id);
+  delete b;
+}
+
+struct TrackingMetaAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    auto* b = new MetaBlock{g_meta_next_id.fetch_add(1, std::memory_order_relaxed), static_cast<int64_t>(n)};
+    g_meta_current.fetch_add(b->size, std::memory_order_relaxed);
+    gmt::record_alloc(GMT_DEV_META, b->id, b->size);
+    // The data pointer must stay null on meta; the context carries the size.
+    return c10::DataPtr(nullptr, b, &meta_delete, c10::Device(c10::DeviceType::Meta));
+  }
+  void copy_data(void*, const void*, std::size_t) const override {}
+};
+std::once_flag g_meta_once;
+}  // namespace
+
+namespace gmt {
+void record_alloc(int32_t device_kind, int64_t id, int64_t size) {
+  Recorder& r = recorder();
+  if (!recording(r, device_kind)) return;
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.live += size;
+  r.peak = std::max(r.peak, r.live);
+  r.events.push_back(gmt_alloc_event{id, size, 0, static_cast<uint8_t>(r.phase.load()),
+                                     static_cast<uint8_t>(device_kind), static_cast<uint8_t>(r.iteration.load()),
+                                     current_op(r)});
+}
+
+void record_free(int32_t device_kind, int64_t id) {
+  Recorder& r = recorder();
+  if (!recording(r, device_kind)) return;
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.events.push_back(gmt_alloc_event{id, 0, 1, static_cast<uint8_t>(r.phase.load()),
+                                     static_cast<uint8_t>(device_kind), static_cast<uint8_t>(r.iteration.load()),
+                                     current_op(r)});
+}
+
+void set_phase(int32_t phase, int32_t iteration) {
+  recorder().phase.store(phase);
+  recorder().iteration.store(iteration);
+}
+}  // namespace gmt
+
+extern "C" {
+
+gmt_error gmt_meta_allocator_install(void) {
+  GMT_TRY({
+    std::call_once(g_meta_once, [] {
+      static TrackingMetaAllocator meta;
+      c10::SetAllocator(c10::DeviceType::Meta, &meta, /*priority=*/100);
+    });
+  })
+}
+
+int64_t gmt_meta_allocator_current(void) { return g_meta_current.load(); }
+
+gmt_error gmt_recorder_start(int32_t device_kind) {
+  GMT_TRY({
+    Recorder& r = recorder();
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (r.active.load()) throw std::runtime_error("an allocation recording is already running");
+    r.events.clear();
+    r.live = r.peak = 0;
+    r.phase.store(0);
+    r.iteration.store(0);
+    r.device_kind.store(device_kind);
+    if (r.op_callback == 0) {
+      r.op_callback = at::addGlobalCallback(
+          at::RecordFunctionCallback(&on_op_start, &on_op_end).scopes({at::RecordScope::FUNCTION}));
+    } else {
+      at::reenableCallback(r.op_callback);
+    }
+    r.active.store(true);
+  })
+}
+
+gmt_error gmt_recorder_stop(void) {
+  GMT_TRY({
+    Recorder& r = recorder();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.active.store(false);
+    if (r.op_callback != 0) at::disableCallback(r.op_callback);
+  })
+}
+
+void gmt_recorder_set_phase(int32_t phase, int32_t iteration) { gmt::set_phase(phase, iteration); }
+
+size_t gmt_recorder_len(void) {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.events.size();
+}
+
+const gmt_alloc_event* gmt_recorder_events(void) {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.events.data();
+}
+
+int64_t gmt_recorder_peak(void) {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.peak;
+}
+
+const char* gmt_recorder_op_name(int32_t op) {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (op < 0 || static_cast<size_t>(op) >= r.op_names.size()) return "<unknown>";
+  return r.op_names[op].c_str();
+}
+
+}  // extern "C"

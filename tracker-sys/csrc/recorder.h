@@ -1,0 +1,13 @@
+// Internal to the shim: the allocation recorder shared by the allocators (which report events)
+// and the estimators (which start/stop it and set phases).
+#pragma once
+#include <cstdint>
+
+namespace gmt {
+// Reports an allocation/free to the recorder when it is recording that device kind. Cheap when
+// it is not (one relaxed atomic load).
+void record_alloc(int32_t device_kind, int64_t id, int64_t size);
+void record_free(int32_t device_kind, int64_t id);
+// Current estimation phase / op tag for new events.
+void set_phase(int32_t phase, int32_t iteration);
+}  // namespace gmt

@@ -1,0 +1,231 @@
+// TorchScript modules: explicit registration of parameters and buffers (torch::jit::load creates
+// them without any op the registry sees), and whole-model estimation runs on the meta device (or
+// CPU) with the allocation recorder on. The only translation unit with the heavy <torch/script.h>.
+#include <torch/script.h>
+
+#include "common.h"
+#include "recorder.h"
+#include "registry.h"
+
+extern "C" gmt_error gmt_register_module(void* module, const char* prefix, size_t* count) {
+  GMT_TRY({
+    if (!module) throw std::invalid_argument("null module pointer");
+    auto* m = static_cast<torch::jit::script::Module*>(module);
+    const std::string pre = prefix ? prefix : "";
+    size_t n = 0;
+    for (const auto& p : m->named_parameters(/*recurse=*/true)) {
+      gmt::register_tensor(p.value, pre + p.name);
+      ++n;
+    }
+    for (const auto& b : m->named_buffers(/*recurse=*/true)) {
+      gmt::register_tensor(b.value, pre + b.name);
+      ++n;
+    }
+    if (count) *count = n;
+  })
+}
+
+namespace gmt {
+int meta_kernels_linked();
+}
+
+namespace {
+int64_t unique_storage_bytes(const std::vector<at::Tensor>& ts) {
+  std::unordered_set<const void*> seen;
+  int64_t total = 0;
+  for (const auto& t : ts)
+    if (t.defined() && t.has_storage() && seen.insert(t.storage().unsafeGetStorageImpl()).second)
+      total += static_cast<int64_t>(t.storage().nbytes());
+  return total;
+}
+
+// Sum of every tensor in a model output (tensor, tuple, list, dict values), as the loss.
+at::Tensor loss_of(const c10::IValue& v, int64_t& numel) {
+  if (v.isTensor()) {
+    numel += v.toTensor().numel();
+    return v.toTensor().sum();
+  }
+  std::vector<c10::IValue> items;
+  if (v.isTuple()) items = v.toTupleRef().elements().vec();
+  else if (v.isList()) items = v.toListRef().vec();
+  else if (v.isGenericDict())
+    for (const auto& kv : v.toGenericDict()) items.push_back(kv.value());
+  at::Tensor total;
+  for (const auto& item : items) {
+    at::Tensor part = loss_of(item, numel);
+    if (part.defined()) total = total.defined() ? total + part : part;
+  }
+  return total;
+}
+
+// One optimizer's state, updated with the multi-tensor (foreach) kernels PyTorch uses by default
+// on CUDA, so the temporaries (one parameter-sized set for Adam's denominator) are the same.
+struct OptimizerState {
+  int32_t kind = GMT_OPT_NONE;
+  int64_t step = 0;
+  std::vector<at::Tensor> a, b;  // momentum buffers / exp_avg, exp_avg_sq
+
+  void update(const std::vector<at::Tensor>& params) {
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> ps, gs;
+    for (const auto& p : params)
+      if (p.grad().defined()) {
+        ps.push_back(p);
+        gs.push_back(p.grad());
+      }
+    if (ps.empty()) return;
+    const double lr = 1e-3;
+    ++step;
+    switch (kind) {
+      case GMT_OPT_SGD:
+        at::_foreach_add_(ps, gs, -lr);
+        break;
+      case GMT_OPT_SGD_MOMENTUM:
+        if (a.empty()) {
+          for (const auto& g : gs) a.push_back(g.clone());
+        } else {
+          at::_foreach_mul_(a, 0.9);
+          at::_foreach_add_(a, gs);
+        }
+        at::_foreach_add_(ps, a, -lr);
+        break;
+      case GMT_OPT_ADAM:
+      case GMT_OPT_ADAMW: {
+        if (a.empty()) {
+          for (const auto& p : ps) {
+            a.push_back(at::zeros_like(p));
+            b.push_back(at::zeros_like(p));
+          }
+        }
+        const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+        if (kind == GMT_OPT_ADAMW) at::_foreach_mul_(ps, 1.0 - lr * 0.01);
+        at::_foreach_lerp_(a, gs, 1.0 - b1);
+        at::_foreach_mul_(b, b2);
+        at::_foreach_addcmul_(b, gs, gs, 1.0 - b2);
+        const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step));
+        const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step));
+        auto denom = at::_foreach_sqrt(b);
+        at::_foreach_div_(denom, std::sqrt(bc2));
+        at::_foreach_add_(denom, eps);
+        at::_foreach_addcdiv_(ps, a, denom, -lr / bc1);
+        break;
+      }
+      default:
+        break;
+    }
+  }
+
+  int64_t bytes() const {
+    std::vector<at::Tensor> all(a);
+    all.insert(all.end(), b.begin(), b.end());
+    return unique_storage_bytes(all);
+  }
+};
+
+struct RecorderGuard {
+  RecorderGuard(int32_t kind) {
+    if (char* e = gmt_recorder_start(kind)) {
+      std::string msg(e);
+      gmt_free_string(e);
+      throw std::runtime_error(msg);
+    }
+  }
+  ~RecorderGuard() { gmt_free_string(gmt_recorder_stop()); }
+};
+
+// The first line of a TorchScript error ("RuntimeError: ..." without the script traceback).
+std::string short_message(const std::exception& e) {
+  std::string w = e.what();
+  auto p = w.rfind("RuntimeError: ");
+  if (p != std::string::npos) w = w.substr(p + 14);
+  auto nl = w.find('\n');
+  return nl == std::string::npos ? w : w.substr(0, nl);
+}
+}  // namespace
+
+extern "C" gmt_error gmt_estimate_torchscript(const gmt_estimate_options* o, gmt_estimate_result* out) {
+  GMT_TRY({
+    if (!o || !o->path || !out) throw std::invalid_argument("null estimate options");
+    const bool meta = o->device_kind == GMT_DEV_META;
+    if (meta) {
+      (void)gmt::meta_kernels_linked();
+      if (char* e = gmt_meta_allocator_install()) {
+        std::string msg(e);
+        gmt_free_string(e);
+        throw std::runtime_error(msg);
+      }
+    } else if (o->device_kind != GMT_DEV_CPU) {
+      throw std::invalid_argument("estimates run on the meta device or the CPU");
+    }
+    const c10::Device device(meta ? c10::DeviceType::Meta : c10::DeviceType::CPU);
+    const auto dtype = static_cast<c10::ScalarType>(o->dtype);
+    gmt_estimate_result r{};
+    RecorderGuard recording(o->device_kind);
+
+    gmt::set_phase(GMT_PHASE_LOAD, 0);
+    torch::jit::script::Module module;
+    try {
+      module = torch::jit::load(o->path, device);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string("cannot load ") + o->path + " as TorchScript: " + short_message(e));
+    }
+    if (dtype != at::kFloat) module.to(dtype);
+    module.train(o->train != 0);
+    std::vector<at::Tensor> params, buffers;
+    for (const auto& p : module.parameters()) params.push_back(p);
+    for (const auto& b : module.buffers()) buffers.push_back(b);
+    for (const auto& p : params) r.param_count += p.numel();
+    r.param_bytes = unique_storage_bytes(params);
+    r.buffer_bytes = unique_storage_bytes(buffers);
+
+    gmt::set_phase(GMT_PHASE_INPUT, 0);
+    const std::vector<int64_t> shape(o->input_shape, o->input_shape + o->input_ndim);
+    at::Tensor input = o->input_is_index ? at::zeros(shape, at::TensorOptions().device(device).dtype(at::kLong))
+                                         : at::rand(shape, at::TensorOptions().device(device).dtype(dtype));
+    r.input_bytes = static_cast<int64_t>(input.nbytes());
+
+    OptimizerState opt;
+    opt.kind = o->optimizer;
+    const int32_t iterations = o->train ? std::max(1, o->iterations) : 1;
+    for (int32_t it = 1; it <= iterations; ++it) {
+      gmt::set_phase(GMT_PHASE_FORWARD, it);
+      c10::IValue result;
+      {
+        std::optional<at::NoGradGuard> no_grad;
+        if (!o->train) no_grad.emplace();
+        try {
+          result = module.forward({input});
+        } catch (const std::exception& e) {
+          std::string shape_text = "[";
+          for (size_t i = 0; i < shape.size(); ++i) shape_text += (i ? ", " : "") + std::to_string(shape[i]);
+          throw std::runtime_error("forward failed for input " + shape_text + "] " + c10::toString(input.scalar_type()) +
+                                   ": " + short_message(e));
+        }
+      }
+      if (!o->train) {
+        int64_t numel = 0;
+        if (result.isTensor()) numel = result.toTensor().numel();
+        r.output_numel = numel;
+        break;
+      }
+      gmt::set_phase(GMT_PHASE_BACKWARD, it);
+      int64_t numel = 0;
+      at::Tensor loss = loss_of(result, numel);
+      r.output_numel = numel;
+      if (!loss.defined()) throw std::runtime_error("the model output holds no tensor to train on");
+      result = c10::IValue();
+      loss.backward();
+      loss = at::Tensor();
+      std::vector<at::Tensor> grads;
+      for (const auto& p : params) grads.push_back(p.grad());
+      r.grad_bytes = unique_storage_bytes(grads);
+      gmt::set_phase(GMT_PHASE_OPTIMIZER, it);
+      opt.update(params);
+      r.optimizer_state_bytes = opt.bytes();
+      // zero_grad(set_to_none=True) happens before the next forward in a usual loop.
+      if (it < iterations)
+        for (auto& p : params) p.mutable_grad() = at::Tensor();
+    }
+    *out = r;
+  })
+}
