@@ -54,6 +54,7 @@ fn main() {
             "csrc/recorder.cpp",
             "csrc/meta_kernels.cpp",
             "csrc/script.cpp",
+            "csrc/saved.cpp",
         ])
         .compile("gpu_mem_track_shim");
 

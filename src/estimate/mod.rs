@@ -2,6 +2,9 @@
 //! tensor sizes, no data, no compute) with every allocation recorded, replayed through a model of
 //! the CUDA caching allocator to predict `memory_allocated` and `memory_reserved`.
 pub mod caching_allocator;
+mod saved;
+
+pub use saved::{memory_for_backward, memory_for_backward_excluding, SavedByOp, SavedReport};
 
 use std::collections::HashMap;
 use std::fmt;

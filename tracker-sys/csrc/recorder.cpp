@@ -26,6 +26,8 @@ struct Recorder {
   std::atomic<int32_t> iteration{0};
   int64_t live = 0, peak = 0;
   at::CallbackHandle op_callback = 0;
+  std::mutex op_mu;
+  int op_users = 0;  // recordings and captures that need op names
 };
 
 Recorder& recorder() {
@@ -108,6 +110,26 @@ void record_free(int32_t device_kind, int64_t id) {
                                      current_op(r)});
 }
 
+const char* current_op_name() { return t_op_stack.empty() ? "<no op>" : t_op_stack.back(); }
+
+void op_names_acquire() {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.op_mu);
+  if (r.op_users++ > 0) return;
+  if (r.op_callback == 0) {
+    r.op_callback = at::addGlobalCallback(
+        at::RecordFunctionCallback(&on_op_start, &on_op_end).scopes({at::RecordScope::FUNCTION}));
+  } else {
+    at::reenableCallback(r.op_callback);
+  }
+}
+
+void op_names_release() {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.op_mu);
+  if (r.op_users > 0 && --r.op_users == 0 && r.op_callback != 0) at::disableCallback(r.op_callback);
+}
+
 void set_phase(int32_t phase, int32_t iteration) {
   recorder().phase.store(phase);
   recorder().iteration.store(iteration);
@@ -130,19 +152,16 @@ int64_t gmt_meta_allocator_current(void) { return g_meta_current.load(); }
 gmt_error gmt_recorder_start(int32_t device_kind) {
   GMT_TRY({
     Recorder& r = recorder();
-    std::lock_guard<std::mutex> lock(r.mu);
-    if (r.active.load()) throw std::runtime_error("an allocation recording is already running");
-    r.events.clear();
-    r.live = r.peak = 0;
-    r.phase.store(0);
-    r.iteration.store(0);
-    r.device_kind.store(device_kind);
-    if (r.op_callback == 0) {
-      r.op_callback = at::addGlobalCallback(
-          at::RecordFunctionCallback(&on_op_start, &on_op_end).scopes({at::RecordScope::FUNCTION}));
-    } else {
-      at::reenableCallback(r.op_callback);
+    {
+      std::lock_guard<std::mutex> lock(r.mu);
+      if (r.active.load()) throw std::runtime_error("an allocation recording is already running");
+      r.events.clear();
+      r.live = r.peak = 0;
+      r.phase.store(0);
+      r.iteration.store(0);
+      r.device_kind.store(device_kind);
     }
+    gmt::op_names_acquire();
     r.active.store(true);
   })
 }
@@ -150,9 +169,12 @@ gmt_error gmt_recorder_start(int32_t device_kind) {
 gmt_error gmt_recorder_stop(void) {
   GMT_TRY({
     Recorder& r = recorder();
-    std::lock_guard<std::mutex> lock(r.mu);
-    r.active.store(false);
-    if (r.op_callback != 0) at::disableCallback(r.op_callback);
+    {
+      std::lock_guard<std::mutex> lock(r.mu);
+      if (!r.active.load()) return nullptr;
+      r.active.store(false);
+    }
+    gmt::op_names_release();
   })
 }
 

@@ -10,4 +10,9 @@ void record_alloc(int32_t device_kind, int64_t id, int64_t size);
 void record_free(int32_t device_kind, int64_t id);
 // Current estimation phase / op tag for new events.
 void set_phase(int32_t phase, int32_t iteration);
+// The innermost op running on this thread, while op names are tracked (recording or capturing).
+const char* current_op_name();
+// Reference-counted switch of the op-name callback (RecordFunction start/end).
+void op_names_acquire();
+void op_names_release();
 }  // namespace gmt

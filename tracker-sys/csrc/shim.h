@@ -138,6 +138,16 @@ typedef struct {
 // readable afterwards (gmt_recorder_*).
 gmt_error gmt_estimate_torchscript(const gmt_estimate_options* options, gmt_estimate_result* out);
 
+// ---- memory saved for backward (saved.cpp) ----
+// Starts capturing the tensors autograd saves on this thread; `excluded` are at::Tensor* whose
+// storages are left out (the inputs). Parameters (leaves requiring grad) are always left out.
+gmt_error gmt_saved_capture_begin(const void* const* excluded, size_t n_excluded);
+void gmt_saved_capture_end(void);
+// Live saved storages: fills up to `cap` (bytes, op name) pairs; returns how many there are.
+size_t gmt_saved_entries(int64_t* bytes, const char** ops, size_t cap);
+int64_t gmt_saved_parameter_bytes(void);
+int64_t gmt_saved_packed(void);
+
 #ifdef __cplusplus
 }
 #endif

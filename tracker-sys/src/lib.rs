@@ -168,6 +168,12 @@ extern "C" {
         out: *mut gmt_estimate_result,
     ) -> gmt_error;
 
+    pub fn gmt_saved_capture_begin(excluded: *const *const c_void, n_excluded: usize) -> gmt_error;
+    pub fn gmt_saved_capture_end();
+    pub fn gmt_saved_entries(bytes: *mut i64, ops: *mut *const c_char, cap: usize) -> usize;
+    pub fn gmt_saved_parameter_bytes() -> i64;
+    pub fn gmt_saved_packed() -> i64;
+
     pub fn gmt_cuda_device_count() -> i32;
     pub fn gmt_cuda_stats_read(device: i32, reset_peak: c_int, out: *mut gmt_cuda_stats) -> gmt_error;
     pub fn gmt_cuda_empty_cache() -> gmt_error;
