@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use gpu_mem_track::estimate::{estimate_torchscript, EstimateDevice, EstimateOptions, Mode, Optimizer, Precision};
+use gpu_mem_track::estimate::{
+    estimate_torchscript, EstimateDevice, EstimateOptions, Mode, Optimizer, Precision,
+};
 
 fn python() -> Option<PathBuf> {
     let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");

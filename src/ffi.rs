@@ -305,3 +305,35 @@ pub(crate) fn meta_allocator_current() -> i64 {
     // SAFETY: reads an atomic counter.
     unsafe { sys::gmt_meta_allocator_current() }
 }
+
+pub(crate) use sys::gmt_static_result as StaticResult;
+
+/// Static TorchScript estimate (shape propagation + liveness).
+pub(crate) fn estimate_static(
+    path: &std::path::Path,
+    shape: &[i64],
+    scalar_type: i32,
+    is_index: bool,
+) -> Result<StaticResult> {
+    let path = c_string("static estimate", &path.to_string_lossy())?;
+    // SAFETY: all-zero is a valid value of this plain C struct.
+    let mut out: StaticResult = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` and `shape` are live for the call; `out` is a valid out-pointer.
+    check("static estimate", unsafe {
+        sys::gmt_estimate_static(
+            path.as_ptr(),
+            shape.as_ptr(),
+            shape.len() as i32,
+            scalar_type,
+            is_index as i32,
+            &mut out,
+        )
+    })?;
+    Ok(out)
+}
+
+/// A fixed-size C string field as text.
+pub(crate) fn fixed_c_str(field: &[std::os::raw::c_char]) -> String {
+    let bytes: Vec<u8> = field.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}

@@ -99,3 +99,22 @@ fn bad_models_and_inputs_are_one_line_errors() {
     assert!(msg.starts_with("forward failed for input [4, 100]"), "{msg}");
     assert_eq!(msg.lines().count(), 1, "{msg}");
 }
+
+#[test]
+fn static_ir_estimate_agrees_with_meta_for_inference() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(models) = export(dir.path(), &["cnn", "resnetlike", "transformer"]) else { return };
+    for (model, shape) in models[..2].iter().zip([[32i64, 3, 64, 64], [16, 3, 32, 32]]) {
+        let options = EstimateOptions { input_shape: shape.to_vec(), ..EstimateOptions::default() };
+        let meta = estimate_torchscript(model, &options).unwrap();
+        let st = estimate_static(model, &options).unwrap();
+        assert_eq!(st.unknown_shapes, 0, "{}", model.display());
+        assert_eq!(st.param_bytes, meta.param_bytes + meta.buffer_bytes);
+        within(st.activation_peak, meta.activation_peak(), 1.0, "static vs meta");
+    }
+    // Views with data-dependent sizes stay symbolic: the static method says what it left out.
+    let options =
+        EstimateOptions { input_shape: vec![8, 64], input_is_index: true, ..EstimateOptions::default() };
+    let st = estimate_static(&models[2], &options).unwrap();
+    assert!(st.unknown_shapes > 0);
+}

@@ -11,7 +11,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use gpu_mem_track::estimate::{
-    estimate_torchscript, Estimate, EstimateDevice, EstimateOptions, Mode, Optimizer, Precision,
+    estimate_static, estimate_torchscript, Estimate, EstimateDevice, EstimateOptions, Mode, Optimizer,
+    Precision, StaticEstimate,
 };
 use gpu_mem_track::log::{parse_log_lenient, ParsedLog};
 use gpu_mem_track::plot::plot_log;
@@ -76,6 +77,10 @@ enum Command {
         /// Run on the CPU when an op has no meta kernel (slow: real compute).
         #[arg(long)]
         allow_cpu: bool,
+        /// meta: run the model on the meta device; static: analyse the TorchScript graph (inference
+        /// only); both: run both and compare.
+        #[arg(long, default_value = "meta", value_parser = ["meta", "static", "both"])]
+        method: String,
         /// Where to run: meta (shapes only, fast) or cpu (real compute, to check an estimate).
         #[arg(long, default_value = "meta", value_parser = ["meta", "cpu"])]
         run_on: String,
@@ -197,6 +202,23 @@ fn print_estimate(e: &Estimate, model: &Path, cuda: bool) {
     }
 }
 
+fn print_static(s: &StaticEstimate, model: &Path) {
+    println!(
+        "{} (static, {} graph nodes, {:.3} s): activation peak {} at {}; parameters {}{}",
+        model.display(),
+        s.nodes,
+        s.seconds,
+        mib(s.activation_peak),
+        s.peak_op,
+        mib(s.param_bytes),
+        if s.unknown_shapes > 0 {
+            format!("; {} tensors of unknown shape left out", s.unknown_shapes)
+        } else {
+            String::new()
+        }
+    );
+}
+
 /// Runs `f` with a spinner on stderr when it is a terminal.
 fn with_spinner<T>(message: String, f: impl FnOnce() -> T) -> T {
     if !std::io::stderr().is_terminal() {
@@ -259,6 +281,7 @@ fn run(cli: Cli) -> Result<()> {
             optimizer,
             device_profile,
             allow_cpu,
+            method,
             run_on,
             json,
         } => {
@@ -269,6 +292,20 @@ fn run(cli: Cli) -> Result<()> {
                 mode: if mode == "train" { Mode::Train(optimizer) } else { Mode::Inference },
                 device: if run_on == "cpu" { EstimateDevice::Cpu } else { EstimateDevice::Meta },
             };
+            if method != "meta" && matches!(options.mode, Mode::Train(_)) {
+                bail!("--method {method} estimates inference only; use --mode inference or --method meta");
+            }
+            let static_estimate =
+                if method == "meta" { None } else { Some(estimate_static(&model, &options)?) };
+            if method == "static" {
+                let s = static_estimate.expect("computed above");
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&s)?);
+                } else {
+                    print_static(&s, &model);
+                }
+                return Ok(());
+            }
             let label = format!("estimating {} on {run_on}", model.display());
             let mut result = with_spinner(label, || estimate_torchscript(&model, &options));
             if let (Err(Error::MissingMetaKernel { op }), true) = (&result, allow_cpu) {
@@ -280,9 +317,23 @@ fn run(cli: Cli) -> Result<()> {
             }
             let e = result?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&e)?);
+                let v = serde_json::json!({ "meta": e, "static": static_estimate });
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(if static_estimate.is_some() { &v } else { &v["meta"] })?
+                );
             } else {
                 print_estimate(&e, &model, device_profile == "cuda");
+                if let Some(s) = &static_estimate {
+                    print_static(s, &model);
+                    let (a, b) = (e.activation_peak() as f64, s.activation_peak as f64);
+                    println!(
+                        "  comparison: activation peak meta {} vs static {} ({:+.1} %)",
+                        mib(e.activation_peak()),
+                        mib(s.activation_peak),
+                        if a > 0.0 { (b - a) / a * 100.0 } else { 0.0 }
+                    );
+                }
             }
         }
         Command::Watch { device, pids, all, interval, duration, samples, log_dir, prefix, rotate_bytes } => {

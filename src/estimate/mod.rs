@@ -396,3 +396,59 @@ impl Timeline {
         }
     }
 }
+
+/// The static (TorchScript IR) estimate of an inference pass.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StaticEstimate {
+    /// Highest live activation bytes (parameters and the input left out).
+    pub activation_peak: u64,
+    /// Parameter and buffer bytes found in the module.
+    pub param_bytes: u64,
+    /// Nodes of the inlined graph.
+    pub nodes: u64,
+    /// Tensor values whose shape propagation could not make concrete (their bytes are missing).
+    pub unknown_shapes: u64,
+    /// The node kind where the peak is reached.
+    pub peak_op: String,
+    /// Seconds the analysis took.
+    pub seconds: f64,
+}
+
+impl Estimate {
+    /// Activation bytes at the peak: the peak minus parameters, buffers and the input. Comparable
+    /// with [`StaticEstimate::activation_peak`] for inference.
+    pub fn activation_peak(&self) -> u64 {
+        self.peak.bytes.saturating_sub(self.param_bytes + self.buffer_bytes + self.input_bytes)
+    }
+}
+
+/// Estimates an inference pass statically: the forward graph is inlined, parameter shapes are
+/// lifted from the module, shapes are propagated from the input, and each tensor is freed after
+/// its last use. A fast second opinion to the meta run; it knows nothing of kernels' temporaries.
+///
+/// # Errors
+/// [`Error::EstimateInput`] for a missing or unreadable model, or a forward with more inputs.
+pub fn estimate_static(path: &Path, options: &EstimateOptions) -> Result<StaticEstimate> {
+    if !path.is_file() {
+        return Err(Error::EstimateInput(format!("model file {} does not exist", path.display())));
+    }
+    crate::ffi::install()?;
+    let r = ffi::estimate_static(
+        path,
+        &options.input_shape,
+        options.precision.scalar_type(),
+        options.input_is_index,
+    )
+    .map_err(|e| match e {
+        Error::Libtorch { message, .. } => classify_failure(path, message),
+        other => other,
+    })?;
+    Ok(StaticEstimate {
+        activation_peak: r.activation_peak.max(0) as u64,
+        param_bytes: r.param_bytes.max(0) as u64,
+        nodes: r.nodes.max(0) as u64,
+        unknown_shapes: r.unknown_shapes.max(0) as u64,
+        peak_op: ffi::fixed_c_str(&r.peak_op),
+        seconds: r.seconds,
+    })
+}

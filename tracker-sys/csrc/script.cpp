@@ -1,7 +1,14 @@
 // TorchScript modules: explicit registration of parameters and buffers (torch::jit::load creates
 // them without any op the registry sees), and whole-model estimation runs on the meta device (or
 // CPU) with the allocation recorder on. The only translation unit with the heavy <torch/script.h>.
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/passes/constant_propagation.h>
+#include <torch/csrc/jit/passes/dead_code_elimination.h>
+#include <torch/csrc/jit/passes/inliner.h>
+#include <torch/csrc/jit/passes/symbolic_shape_analysis.h>
 #include <torch/script.h>
+
+#include <chrono>
 
 #include "common.h"
 #include "recorder.h"
@@ -226,6 +233,136 @@ extern "C" gmt_error gmt_estimate_torchscript(const gmt_estimate_options* o, gmt
       if (it < iterations)
         for (auto& p : params) p.mutable_grad() = at::Tensor();
     }
+    *out = r;
+  })
+}
+
+// ---- static estimate: shape propagation plus last-use liveness over the inlined forward graph.
+namespace {
+using torch::jit::Graph;
+using torch::jit::Node;
+using torch::jit::Value;
+
+int64_t concrete_bytes(Value* v) {
+  auto tt = v->type()->cast<c10::TensorType>();
+  if (!tt) return -1;
+  auto sizes = tt->sizes().concrete_sizes();
+  if (!sizes) return -1;
+  int64_t n = 1;
+  for (auto d : *sizes) n *= d;
+  return n * static_cast<int64_t>(tt->scalarType() ? c10::elementSize(*tt->scalarType()) : 4);
+}
+
+// Replaces `self.x.y` attribute chains by graph inputs (tensors, typed from the module) or
+// constants (scalars), so shape propagation sees concrete parameter shapes.
+int64_t lift_attributes(Graph& g, const torch::jit::script::Module& m) {
+  std::unordered_map<Value*, c10::IValue> vals{{g.inputs()[0], m._ivalue()}};
+  std::vector<Node*> dead;
+  int64_t param_bytes = 0;
+  for (Node* n : g.nodes()) {
+    if (n->kind() != c10::prim::GetAttr) continue;
+    auto src = vals.find(n->input());
+    if (src == vals.end() || !src->second.isObject()) continue;
+    c10::IValue v = src->second.toObject()->getAttr(n->s(c10::attr::name));
+    vals[n->output()] = v;
+    if (v.isTensor()) {
+      Value* in = g.addInput(n->s(c10::attr::name));
+      in->setType(c10::TensorType::create(v.toTensor()));
+      n->output()->replaceAllUsesWith(in);
+      param_bytes += static_cast<int64_t>(v.toTensor().nbytes());
+      dead.push_back(n);
+    } else if (v.isBool() || v.isInt() || v.isDouble()) {
+      torch::jit::WithInsertPoint guard(n);
+      n->output()->replaceAllUsesWith(g.insertConstant(v));
+      dead.push_back(n);
+    }
+  }
+  for (auto it = dead.rbegin(); it != dead.rend(); ++it)
+    if (!(*it)->hasUses()) (*it)->destroy();
+  return param_bytes;
+}
+
+// Every value a node (or a node in its sub-blocks) reads.
+void collect_inputs(Node* n, std::vector<Value*>& out) {
+  for (Value* v : n->inputs()) out.push_back(v);
+  for (auto* b : n->blocks())
+    for (Node* inner : b->nodes()) collect_inputs(inner, out);
+}
+}  // namespace
+
+extern "C" gmt_error gmt_estimate_static(const char* path, const int64_t* shape, int32_t ndim, int32_t dtype,
+                                         int32_t is_index, gmt_static_result* out) {
+  GMT_TRY({
+    if (!path || !out) throw std::invalid_argument("null static estimate arguments");
+    const auto start = std::chrono::steady_clock::now();
+    torch::jit::script::Module m;
+    try {
+      m = torch::jit::load(path, c10::Device(c10::DeviceType::CPU));
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string("cannot load ") + path + " as TorchScript: " + short_message(e));
+    }
+    m.eval();
+    auto g = m.get_method("forward").graph()->copy();
+    torch::jit::Inline(*g);
+    if (g->inputs().size() != 2)
+      throw std::runtime_error("the static estimate handles forward(self, x) with one tensor input; this forward takes " +
+                               std::to_string(g->inputs().size() - 1));
+    gmt_static_result r{};
+    r.param_bytes = lift_attributes(*g, m);
+    torch::jit::ConstantPropagation(g);
+    torch::jit::EliminateDeadCode(g);
+    const std::vector<int64_t> in_shape(shape, shape + ndim);
+    const auto in_type = is_index ? at::kLong : static_cast<c10::ScalarType>(dtype);
+    g->inputs()[1]->setType(c10::TensorType::createContiguous(in_type, at::kCPU, in_shape));
+    torch::jit::PropagateShapesOnGraph(g);
+
+    // Alias roots: an output whose schema says it aliases its first input shares that storage.
+    std::vector<Node*> order(g->nodes().begin(), g->nodes().end());
+    std::unordered_map<Value*, Value*> root;
+    auto root_of = [&](Value* v) {
+      auto it = root.find(v);
+      return it == root.end() ? v : it->second;
+    };
+    std::unordered_map<Value*, size_t> last_use;
+    for (size_t i = 0; i < order.size(); ++i) {
+      Node* n = order[i];
+      const auto* schema = n->maybeSchema();
+      for (size_t k = 0; k < n->outputs().size(); ++k)
+        if (schema && k < schema->returns().size() && schema->returns()[k].alias_info() && !n->inputs().empty())
+          root[n->outputs()[k]] = root_of(n->inputs()[0]);
+      std::vector<Value*> ins;
+      collect_inputs(n, ins);
+      for (Value* v : ins) last_use[root_of(v)] = i;
+    }
+    for (Value* v : g->outputs()) last_use[root_of(v)] = order.size();
+    int64_t live = 0;
+    std::vector<std::vector<int64_t>> frees(order.size() + 1);
+    for (size_t i = 0; i < order.size(); ++i) {
+      for (Value* o : order[i]->outputs()) {
+        if (!o->type()->cast<c10::TensorType>()) continue;
+        ++r.tensor_values;
+        const int64_t b = concrete_bytes(o);
+        if (b < 0) {
+          ++r.unknown_shapes;
+          continue;
+        }
+        if (root.count(o)) continue;  // a view: no new memory
+        live += b;
+        if (live > r.activation_peak) {
+          r.activation_peak = live;
+          r.peak_node = static_cast<int32_t>(i);
+        }
+        auto lu = last_use.find(o);
+        frees[lu == last_use.end() ? i : lu->second].push_back(b);
+      }
+      for (int64_t b : frees[i]) live -= b;
+    }
+    r.nodes = static_cast<int64_t>(order.size());
+    if (r.peak_node >= 0 && static_cast<size_t>(r.peak_node) < order.size()) {
+      const std::string kind = order[r.peak_node]->kind().toQualString();
+      std::snprintf(r.peak_op, sizeof(r.peak_op), "%s", kind.c_str());
+    }
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     *out = r;
   })
 }

@@ -138,6 +138,19 @@ typedef struct {
 // readable afterwards (gmt_recorder_*).
 gmt_error gmt_estimate_torchscript(const gmt_estimate_options* options, gmt_estimate_result* out);
 
+// Static inference estimate from the TorchScript IR: shapes propagated from the input, tensors freed
+// after their last use. Activation bytes exclude parameters and the input.
+typedef struct {
+  int64_t activation_peak;  // highest live activation bytes
+  int64_t param_bytes;
+  int64_t nodes, tensor_values, unknown_shapes;
+  int32_t peak_node;
+  char peak_op[64];
+  double seconds;
+} gmt_static_result;
+gmt_error gmt_estimate_static(const char* path, const int64_t* shape, int32_t ndim, int32_t dtype, int32_t is_index,
+                              gmt_static_result* out);
+
 // ---- memory saved for backward (saved.cpp) ----
 // Starts capturing the tensors autograd saves on this thread; `excluded` are at::Tensor* whose
 // storages are left out (the inputs). Parameters (leaves requiring grad) are always left out.

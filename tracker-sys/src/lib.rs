@@ -111,6 +111,20 @@ pub struct gmt_estimate_result {
     pub output_numel: i64,
 }
 
+/// Static estimate result (mirrors `gmt_static_result`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct gmt_static_result {
+    pub activation_peak: i64,
+    pub param_bytes: i64,
+    pub nodes: i64,
+    pub tensor_values: i64,
+    pub unknown_shapes: i64,
+    pub peak_node: i32,
+    pub peak_op: [c_char; 64],
+    pub seconds: f64,
+}
+
 /// CUDA caching-allocator counters (mirrors `gmt_cuda_stats`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -168,6 +182,14 @@ extern "C" {
         out: *mut gmt_estimate_result,
     ) -> gmt_error;
 
+    pub fn gmt_estimate_static(
+        path: *const c_char,
+        shape: *const i64,
+        ndim: i32,
+        dtype: i32,
+        is_index: i32,
+        out: *mut gmt_static_result,
+    ) -> gmt_error;
     pub fn gmt_saved_capture_begin(excluded: *const *const c_void, n_excluded: usize) -> gmt_error;
     pub fn gmt_saved_capture_end();
     pub fn gmt_saved_entries(bytes: *mut i64, ops: *mut *const c_char, cap: usize) -> usize;
