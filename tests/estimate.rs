@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use common::python_with_torch;
 use gpu_mem_track::estimate::{
-    estimate_torchscript, Estimate, EstimateDevice, EstimateOptions, Mode, Optimizer, Precision,
+    estimate_static, estimate_torchscript, Estimate, EstimateDevice, EstimateOptions, Mode, Optimizer,
+    Precision,
 };
 use gpu_mem_track::Error;
 
