@@ -110,7 +110,8 @@ fn static_ir_estimate_agrees_with_meta_for_inference() {
         let meta = estimate_torchscript(model, &options).unwrap();
         let st = estimate_static(model, &options).unwrap();
         assert_eq!(st.unknown_shapes, 0, "{}", model.display());
-        assert_eq!(st.param_bytes, meta.param_bytes + meta.buffer_bytes);
+        // Parameters and the buffers the forward reads (not, say, an unused `num_batches_tracked`).
+        assert!(st.param_bytes >= meta.param_bytes && st.param_bytes <= meta.param_bytes + meta.buffer_bytes);
         within(st.activation_peak, meta.activation_peak(), 1.0, "static vs meta");
     }
     // Views with data-dependent sizes stay symbolic: the static method says what it left out.
