@@ -110,3 +110,27 @@ fn watch_without_nvml_fails_cleanly() {
     one_line_error(&o, "NVML");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "no file left behind");
 }
+
+#[test]
+fn estimate_errors_are_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.pt");
+    one_line_error(&run(&["estimate", missing.to_str().unwrap(), "--input", "1x3x8x8"]), "missing.pt");
+    let junk = dir.path().join("junk.pt");
+    std::fs::write(&junk, "no zip").unwrap();
+    one_line_error(&run(&["estimate", junk.to_str().unwrap(), "--input", "1x3x8x8"]), "cannot load");
+    assert_eq!(run(&["estimate", junk.to_str().unwrap(), "--input", "1xbananax8"]).status.code(), Some(2));
+    one_line_error(
+        &run(&[
+            "estimate",
+            junk.to_str().unwrap(),
+            "--input",
+            "1x3",
+            "--method",
+            "static",
+            "--mode",
+            "train",
+        ]),
+        "inference only",
+    );
+}

@@ -120,3 +120,31 @@ fn static_ir_estimate_agrees_with_meta_for_inference() {
     let st = estimate_static(&models[2], &options).unwrap();
     assert!(st.unknown_shapes > 0);
 }
+
+#[test]
+fn model_size_of_a_varstore_and_of_a_torchscript_model() {
+    use gpu_mem_track::estimate::{torchscript_size, varstore_size};
+    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    let _l = tch::nn::linear(vs.root() / "l", 100, 10, Default::default());
+    let _bn = tch::nn::batch_norm1d(vs.root() / "bn", 10, Default::default());
+    let s = varstore_size(&vs, Optimizer::Adam);
+    assert_eq!(s.param_count, 100 * 10 + 10 + 10 + 10);
+    assert_eq!(s.param_bytes, (100 * 10 + 30) * 4);
+    assert_eq!(s.param_bytes_by_dtype["torch.float32"], s.param_bytes);
+    assert_eq!(s.buffer_bytes, (10 + 10) * 4, "running mean and variance");
+    assert_eq!((s.grad_bytes, s.optimizer_state_bytes), (s.param_bytes, 2 * s.param_bytes));
+
+    let dir = tempfile::tempdir().unwrap();
+    let Some(models) = export(dir.path(), &["mlp"]) else { return };
+    let options = EstimateOptions { input_shape: vec![64, 256], ..EstimateOptions::default() };
+    let s = torchscript_size(&models[0], &options, Optimizer::SgdMomentum).unwrap();
+    assert_eq!(s.param_count, 256 * 512 + 512 + 512 * 10 + 10);
+    assert_eq!(s.optimizer_state_bytes, s.param_bytes);
+    let a = s.activations.unwrap();
+    // No grad: the hidden layer [64, 512] (relu runs on a new tensor) and the output [64, 10] at
+    // the peak: linear's output, then relu's, with the first freed after relu.
+    assert_eq!(a.without_backward, 2 * 64 * 512 * 4);
+    // With grad: relu saves its result (also the second linear's saved input); the first linear's
+    // output dies after relu; the output [64, 10] is alive.
+    assert_eq!(a.with_backward, 64 * 512 * 4 + 64 * 10 * 4);
+}

@@ -3,8 +3,10 @@
 //! the CUDA caching allocator to predict `memory_allocated` and `memory_reserved`.
 pub mod caching_allocator;
 mod saved;
+mod size;
 
 pub use saved::{memory_for_backward, memory_for_backward_excluding, SavedByOp, SavedReport};
+pub use size::{optimizer_state_bytes, torchscript_size, varstore_size, Activations, ModelSize};
 
 use std::collections::HashMap;
 use std::fmt;
