@@ -134,3 +134,42 @@ fn estimate_errors_are_one_line() {
         "inference only",
     );
 }
+
+fn export(dir: &Path, name: &str) -> Option<std::path::PathBuf> {
+    let venv = std::env::var_os("VIRTUAL_ENV").map(|v| Path::new(&v).join("bin/python"));
+    let python = venv
+        .into_iter()
+        .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python")])
+        .find(|p| p.exists())?;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/export_models.py");
+    let ok = Command::new(python).arg(script).arg(dir).arg(name).output().ok()?.status.success();
+    ok.then(|| dir.join(format!("{name}.pt")))
+}
+
+#[test]
+fn estimate_names_an_op_without_meta_kernel_and_falls_back_to_cpu_when_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(model) = export(dir.path(), "nonzero") else {
+        println!("skipped: no Python with torch to export the model");
+        return;
+    };
+    let m = model.to_str().unwrap();
+    one_line_error(&run(&["estimate", m, "--input", "4x8"]), "aten::nonzero has no meta kernel");
+    let o = run(&["estimate", m, "--input", "4x8", "--allow-cpu", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("estimating on the CPU instead"));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["options"]["device"], "cpu");
+    assert_eq!(v["param_count"], 72);
+}
+
+#[test]
+fn estimate_with_an_input_of_the_wrong_rank_names_the_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(model) = export(dir.path(), "cnn") else {
+        println!("skipped: no Python with torch to export the model");
+        return;
+    };
+    let o = run(&["estimate", model.to_str().unwrap(), "--input", "32x64"]);
+    one_line_error(&o, "forward failed for input [32, 64]");
+}
