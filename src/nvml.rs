@@ -35,6 +35,11 @@ impl NvmlReader {
             .map_err(|e| Error::NvmlUnavailable(e.to_string()))
     }
 
+    /// The library handle, for the `watch` command's device-wide queries.
+    pub(crate) fn nvml(&self) -> &Nvml {
+        &self.nvml
+    }
+
     /// Reads the device with CUDA index `cuda_index` and the usage of process `pid` on it.
     ///
     /// # Errors

@@ -9,12 +9,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use nvml_wrapper::enums::device::UsedGpuMemory;
-use nvml_wrapper::Nvml;
 
 use crate::error::{Error, Result};
 use crate::log::format;
 use crate::log::writer::{log_file_stem, validate_prefix, LogWriter, TIMESTAMP_FORMAT};
 use crate::log::{AtLine, LogHeader, MemoryField, SourceLocation, DEVICE_TOTAL, DEVICE_USED, NVML_USED};
+use crate::nvml::NvmlReader;
 
 /// Memory of a whole device, bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,35 +50,19 @@ pub trait NvmlSource {
     fn process_name(&mut self, pid: u32) -> String;
 }
 
-/// The real NVML.
-pub struct NvmlLibrary {
-    nvml: Box<Nvml>,
-}
-
-impl NvmlLibrary {
-    /// Loads NVML.
-    ///
-    /// # Errors
-    /// [`Error::NvmlUnavailable`] without an NVIDIA driver.
-    pub fn open() -> Result<Self> {
-        Nvml::init()
-            .map(|n| NvmlLibrary { nvml: Box::new(n) })
-            .map_err(|e| Error::NvmlUnavailable(e.to_string()))
-    }
-}
-
 fn nvml_err(index: u32) -> impl Fn(nvml_wrapper::error::NvmlError) -> Error {
     move |e| Error::NvmlUnavailable(format!("device {index}: {e}"))
 }
 
-impl NvmlSource for NvmlLibrary {
+/// The real NVML, through the tracker's reader.
+impl NvmlSource for NvmlReader {
     fn device_memory(&mut self, index: u32) -> Result<DeviceMemory> {
-        let m = self.nvml.device_by_index(index).and_then(|d| d.memory_info()).map_err(nvml_err(index))?;
+        let m = self.nvml().device_by_index(index).and_then(|d| d.memory_info()).map_err(nvml_err(index))?;
         Ok(DeviceMemory { used: m.used, total: m.total })
     }
 
     fn processes(&mut self, index: u32) -> Result<Vec<ProcessMemory>> {
-        let d = self.nvml.device_by_index(index).map_err(nvml_err(index))?;
+        let d = self.nvml().device_by_index(index).map_err(nvml_err(index))?;
         let mut out: Vec<ProcessMemory> = Vec::new();
         let compute = d.running_compute_processes().map_err(nvml_err(index))?;
         let graphics = d.running_graphics_processes().unwrap_or_default();
@@ -97,7 +81,7 @@ impl NvmlSource for NvmlLibrary {
 
     fn process_name(&mut self, pid: u32) -> String {
         local_process_name(pid)
-            .or_else(|| self.nvml.sys_process_name(pid, 64).ok())
+            .or_else(|| self.nvml().sys_process_name(pid, 64).ok())
             .unwrap_or_else(|| format!("pid {pid}"))
     }
 }

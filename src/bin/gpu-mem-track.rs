@@ -15,9 +15,10 @@ use gpu_mem_track::estimate::{
     Precision, StaticEstimate,
 };
 use gpu_mem_track::log::{parse_log_lenient, ParsedLog};
+use gpu_mem_track::nvml::NvmlReader;
 use gpu_mem_track::plot::plot_log;
 use gpu_mem_track::report::{analyse, combine, render_text};
-use gpu_mem_track::watch::{run_watch, NvmlLibrary, StopReason, WatchConfig, WatchTarget};
+use gpu_mem_track::watch::{run_watch, StopReason, WatchConfig, WatchTarget};
 use gpu_mem_track::Error;
 
 #[derive(Parser)]
@@ -344,7 +345,7 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 WatchTarget::Pids(pids)
             };
-            let mut nvml = NvmlLibrary::open().context("watch needs NVML (an NVIDIA driver)")?;
+            let mut nvml = NvmlReader::open().context("watch needs NVML (an NVIDIA driver)")?;
             std::fs::create_dir_all(&log_dir).with_context(|| format!("--log-dir {}", log_dir.display()))?;
             let stop = Arc::new(AtomicBool::new(false));
             for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
