@@ -240,19 +240,36 @@ pub(crate) fn estimate_torchscript(
 
 /// The allocation recorder's events and op-name table (copied out).
 pub(crate) fn recorded_events() -> (Vec<AllocEvent>, Vec<String>) {
-    // SAFETY: the recorder is stopped; its buffer stays valid until the next start, and we copy it
-    // before returning.
-    let events = unsafe {
+    let recording = copy_recording(false);
+    (recording.events, recording.op_names)
+}
+
+/// A copy of the allocation recorder's contents.
+pub(crate) struct Recording {
+    pub events: Vec<AllocEvent>,
+    /// `GMT_STACK_FRAMES` return addresses per event (empty without stacks).
+    pub stacks: Vec<u64>,
+    pub op_names: Vec<String>,
+    pub dropped: u64,
+}
+
+/// Copies the recorder's events (in order), optionally their stacks, and the op names.
+pub(crate) fn copy_recording(with_stacks: bool) -> Recording {
+    // SAFETY: `gmt_recorder_len` bounds the copy; the buffers have room for `n` events (and
+    // `n * GMT_STACK_FRAMES` addresses); the shim copies under its lock.
+    let (events, stacks, dropped) = unsafe {
         let n = sys::gmt_recorder_len();
-        let p = sys::gmt_recorder_events();
-        if n == 0 || p.is_null() {
-            Vec::new()
-        } else {
-            std::slice::from_raw_parts(p, n).to_vec()
-        }
+        let mut events = vec![AllocEvent::default(); n];
+        let mut stacks = if with_stacks { vec![0u64; n * sys::GMT_STACK_FRAMES] } else { Vec::new() };
+        let mut dropped = 0u64;
+        let stack_ptr = if with_stacks { stacks.as_mut_ptr() } else { std::ptr::null_mut() };
+        let got = sys::gmt_recorder_copy(events.as_mut_ptr(), stack_ptr, n, &mut dropped);
+        events.truncate(got);
+        stacks.truncate(got * if with_stacks { sys::GMT_STACK_FRAMES } else { 0 });
+        (events, stacks, dropped)
     };
     let max_op = events.iter().map(|e| e.op).max().unwrap_or(-1);
-    let names = (0..=max_op)
+    let op_names = (0..=max_op)
         .map(|i| {
             // SAFETY: returns a pointer into the recorder's name table or a static literal.
             let p = unsafe { sys::gmt_recorder_op_name(i) };
@@ -260,7 +277,32 @@ pub(crate) fn recorded_events() -> (Vec<AllocEvent>, Vec<String>) {
             unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
         })
         .collect();
-    (events, names)
+    Recording { events, stacks, op_names, dropped }
+}
+
+/// Starts recording allocations of a device kind into a ring of `max_events` (0: unbounded).
+pub(crate) fn history_start(device_kind: i32, max_events: usize, with_stacks: bool) -> Result<()> {
+    // SAFETY: starts the recorder; fails cleanly if one is running.
+    check("record history", unsafe {
+        sys::gmt_recorder_start_history(device_kind, max_events, with_stacks as i32)
+    })
+}
+
+/// Stops the recorder (its contents stay readable).
+pub(crate) fn history_stop() -> Result<()> {
+    // SAFETY: stops the recorder; a no-op when none runs.
+    check("stop history", unsafe { sys::gmt_recorder_stop() })
+}
+
+pub(crate) fn history_active() -> bool {
+    // SAFETY: reads a flag.
+    unsafe { sys::gmt_recorder_active() != 0 }
+}
+
+/// Tags the next recorded events with a track site.
+pub(crate) fn history_set_site(site: i32) {
+    // SAFETY: stores an integer.
+    unsafe { sys::gmt_recorder_set_site(site) }
 }
 
 /// Starts capturing saved-for-backward tensors on this thread, leaving out `excluded` storages.

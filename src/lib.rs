@@ -69,6 +69,7 @@ pub mod diff;
 mod error;
 pub mod estimate;
 mod ffi;
+pub mod history;
 pub mod log;
 pub mod nvml;
 pub mod plot;

@@ -12,6 +12,7 @@ use crate::device::{AllocatorCounters, AllocatorReading, TrackedDevice};
 use crate::diff::{diff_groups, GroupChange};
 use crate::error::{Error, Result};
 use crate::ffi::{self, RawSnapshot};
+use crate::history::{self, History, HistoryOptions};
 use crate::log::format::{self, MIB};
 use crate::log::writer::{launcher_rank, log_file_stem, validate_prefix, TIMESTAMP_FORMAT};
 use crate::log::{
@@ -147,6 +148,7 @@ impl MemTrackerBuilder {
             log_path: writer.path().to_owned(),
             warned: AtomicBool::new(false),
             sampler,
+            history_stacks: Mutex::new(false),
             state: Mutex::new(State { raw, previous: FxHashMap::default(), writer, allocator, nvml }),
         })
     }
@@ -232,6 +234,7 @@ pub struct MemTracker {
     log_path: PathBuf,
     warned: AtomicBool,
     sampler: Option<Sampler>,
+    history_stacks: Mutex<bool>,
     state: Mutex<State>,
 }
 
@@ -283,6 +286,7 @@ impl MemTracker {
     /// # Errors
     /// As [`track`](Self::track).
     pub fn track_at(&self, site: &Site) -> Result<TrackPoint> {
+        crate::history::note_site(site);
         let mut guard = self.state.lock();
         let state = &mut *guard;
         let (kind, index) = self.device.shim_filter();
@@ -322,6 +326,55 @@ impl MemTracker {
             "track"
         );
         Ok(point)
+    }
+
+    /// Starts recording every allocation and free on the tracked device, keeping the last
+    /// `max_entries` (0: all), each tagged with the most recent track site.
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedDevice`] on CUDA (recording needs the CUDA allocator's trace hooks,
+    /// which this build cannot reach), or when a recording is already running.
+    pub fn record_history(&self, max_entries: usize) -> Result<()> {
+        self.record_history_with(HistoryOptions { max_entries, with_stacks: false })
+    }
+
+    /// [`record_history`](Self::record_history) with options (native stacks).
+    ///
+    /// # Errors
+    /// As [`record_history`](Self::record_history).
+    pub fn record_history_with(&self, options: HistoryOptions) -> Result<()> {
+        match self.device {
+            TrackedDevice::Cpu => history::start(ffi::GMT_DEV_CPU, options)?,
+            TrackedDevice::Cuda(_) => {
+                return Err(Error::UnsupportedDevice(format!(
+                    "{} for history recording (CUDA allocator trace hooks are not reachable from this build)",
+                    self.device
+                )))
+            }
+        }
+        *self.history_stacks.lock() = options.with_stacks;
+        Ok(())
+    }
+
+    /// Stops recording; the history stays readable.
+    ///
+    /// # Errors
+    /// [`Error::Libtorch`] if the recorder cannot be stopped.
+    pub fn stop_history(&self) -> Result<()> {
+        history::stop()
+    }
+
+    /// The recorded history so far.
+    pub fn history(&self) -> History {
+        history::read(*self.history_stacks.lock())
+    }
+
+    /// Writes the recorded history as a PyTorch memory snapshot pickle (open it in memory_viz).
+    ///
+    /// # Errors
+    /// [`Error::LogWrite`] naming the file.
+    pub fn dump_snapshot(&self, path: impl AsRef<Path>) -> Result<()> {
+        self.history().dump_snapshot(path.as_ref())
     }
 
     /// Releases the CUDA caching allocator's unused blocks; returns the reserved bytes released.

@@ -5,7 +5,12 @@
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
 
+#include <execinfo.h>
+
+#include <algorithm>
+#include <array>
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -15,9 +20,18 @@
 #include "recorder.h"
 
 namespace {
+using Stack = std::array<void*, GMT_STACK_FRAMES>;
+
 struct Recorder {
   std::mutex mu;
+  // A ring when `capacity` > 0: `head` is the oldest event once it has wrapped.
   std::vector<gmt_alloc_event> events;
+  std::vector<Stack> stacks;
+  size_t capacity = 0, head = 0;
+  uint64_t dropped = 0;
+  bool with_stacks = false;
+  std::chrono::steady_clock::time_point start;
+  std::atomic<int32_t> site{-1};
   std::vector<std::string> op_names;  // index = op id
   std::unordered_map<std::string, int32_t> op_ids;
   std::atomic<int32_t> device_kind{GMT_DEV_ANY};
@@ -53,6 +67,29 @@ int32_t current_op(Recorder& r) {  // caller holds r.mu
   r.op_names.push_back(name);
   r.op_ids.emplace(name, id);
   return id;
+}
+
+// Caller holds r.mu.
+void push(Recorder& r, gmt_alloc_event e) {
+  e.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - r.start).count();
+  e.site = r.site.load(std::memory_order_relaxed);
+  Stack stack{};
+  if (r.with_stacks) {
+    void* raw[GMT_STACK_FRAMES + 2];
+    const int n = backtrace(raw, GMT_STACK_FRAMES + 2);
+    const int skip = std::min(n, 2);  // push() and record_alloc/record_free
+    e.nframes = n - skip;
+    std::copy(raw + skip, raw + n, stack.begin());
+  }
+  if (r.capacity == 0 || r.events.size() < r.capacity) {
+    r.events.push_back(e);
+    if (r.with_stacks) r.stacks.push_back(stack);
+    return;
+  }
+  r.events[r.head] = e;
+  if (r.with_stacks) r.stacks[r.head] = stack;
+  r.head = (r.head + 1) % r.capacity;
+  ++r.dropped;
 }
 
 bool recording(Recorder& r, int32_t device_kind) {
@@ -96,18 +133,16 @@ void record_alloc(int32_t device_kind, int64_t id, int64_t size) {
   std::lock_guard<std::mutex> lock(r.mu);
   r.live += size;
   r.peak = std::max(r.peak, r.live);
-  r.events.push_back(gmt_alloc_event{id, size, 0, static_cast<uint8_t>(r.phase.load()),
-                                     static_cast<uint8_t>(device_kind), static_cast<uint8_t>(r.iteration.load()),
-                                     current_op(r)});
+  push(r, gmt_alloc_event{id, size, 0, static_cast<uint8_t>(r.phase.load()), static_cast<uint8_t>(device_kind),
+                          static_cast<uint8_t>(r.iteration.load()), current_op(r), 0, -1, 0});
 }
 
 void record_free(int32_t device_kind, int64_t id) {
   Recorder& r = recorder();
   if (!recording(r, device_kind)) return;
   std::lock_guard<std::mutex> lock(r.mu);
-  r.events.push_back(gmt_alloc_event{id, 0, 1, static_cast<uint8_t>(r.phase.load()),
-                                     static_cast<uint8_t>(device_kind), static_cast<uint8_t>(r.iteration.load()),
-                                     current_op(r)});
+  push(r, gmt_alloc_event{id, 0, 1, static_cast<uint8_t>(r.phase.load()), static_cast<uint8_t>(device_kind),
+                          static_cast<uint8_t>(r.iteration.load()), current_op(r), 0, -1, 0});
 }
 
 const char* current_op_name() { return t_op_stack.empty() ? "<no op>" : t_op_stack.back(); }
@@ -149,21 +184,54 @@ gmt_error gmt_meta_allocator_install(void) {
 
 int64_t gmt_meta_allocator_current(void) { return g_meta_current.load(); }
 
-gmt_error gmt_recorder_start(int32_t device_kind) {
+gmt_error gmt_recorder_start_history(int32_t device_kind, size_t max_events, int with_stacks) {
   GMT_TRY({
     Recorder& r = recorder();
     {
       std::lock_guard<std::mutex> lock(r.mu);
       if (r.active.load()) throw std::runtime_error("an allocation recording is already running");
       r.events.clear();
+      r.stacks.clear();
+      r.capacity = max_events;
+      r.head = 0;
+      r.dropped = 0;
+      r.with_stacks = with_stacks != 0;
+      if (max_events > 0) {
+        r.events.reserve(max_events);
+        if (r.with_stacks) r.stacks.reserve(max_events);
+      }
       r.live = r.peak = 0;
       r.phase.store(0);
       r.iteration.store(0);
+      r.site.store(-1);
+      r.start = std::chrono::steady_clock::now();
       r.device_kind.store(device_kind);
     }
     gmt::op_names_acquire();
     r.active.store(true);
   })
+}
+
+gmt_error gmt_recorder_start(int32_t device_kind) { return gmt_recorder_start_history(device_kind, 0, 0); }
+
+int gmt_recorder_active(void) { return recorder().active.load() ? 1 : 0; }
+
+void gmt_recorder_set_site(int32_t site) { recorder().site.store(site, std::memory_order_relaxed); }
+
+size_t gmt_recorder_copy(gmt_alloc_event* out, uint64_t* stacks, size_t cap, uint64_t* dropped) {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (dropped) *dropped = r.dropped;
+  const size_t n = std::min(cap, r.events.size());
+  for (size_t i = 0; i < n; ++i) {
+    const size_t k = (r.head + i) % r.events.size();
+    out[i] = r.events[k];
+    if (stacks) {
+      for (size_t f = 0; f < GMT_STACK_FRAMES; ++f)
+        stacks[i * GMT_STACK_FRAMES + f] = r.with_stacks ? reinterpret_cast<uint64_t>(r.stacks[k][f]) : 0;
+    }
+  }
+  return n;
 }
 
 gmt_error gmt_recorder_stop(void) {
@@ -184,12 +252,6 @@ size_t gmt_recorder_len(void) {
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mu);
   return r.events.size();
-}
-
-const gmt_alloc_event* gmt_recorder_events(void) {
-  Recorder& r = recorder();
-  std::lock_guard<std::mutex> lock(r.mu);
-  return r.events.data();
 }
 
 int64_t gmt_recorder_peak(void) {

@@ -97,17 +97,29 @@ typedef struct {
   uint8_t device_kind;  // gmt_device_kind
   uint8_t iteration;    // estimation iteration (1-based; 0 outside iterations)
   int32_t op;           // innermost op at the time; name via gmt_recorder_op_name
+  int64_t time_ns;      // since the recording started
+  int32_t site;         // track-site tag set by the caller (gmt_recorder_set_site), -1 = none
+  int32_t nframes;      // native frames captured (stacks on)
 } gmt_alloc_event;
+
+#define GMT_STACK_FRAMES 24
 
 gmt_error gmt_meta_allocator_install(void);  // idempotent
 int64_t gmt_meta_allocator_current(void);    // live meta bytes
 // Records every allocation/free of `device_kind` (GMT_DEV_ANY: all) until stopped. Clears the
 // previous recording; the events stay readable until the next start.
 gmt_error gmt_recorder_start(int32_t device_kind);
+// As gmt_recorder_start, keeping at most `max_events` (oldest dropped; 0 = all) and, when
+// `with_stacks`, the native return addresses of each event.
+gmt_error gmt_recorder_start_history(int32_t device_kind, size_t max_events, int with_stacks);
+int gmt_recorder_active(void);
+void gmt_recorder_set_site(int32_t site);
+// Copies the stored events in order (and, when `stacks` is not null, GMT_STACK_FRAMES addresses
+// per event); returns how many were copied. `dropped` (optional) gets the count overwritten.
+size_t gmt_recorder_copy(gmt_alloc_event* out, uint64_t* stacks, size_t cap, uint64_t* dropped);
 gmt_error gmt_recorder_stop(void);
 void gmt_recorder_set_phase(int32_t phase, int32_t iteration);
 size_t gmt_recorder_len(void);
-const gmt_alloc_event* gmt_recorder_events(void);
 int64_t gmt_recorder_peak(void);  // highest live bytes among recorded allocations
 const char* gmt_recorder_op_name(int32_t op);
 

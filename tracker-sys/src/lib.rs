@@ -69,7 +69,13 @@ pub struct gmt_alloc_event {
     pub device_kind: u8,
     pub iteration: u8,
     pub op: i32,
+    pub time_ns: i64,
+    pub site: i32,
+    pub nframes: i32,
 }
+
+/// Native return addresses kept per event when stacks are recorded.
+pub const GMT_STACK_FRAMES: usize = 24;
 
 pub const GMT_OPT_NONE: i32 = 0;
 pub const GMT_OPT_SGD: i32 = 1;
@@ -174,7 +180,15 @@ extern "C" {
     pub fn gmt_recorder_stop() -> gmt_error;
     pub fn gmt_recorder_set_phase(phase: i32, iteration: i32);
     pub fn gmt_recorder_len() -> usize;
-    pub fn gmt_recorder_events() -> *const gmt_alloc_event;
+    pub fn gmt_recorder_start_history(device_kind: i32, max_events: usize, with_stacks: c_int) -> gmt_error;
+    pub fn gmt_recorder_active() -> c_int;
+    pub fn gmt_recorder_set_site(site: i32);
+    pub fn gmt_recorder_copy(
+        out: *mut gmt_alloc_event,
+        stacks: *mut u64,
+        cap: usize,
+        dropped: *mut u64,
+    ) -> usize;
     pub fn gmt_recorder_peak() -> i64;
     pub fn gmt_recorder_op_name(op: i32) -> *const c_char;
     pub fn gmt_estimate_torchscript(

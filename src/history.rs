@@ -1,0 +1,303 @@
+//! Memory history: every allocation and free on the tracked device, with a timestamp, the most
+//! recent track site and (optionally) the native call stack, kept in a bounded ring; and snapshots
+//! in the structure of PyTorch's `torch.cuda.memory._snapshot()`, so PyTorch's
+//! `torch.cuda._memory_viz` tools and the memory_viz page read them.
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::ffi;
+use crate::site::Site;
+
+/// What to record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryOptions {
+    /// Events kept (the oldest are dropped first); 0 keeps all.
+    pub max_entries: usize,
+    /// Capture the native call stack of each event (resolved once per distinct address).
+    pub with_stacks: bool,
+}
+
+/// One stack frame, as memory_viz shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Frame {
+    /// Source file (`??` when unknown).
+    pub filename: String,
+    /// Line (0 when unknown).
+    pub line: u32,
+    /// Function.
+    pub name: String,
+}
+
+/// Allocation or free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Memory handed out.
+    Alloc,
+    /// Memory given back.
+    Free,
+}
+
+/// One recorded event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistoryEvent {
+    /// What happened.
+    pub action: Action,
+    /// Address (CPU) or allocation number (meta).
+    pub addr: u64,
+    /// Bytes (for a free: of the matching allocation, 0 if it was not recorded).
+    pub size: u64,
+    /// Microseconds since the recording started.
+    pub time_us: i64,
+    /// The most recent track point before the event.
+    pub site: Option<Arc<Site>>,
+    /// Innermost op running.
+    pub op: String,
+    /// Call stack, innermost first; the track site comes last.
+    pub frames: Vec<Frame>,
+}
+
+/// A copy of the recorded history.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct History {
+    /// Events, oldest first.
+    pub events: Vec<HistoryEvent>,
+    /// Events dropped because the ring was full.
+    pub dropped: u64,
+}
+
+static SITES: Mutex<Vec<Arc<Site>>> = Mutex::new(Vec::new());
+
+/// Tags events recorded from now on with `site` (called by each track while history records).
+pub(crate) fn note_site(site: &Site) {
+    if !ffi::history_active() {
+        return;
+    }
+    let mut sites = SITES.lock();
+    let id = match sites.iter().position(|s| **s == *site) {
+        Some(i) => i,
+        None => {
+            sites.push(Arc::new(site.clone()));
+            sites.len() - 1
+        }
+    };
+    ffi::history_set_site(id as i32);
+}
+
+/// Starts recording allocations on a device kind.
+pub(crate) fn start(device_kind: i32, options: HistoryOptions) -> Result<()> {
+    ffi::install()?;
+    ffi::history_start(device_kind, options.max_entries, options.with_stacks)
+}
+
+/// Stops recording; what was recorded stays readable.
+pub(crate) fn stop() -> Result<()> {
+    ffi::history_stop()
+}
+
+fn resolve_frame(ip: u64, cache: &mut FxHashMap<u64, Frame>) -> Frame {
+    cache
+        .entry(ip)
+        .or_insert_with(|| {
+            let mut frame = Frame { filename: "??".into(), line: 0, name: format!("{ip:#x}") };
+            backtrace::resolve(ip as *mut std::ffi::c_void, |sym| {
+                if let Some(name) = sym.name() {
+                    frame.name = format!("{name:#}");
+                }
+                if let Some(file) = sym.filename() {
+                    frame.filename = file.display().to_string();
+                }
+                frame.line = sym.lineno().unwrap_or(0);
+            });
+            frame
+        })
+        .clone()
+}
+
+/// Reads the recorded history (while recording or after).
+pub(crate) fn read(with_stacks: bool) -> History {
+    let rec = ffi::copy_recording(with_stacks);
+    let sites = SITES.lock().clone();
+    let mut sizes: HashMap<i64, u64> = HashMap::new();
+    let mut cache = FxHashMap::default();
+    let frames_per = tracker_sys::GMT_STACK_FRAMES;
+    let events = rec
+        .events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let action = if e.is_free == 0 { Action::Alloc } else { Action::Free };
+            let size = match action {
+                Action::Alloc => {
+                    let s = e.size.max(0) as u64;
+                    sizes.insert(e.id, s);
+                    s
+                }
+                Action::Free => sizes.remove(&e.id).unwrap_or(0),
+            };
+            let site = usize::try_from(e.site).ok().and_then(|s| sites.get(s).cloned());
+            let mut frames: Vec<Frame> = if with_stacks && !rec.stacks.is_empty() {
+                let n = (e.nframes.max(0) as usize).min(frames_per);
+                rec.stacks[i * frames_per..i * frames_per + n]
+                    .iter()
+                    .map(|&ip| resolve_frame(ip, &mut cache))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            if let Some(s) = &site {
+                frames.push(Frame {
+                    filename: s.file.to_owned(),
+                    line: s.line,
+                    name: s.function.to_string(),
+                });
+            }
+            HistoryEvent {
+                action,
+                addr: e.id as u64,
+                size,
+                time_us: e.time_ns / 1000,
+                site,
+                op: rec.op_names.get(e.op.max(0) as usize).cloned().unwrap_or_default(),
+                frames,
+            }
+        })
+        .collect();
+    History { events, dropped: rec.dropped }
+}
+
+#[derive(Serialize)]
+struct TraceEntry<'a> {
+    action: &'static str,
+    addr: u64,
+    size: u64,
+    stream: i64,
+    time_us: i64,
+    frames: &'a [Frame],
+}
+
+#[derive(Serialize)]
+struct SnapBlock<'a> {
+    address: u64,
+    size: u64,
+    requested_size: u64,
+    state: &'static str,
+    frames: &'a [Frame],
+}
+
+#[derive(Serialize)]
+struct SnapSegment<'a> {
+    device: i64,
+    address: u64,
+    total_size: u64,
+    allocated_size: u64,
+    active_size: u64,
+    requested_size: u64,
+    stream: i64,
+    segment_type: &'static str,
+    segment_pool_id: (i64, i64),
+    is_expandable: bool,
+    frames: Vec<Frame>,
+    blocks: Vec<SnapBlock<'a>>,
+}
+
+#[derive(Serialize)]
+struct Snapshot<'a> {
+    segments: Vec<SnapSegment<'a>>,
+    device_traces: Vec<Vec<TraceEntry<'a>>>,
+}
+
+impl History {
+    /// Allocations and frees in the history.
+    pub fn counts(&self) -> (usize, usize) {
+        let allocs = self.events.iter().filter(|e| e.action == Action::Alloc).count();
+        (allocs, self.events.len() - allocs)
+    }
+
+    /// Highest bytes live at once among the recorded allocations.
+    pub fn peak_bytes(&self) -> u64 {
+        let (mut live, mut peak) = (0u64, 0u64);
+        for e in &self.events {
+            match e.action {
+                Action::Alloc => {
+                    live += e.size;
+                    peak = peak.max(live);
+                }
+                Action::Free => live = live.saturating_sub(e.size),
+            }
+        }
+        peak
+    }
+
+    /// Writes the history as a PyTorch memory snapshot pickle: `device_traces` with `alloc`,
+    /// `free_requested` and `free_completed` entries, and `segments` holding one block per
+    /// allocation still live at the end (host memory has no caching segments).
+    ///
+    /// # Errors
+    /// [`Error::LogWrite`] naming the file when it cannot be written.
+    pub fn dump_snapshot(&self, path: &Path) -> Result<()> {
+        let mut trace = Vec::with_capacity(self.events.len() * 2);
+        let mut live: Vec<Option<&HistoryEvent>> = Vec::new();
+        let mut live_at: HashMap<u64, usize> = HashMap::new();
+        for e in &self.events {
+            let entry = |action| TraceEntry {
+                action,
+                addr: e.addr,
+                size: e.size,
+                stream: 0,
+                time_us: e.time_us,
+                frames: &e.frames,
+            };
+            match e.action {
+                Action::Alloc => {
+                    live_at.insert(e.addr, live.len());
+                    live.push(Some(e));
+                    trace.push(entry("alloc"));
+                }
+                Action::Free => {
+                    if let Some(i) = live_at.remove(&e.addr) {
+                        live[i] = None;
+                    }
+                    trace.push(entry("free_requested"));
+                    trace.push(entry("free_completed"));
+                }
+            }
+        }
+        let segments = live
+            .into_iter()
+            .flatten()
+            .map(|e| SnapSegment {
+                device: 0,
+                address: e.addr,
+                total_size: e.size,
+                allocated_size: e.size,
+                active_size: e.size,
+                requested_size: e.size,
+                stream: 0,
+                segment_type: "large",
+                segment_pool_id: (0, 0),
+                is_expandable: false,
+                frames: Vec::new(),
+                blocks: vec![SnapBlock {
+                    address: e.addr,
+                    size: e.size,
+                    requested_size: e.size,
+                    state: "active_allocated",
+                    frames: &e.frames,
+                }],
+            })
+            .collect();
+        let snapshot = Snapshot { segments, device_traces: vec![trace] };
+        let io = |source| Error::LogWrite { path: path.to_owned(), source };
+        let mut file = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+        serde_pickle::to_writer(&mut file, &snapshot, serde_pickle::SerOptions::new())
+            .map_err(|e| io(std::io::Error::other(e.to_string())))?;
+        file.flush().map_err(io)
+    }
+}
