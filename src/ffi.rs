@@ -280,6 +280,18 @@ pub(crate) fn copy_recording(with_stacks: bool) -> Recording {
     Recording { events, stacks, op_names, dropped }
 }
 
+/// Allocation ids the estimator tagged as parameters.
+pub(crate) fn recorded_parameter_ids() -> Vec<i64> {
+    // SAFETY: first call counts; second fills a buffer of that size (the recorder is stopped).
+    unsafe {
+        let n = sys::gmt_recorder_parameter_ids(std::ptr::null_mut(), 0);
+        let mut out = vec![0i64; n];
+        let got = sys::gmt_recorder_parameter_ids(out.as_mut_ptr(), n).min(n);
+        out.truncate(got);
+        out
+    }
+}
+
 /// Starts recording allocations of a device kind into a ring of `max_events` (0: unbounded).
 pub(crate) fn history_start(device_kind: i32, max_events: usize, with_stacks: bool) -> Result<()> {
     // SAFETY: starts the recorder; fails cleanly if one is running.

@@ -199,3 +199,107 @@ where
         .map_err(e)?;
     Ok(())
 }
+
+/// Draws a stacked-area memory timeline of an estimate's trace, by category, to `.svg` or `.png`.
+///
+/// # Errors
+/// [`PlotError`] naming the output.
+pub fn plot_timeline(trace: &crate::estimate::Trace, title: &str, out: &Path) -> Result<(), PlotError> {
+    let points = trace.timeline();
+    if points.is_empty() {
+        return Err(PlotError::EmptyLog);
+    }
+    ensure_font();
+    let draw_err = |e: String| PlotError::Draw { path: out.display().to_string(), message: e };
+    let size = (1400, 800);
+    match out.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+        Some("svg") => {
+            let root = SVGBackend::new(out, size).into_drawing_area();
+            draw_timeline(&root, &points, title).map_err(draw_err)?;
+            root.present().map_err(|e| draw_err(e.to_string()))
+        }
+        Some("png") => {
+            let root = BitMapBackend::new(out, size).into_drawing_area();
+            draw_timeline(&root, &points, title).map_err(draw_err)?;
+            root.present().map_err(|e| draw_err(e.to_string()))
+        }
+        _ => Err(PlotError::UnsupportedFormat(out.display().to_string())),
+    }
+}
+
+fn draw_timeline<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    points: &[crate::estimate::TimelinePoint],
+    title: &str,
+) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    use crate::estimate::Category;
+    let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
+    let mib = |b: u64| b as f64 / 1048576.0;
+    root.fill(&WHITE).map_err(e)?;
+    let y_max = points.iter().map(|p| mib(p.total)).fold(0.0, f64::max).max(1e-6) * 1.15;
+    let n = points.len() as f64;
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, (FONT, 24))
+        .margin(20)
+        .margin_right(40)
+        .x_label_area_size(50)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0.0..n, 0.0..y_max)
+        .map_err(e)?;
+    chart
+        .configure_mesh()
+        .x_desc("allocation event")
+        .y_desc("MiB")
+        .label_style((FONT, 14))
+        .axis_desc_style((FONT, 16))
+        .draw()
+        .map_err(e)?;
+    // Stack: draw cumulative tops from the last category down so each band shows.
+    for (ci, cat) in Category::ALL.iter().enumerate().rev() {
+        let color = Palette99::pick(ci).to_rgba();
+        let top = move |p: &crate::estimate::TimelinePoint| -> f64 {
+            p.bytes[..=ci].iter().map(|b| mib(b.1)).sum()
+        };
+        chart
+            .draw_series(AreaSeries::new(
+                points.iter().map(|p| (p.event as f64, top(p))),
+                0.0,
+                color.mix(0.85),
+            ))
+            .map_err(e)?
+            .label(cat.name())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], color.filled()));
+    }
+    if let Some(peak) =
+        points.iter().fold(None, |best: Option<&crate::estimate::TimelinePoint>, p| match best {
+            Some(b) if b.total >= p.total => Some(b),
+            _ => Some(p),
+        })
+    {
+        let (x, y) = (peak.event as f64, mib(peak.total));
+        let text = format!("peak {y:.1} MiB ({}, iteration {})", peak.phase, peak.iteration);
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((x, y)) + Circle::new((0, 0), 7, RED.stroke_width(3)),
+            ))
+            .map_err(e)?;
+        let anchor = if x / n > 0.6 { -12 - 7 * text.len() as i32 } else { 12 };
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((x, y)) + Text::new(text, (anchor, -18), (FONT, 15).into_font().color(&RED)),
+            ))
+            .map_err(e)?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FONT, 14))
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(e)?;
+    Ok(())
+}

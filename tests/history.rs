@@ -106,3 +106,54 @@ fn stacks_are_resolved_to_rust_functions() {
     assert!(alloc.frames.iter().any(|f| f.name.contains("allocate_here")), "{:#?}", alloc.frames);
     drop(x);
 }
+
+fn export(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
+    let python = python_with_torch()?;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/export_models.py");
+    let ok =
+        std::process::Command::new(python).arg(script).arg(dir).arg(name).output().ok()?.status.success();
+    ok.then(|| dir.join(format!("{name}.pt")))
+}
+
+#[test]
+fn estimate_trace_categories_sum_to_the_peak_and_its_snapshot_loads_in_memory_viz() {
+    use gpu_mem_track::estimate::{estimate_torchscript_traced, Category, EstimateOptions, Mode, Optimizer};
+    let dir = tempfile::tempdir().unwrap();
+    let Some(model) = export(dir.path(), "cnn") else {
+        println!("skipped: no Python with torch to export the model");
+        return;
+    };
+    let options = EstimateOptions {
+        input_shape: vec![32, 3, 64, 64],
+        mode: Mode::Train(Optimizer::Adam),
+        ..EstimateOptions::default()
+    };
+    let (e, trace) = estimate_torchscript_traced(&model, &options).unwrap();
+    let peak = trace.peak().unwrap();
+    assert_eq!(peak.total, e.peak.bytes);
+    assert_eq!(peak.bytes.iter().map(|b| b.1).sum::<u64>(), peak.total, "categories sum to the peak");
+    let at = |c: Category| peak.bytes.iter().find(|b| b.0 == c).unwrap().1;
+    assert_eq!(at(Category::Parameter), e.param_bytes, "parameters are exactly the model's");
+    assert_eq!(at(Category::OptimizerState), 2 * e.param_bytes, "Adam's two buffers are alive at the peak");
+    assert_eq!(at(Category::Input), e.input_bytes);
+    assert!(at(Category::Activation) > 0);
+
+    let pickle = dir.path().join("estimate.pickle");
+    trace.dump_snapshot(&pickle).unwrap();
+    let Some(python) = python_with_torch() else { return };
+    let script = dir.path().join("check.py");
+    std::fs::write(
+        &script,
+        CHECK.replace(
+            "print(json.dumps({",
+            "segs = sum(1 for e in data['device_traces'][0] if e['action'] == 'segment_alloc')\nprint(json.dumps({'segment_allocs': segs, ",
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(python).arg(&script).arg(&pickle).output().unwrap();
+    assert!(out.status.success(), "memory_viz failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["allocs"], e.allocations);
+    assert_eq!(v["peak"], e.cuda.peak_allocated, "the snapshot replays the caching allocator model");
+    assert_eq!(v["segment_allocs"], e.cuda.segment_allocs);
+}

@@ -1,4 +1,4 @@
-//! The `gpu-mem-track` command line: `report`, `plot`, `watch` and `estimate`.
+//! The `gpu-mem-track` command line: `report`, `plot`, `watch`, `estimate` and `timeline`.
 //!
 //! Exit codes: 0 success, 1 error (one line on stderr naming the file or option), 2 usage.
 use std::io::IsTerminal;
@@ -11,12 +11,12 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use gpu_mem_track::estimate::{
-    estimate_static, estimate_torchscript, Estimate, EstimateDevice, EstimateOptions, Mode, Optimizer,
+    estimate_static, estimate_torchscript_traced, Estimate, EstimateDevice, EstimateOptions, Mode, Optimizer,
     Precision, StaticEstimate,
 };
 use gpu_mem_track::log::{parse_log_lenient, ParsedLog};
 use gpu_mem_track::nvml::NvmlReader;
-use gpu_mem_track::plot::plot_log;
+use gpu_mem_track::plot::{plot_log, plot_timeline};
 use gpu_mem_track::report::{analyse, combine, render_text};
 use gpu_mem_track::watch::{run_watch, StopReason, WatchConfig, WatchTarget};
 use gpu_mem_track::Error;
@@ -85,9 +85,36 @@ enum Command {
         /// Where to run: meta (shapes only, fast) or cpu (real compute, to check an estimate).
         #[arg(long, default_value = "meta", value_parser = ["meta", "cpu"])]
         run_on: String,
+        /// Also write the simulated trace as a PyTorch memory snapshot (open it in memory_viz).
+        #[arg(long)]
+        snapshot: Option<PathBuf>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Memory over an estimated run by category (parameters, gradients, optimizer state, input,
+    /// activations, temporaries): a stacked-area `.svg`/`.png`, or `.json`.
+    Timeline {
+        /// TorchScript model file.
+        model: PathBuf,
+        /// Input shape, batch first: `16x3x224x224`.
+        #[arg(long, value_parser = parse_shape)]
+        input: Shape,
+        /// The input is integer token ids (int64).
+        #[arg(long)]
+        ids: bool,
+        /// Precision of parameters and input: f32, f16 or bf16.
+        #[arg(long, default_value = "f32")]
+        dtype: Precision,
+        /// inference or train.
+        #[arg(long, default_value = "train", value_parser = ["inference", "train"])]
+        mode: String,
+        /// Optimizer for --mode train: sgd, momentum, adam or adamw.
+        #[arg(long, default_value = "adam")]
+        optimizer: Optimizer,
+        /// Output: `.svg`, `.png` or `.json`.
+        #[arg(short, long)]
+        output: PathBuf,
     },
     /// Log NVML memory of a GPU or of processes on it, at an interval, until Ctrl-C / SIGTERM.
     Watch {
@@ -284,6 +311,7 @@ fn run(cli: Cli) -> Result<()> {
             allow_cpu,
             method,
             run_on,
+            snapshot,
             json,
         } => {
             let mut options = EstimateOptions {
@@ -308,15 +336,18 @@ fn run(cli: Cli) -> Result<()> {
                 return Ok(());
             }
             let label = format!("estimating {} on {run_on}", model.display());
-            let mut result = with_spinner(label, || estimate_torchscript(&model, &options));
+            let mut result = with_spinner(label, || estimate_torchscript_traced(&model, &options));
             if let (Err(Error::MissingMetaKernel { op }), true) = (&result, allow_cpu) {
                 eprintln!("warning: {op} has no meta kernel; estimating on the CPU instead");
                 options.device = EstimateDevice::Cpu;
                 result = with_spinner(format!("estimating {} on the CPU", model.display()), || {
-                    estimate_torchscript(&model, &options)
+                    estimate_torchscript_traced(&model, &options)
                 });
             }
-            let e = result?;
+            let (e, trace) = result?;
+            if let Some(path) = &snapshot {
+                trace.dump_snapshot(path)?;
+            }
             if json {
                 let v = serde_json::json!({ "meta": e, "static": static_estimate });
                 println!(
@@ -335,6 +366,34 @@ fn run(cli: Cli) -> Result<()> {
                         if a > 0.0 { (b - a) / a * 100.0 } else { 0.0 }
                     );
                 }
+            }
+        }
+        Command::Timeline { model, input, ids, dtype, mode, optimizer, output } => {
+            let options = EstimateOptions {
+                input_shape: input.0,
+                input_is_index: ids,
+                precision: dtype,
+                mode: if mode == "train" { Mode::Train(optimizer) } else { Mode::Inference },
+                device: EstimateDevice::Meta,
+            };
+            let (e, trace) = with_spinner(format!("estimating {}", model.display()), || {
+                estimate_torchscript_traced(&model, &options)
+            })?;
+            let is_json = output.extension().is_some_and(|x| x.eq_ignore_ascii_case("json"));
+            if is_json {
+                let points = trace.timeline();
+                let step = (points.len() / 2000).max(1);
+                let sampled: Vec<_> = points.iter().step_by(step).collect();
+                let v = serde_json::json!({ "estimate": e, "peak": trace.peak(), "points": sampled });
+                std::fs::write(&output, serde_json::to_string_pretty(&v)?)
+                    .with_context(|| format!("cannot write {}", output.display()))?;
+            } else {
+                let title = format!(
+                    "{} {:?}",
+                    model.file_name().map(|f| f.to_string_lossy()).unwrap_or_default(),
+                    e.options.input_shape
+                );
+                plot_timeline(&trace, &title, &output)?;
             }
         }
         Command::Watch { device, pids, all, interval, duration, samples, log_dir, prefix, rotate_bytes } => {

@@ -89,6 +89,19 @@ pub struct CachingStats {
     pub segment_frees: u64,
 }
 
+/// A live segment and its blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentBlocks {
+    /// Segment address.
+    pub address: u64,
+    /// Segment size.
+    pub size: u64,
+    /// Small pool.
+    pub small: bool,
+    /// (address, size, allocated) of each block, in address order.
+    pub blocks: Vec<(u64, u64, bool)>,
+}
+
 /// The request could not be served within the capacity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("out of memory: {requested} bytes requested with {reserved} of {capacity} bytes reserved")]
@@ -293,6 +306,23 @@ impl CachingAllocatorModel {
     /// Live segments as (address, size, small pool).
     pub fn segments(&self) -> Vec<(u64, u64, bool)> {
         self.segments.iter().filter(|s| !s.released).map(|s| (s.addr, s.size, s.small)).collect()
+    }
+
+    /// Blocks of each live segment in address order: (segment address, segment size, small pool,
+    /// [(block address, block size, allocated)]).
+    pub fn segment_blocks(&self) -> Vec<SegmentBlocks> {
+        let mut out = Vec::new();
+        for (si, seg) in self.segments.iter().enumerate().filter(|(_, s)| !s.released) {
+            let mut blocks: Vec<(u64, u64, bool)> = self
+                .blocks
+                .iter()
+                .filter(|b| b.live && b.segment == si)
+                .map(|b| (b.addr, b.size, b.allocated))
+                .collect();
+            blocks.sort_unstable();
+            out.push(SegmentBlocks { address: seg.addr, size: seg.size, small: seg.small, blocks });
+        }
+        out
     }
 }
 

@@ -4,9 +4,11 @@
 pub mod caching_allocator;
 mod saved;
 mod size;
+mod trace;
 
 pub use saved::{memory_for_backward, memory_for_backward_excluding, SavedByOp, SavedReport};
 pub use size::{optimizer_state_bytes, torchscript_size, varstore_size, Activations, ModelSize};
+pub use trace::{Category, TimelinePoint, Trace, TraceEvent};
 
 use std::collections::HashMap;
 use std::fmt;
@@ -247,6 +249,15 @@ pub struct Estimate {
 /// model rejects; [`Error::MissingMetaKernel`] naming an op without a meta kernel (retry with
 /// [`EstimateDevice::Cpu`]).
 pub fn estimate_torchscript(path: &Path, options: &EstimateOptions) -> Result<Estimate> {
+    estimate_torchscript_traced(path, options).map(|(e, _)| e)
+}
+
+/// [`estimate_torchscript`], also returning the categorised allocation trace (for snapshots and
+/// timelines).
+///
+/// # Errors
+/// As [`estimate_torchscript`].
+pub fn estimate_torchscript_traced(path: &Path, options: &EstimateOptions) -> Result<(Estimate, Trace)> {
     if !path.is_file() {
         return Err(Error::EstimateInput(format!("model file {} does not exist", path.display())));
     }
@@ -280,7 +291,8 @@ pub fn estimate_torchscript(path: &Path, options: &EstimateOptions) -> Result<Es
         other => other,
     })?;
     let timeline = Timeline::replay(&events, &names, options.device == EstimateDevice::Cpu);
-    Ok(Estimate {
+    let trace = Trace::classify(&events, &names, &ffi::recorded_parameter_ids());
+    let estimate = Estimate {
         options: options.clone(),
         param_count: sizes.param_count.max(0) as u64,
         param_bytes: sizes.param_bytes.max(0) as u64,
@@ -296,7 +308,8 @@ pub fn estimate_torchscript(path: &Path, options: &EstimateOptions) -> Result<Es
         cpu_only_temporaries: timeline.cpu_only_peak,
         allocations: events.iter().filter(|e| e.is_free == 0).count() as u64,
         seconds: start.elapsed().as_secs_f64(),
-    })
+    };
+    Ok((estimate, trace))
 }
 
 /// Turns a libtorch failure into the error a user can act on.

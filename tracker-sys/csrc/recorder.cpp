@@ -4,6 +4,7 @@
 // tensors hold no data, so their sizes travel in the DataPtr context.
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/StorageImpl.h>
 
 #include <execinfo.h>
 
@@ -32,6 +33,7 @@ struct Recorder {
   bool with_stacks = false;
   std::chrono::steady_clock::time_point start;
   std::atomic<int32_t> site{-1};
+  std::vector<int64_t> parameter_ids;
   std::vector<std::string> op_names;  // index = op id
   std::unordered_map<std::string, int32_t> op_ids;
   std::atomic<int32_t> device_kind{GMT_DEV_ANY};
@@ -165,6 +167,20 @@ void op_names_release() {
   if (r.op_users > 0 && --r.op_users == 0 && r.op_callback != 0) at::disableCallback(r.op_callback);
 }
 
+int64_t allocation_id(const void* storage_impl) {
+  const auto* s = static_cast<const c10::StorageImpl*>(storage_impl);
+  if (!s) return -1;
+  const c10::DataPtr& d = s->data_ptr();
+  if (d.get_deleter() == &meta_delete) return static_cast<const MetaBlock*>(d.get_context())->id;
+  return d.get() ? reinterpret_cast<int64_t>(d.get()) : -1;
+}
+
+void tag_parameter(int64_t id) {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.parameter_ids.push_back(id);
+}
+
 void set_phase(int32_t phase, int32_t iteration) {
   recorder().phase.store(phase);
   recorder().iteration.store(iteration);
@@ -192,6 +208,7 @@ gmt_error gmt_recorder_start_history(int32_t device_kind, size_t max_events, int
       if (r.active.load()) throw std::runtime_error("an allocation recording is already running");
       r.events.clear();
       r.stacks.clear();
+      r.parameter_ids.clear();
       r.capacity = max_events;
       r.head = 0;
       r.dropped = 0;
@@ -252,6 +269,13 @@ size_t gmt_recorder_len(void) {
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mu);
   return r.events.size();
+}
+
+size_t gmt_recorder_parameter_ids(int64_t* out, size_t cap) {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (size_t i = 0; i < std::min(cap, r.parameter_ids.size()); ++i) out[i] = r.parameter_ids[i];
+  return r.parameter_ids.size();
 }
 
 int64_t gmt_recorder_peak(void) {

@@ -12,6 +12,10 @@ void record_free(int32_t device_kind, int64_t id);
 void set_phase(int32_t phase, int32_t iteration);
 // The innermost op running on this thread, while op names are tracked (recording or capturing).
 const char* current_op_name();
+// The recorder identity of a storage's allocation (meta: its number; CPU: its address), or -1.
+int64_t allocation_id(const void* storage_impl);
+// Marks allocations as parameters for the current recording.
+void tag_parameter(int64_t id);
 // Reference-counted switch of the op-name callback (RecordFunction start/end).
 void op_names_acquire();
 void op_names_release();

@@ -181,7 +181,10 @@ extern "C" gmt_error gmt_estimate_torchscript(const gmt_estimate_options* o, gmt
     std::vector<at::Tensor> params, buffers;
     for (const auto& p : module.parameters()) params.push_back(p);
     for (const auto& b : module.buffers()) buffers.push_back(b);
-    for (const auto& p : params) r.param_count += p.numel();
+    for (const auto& p : params) {
+      r.param_count += p.numel();
+      if (p.has_storage()) gmt::tag_parameter(gmt::allocation_id(p.storage().unsafeGetStorageImpl()));
+    }
     r.param_bytes = unique_storage_bytes(params);
     r.buffer_bytes = unique_storage_bytes(buffers);
 

@@ -120,7 +120,9 @@ size_t gmt_recorder_copy(gmt_alloc_event* out, uint64_t* stacks, size_t cap, uin
 gmt_error gmt_recorder_stop(void);
 void gmt_recorder_set_phase(int32_t phase, int32_t iteration);
 size_t gmt_recorder_len(void);
-int64_t gmt_recorder_peak(void);  // highest live bytes among recorded allocations
+int64_t gmt_recorder_peak(void);
+// Allocation ids tagged as parameters by the estimator; returns the count, fills up to `cap`.
+size_t gmt_recorder_parameter_ids(int64_t* out, size_t cap);  // highest live bytes among recorded allocations
 const char* gmt_recorder_op_name(int32_t op);
 
 // ---- TorchScript estimation (script.cpp) ----

@@ -190,6 +190,7 @@ extern "C" {
         dropped: *mut u64,
     ) -> usize;
     pub fn gmt_recorder_peak() -> i64;
+    pub fn gmt_recorder_parameter_ids(out: *mut i64, cap: usize) -> usize;
     pub fn gmt_recorder_op_name(op: i32) -> *const c_char;
     pub fn gmt_estimate_torchscript(
         options: *const gmt_estimate_options,

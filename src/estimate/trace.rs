@@ -1,0 +1,321 @@
+//! The allocation trace of an estimate: each allocation tagged with a category (parameter,
+//! gradient, optimizer state, input, activation, temporary), a stacked timeline, and the trace as a
+//! PyTorch memory snapshot laid out by the CUDA caching allocator model, so memory_viz shows a
+//! GPU-like timeline of a run that never touched a GPU.
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::caching_allocator::{BlockId, CachingAllocatorModel};
+use super::Phase;
+use crate::error::{Error, Result};
+use crate::ffi::AllocEvent;
+
+/// What an allocation holds, judged from the phase that made it and how long it lived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Category {
+    /// A model parameter.
+    Parameter,
+    /// A module buffer (batch-norm statistics, ...).
+    Buffer,
+    /// The input batch.
+    Input,
+    /// Made by the forward pass and alive at its end: saved for backward, or the output.
+    Activation,
+    /// Made by backward and alive at its end: a gradient.
+    Gradient,
+    /// Made by the optimizer step and kept: its state.
+    OptimizerState,
+    /// Freed within the phase that made it.
+    Temporary,
+}
+
+impl Category {
+    /// Every category, in stacking order.
+    pub const ALL: [Category; 7] = [
+        Category::Parameter,
+        Category::Buffer,
+        Category::OptimizerState,
+        Category::Gradient,
+        Category::Input,
+        Category::Activation,
+        Category::Temporary,
+    ];
+
+    /// The name used in snapshots and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Category::Parameter => "parameter",
+            Category::Buffer => "buffer",
+            Category::Input => "input",
+            Category::Activation => "activation",
+            Category::Gradient => "gradient",
+            Category::OptimizerState => "optimizer_state",
+            Category::Temporary => "temporary",
+        }
+    }
+}
+
+/// One allocation or free of the trace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TraceEvent {
+    /// Allocation (true) or free.
+    pub alloc: bool,
+    /// Allocation identity.
+    pub id: i64,
+    /// Bytes (of the allocation, also on its free).
+    pub size: u64,
+    /// Phase.
+    pub phase: Phase,
+    /// Iteration.
+    pub iteration: u32,
+    /// Innermost op.
+    pub op: String,
+    /// Category of the allocation.
+    pub category: Category,
+}
+
+/// An estimate's trace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+pub struct Trace {
+    /// Events in order.
+    pub events: Vec<TraceEvent>,
+}
+
+/// Live bytes per category after one event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TimelinePoint {
+    /// Event index.
+    pub event: usize,
+    /// Phase.
+    pub phase: Phase,
+    /// Iteration.
+    pub iteration: u32,
+    /// Bytes by category name.
+    pub bytes: Vec<(Category, u64)>,
+    /// Sum.
+    pub total: u64,
+}
+
+impl Trace {
+    /// Builds the trace from recorded events, op names and the parameter allocation ids.
+    pub(crate) fn classify(events: &[AllocEvent], names: &[String], parameter_ids: &[i64]) -> Trace {
+        let params: HashSet<i64> = parameter_ids.iter().copied().collect();
+        // Last event index of each (iteration, phase) block, and each allocation's free index.
+        let mut block_end: HashMap<(u8, u8), usize> = HashMap::new();
+        let mut freed_at: HashMap<usize, usize> = HashMap::new();
+        let mut open: HashMap<i64, usize> = HashMap::new();
+        for (i, e) in events.iter().enumerate() {
+            block_end.insert((e.iteration, e.phase), i);
+            if e.is_free == 0 {
+                open.insert(e.id, i);
+            } else if let Some(a) = open.remove(&e.id) {
+                freed_at.insert(a, i);
+            }
+        }
+        let mut sizes: HashMap<i64, (u64, Category)> = HashMap::new();
+        let mut out = Vec::with_capacity(events.len());
+        for (i, e) in events.iter().enumerate() {
+            let phase = Phase::from_code(e.phase);
+            let op = names.get(e.op.max(0) as usize).cloned().unwrap_or_default();
+            if e.is_free != 0 {
+                let Some((size, category)) = sizes.remove(&e.id) else { continue };
+                out.push(TraceEvent {
+                    alloc: false,
+                    id: e.id,
+                    size,
+                    phase,
+                    iteration: e.iteration.into(),
+                    op,
+                    category,
+                });
+                continue;
+            }
+            let end = block_end[&(e.iteration, e.phase)];
+            let outlives_phase = freed_at.get(&i).is_none_or(|&f| f > end);
+            let category = match phase {
+                _ if params.contains(&e.id) => Category::Parameter,
+                Phase::Load => Category::Buffer,
+                Phase::Input => Category::Input,
+                _ if !outlives_phase => Category::Temporary,
+                Phase::Forward => Category::Activation,
+                Phase::Backward => Category::Gradient,
+                Phase::Optimizer => Category::OptimizerState,
+            };
+            let size = e.size.max(0) as u64;
+            sizes.insert(e.id, (size, category));
+            out.push(TraceEvent {
+                alloc: true,
+                id: e.id,
+                size,
+                phase,
+                iteration: e.iteration.into(),
+                op,
+                category,
+            });
+        }
+        Trace { events: out }
+    }
+
+    /// Live bytes by category after every event.
+    pub fn timeline(&self) -> Vec<TimelinePoint> {
+        let mut live: HashMap<Category, u64> = HashMap::new();
+        self.events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let slot = live.entry(e.category).or_default();
+                if e.alloc {
+                    *slot += e.size;
+                } else {
+                    *slot = slot.saturating_sub(e.size);
+                }
+                let bytes: Vec<(Category, u64)> =
+                    Category::ALL.iter().map(|c| (*c, live.get(c).copied().unwrap_or(0))).collect();
+                let total = bytes.iter().map(|b| b.1).sum();
+                TimelinePoint { event: i, phase: e.phase, iteration: e.iteration, bytes, total }
+            })
+            .collect()
+    }
+
+    /// The timeline point with the most live bytes (the first, if several).
+    pub fn peak(&self) -> Option<TimelinePoint> {
+        self.timeline().into_iter().fold(None, |best: Option<TimelinePoint>, p| match best {
+            Some(b) if b.total >= p.total => Some(b),
+            _ => Some(p),
+        })
+    }
+
+    /// Writes the trace as a PyTorch memory snapshot, laid out by the CUDA caching allocator
+    /// model: `segment_alloc` when the model reserves a segment, `alloc` / `free_requested` /
+    /// `free_completed` with block addresses, and the segments left at the end with their blocks.
+    /// Each entry carries its `category`.
+    ///
+    /// # Errors
+    /// [`Error::LogWrite`] naming the file.
+    pub fn dump_snapshot(&self, path: &Path) -> Result<()> {
+        #[derive(Serialize)]
+        struct Frame {
+            filename: String,
+            line: u32,
+            name: String,
+        }
+        #[derive(Serialize)]
+        struct Entry {
+            action: &'static str,
+            addr: u64,
+            size: u64,
+            stream: i64,
+            time_us: i64,
+            frames: Vec<Frame>,
+            category: &'static str,
+        }
+        #[derive(Serialize)]
+        struct Block {
+            address: u64,
+            size: u64,
+            requested_size: u64,
+            state: &'static str,
+            frames: Vec<Frame>,
+        }
+        #[derive(Serialize)]
+        struct Segment {
+            device: i64,
+            address: u64,
+            total_size: u64,
+            allocated_size: u64,
+            active_size: u64,
+            requested_size: u64,
+            stream: i64,
+            segment_type: &'static str,
+            segment_pool_id: (i64, i64),
+            is_expandable: bool,
+            frames: Vec<Frame>,
+            blocks: Vec<Block>,
+        }
+        #[derive(Serialize)]
+        struct Snapshot {
+            segments: Vec<Segment>,
+            device_traces: Vec<Vec<Entry>>,
+        }
+        let mut model = CachingAllocatorModel::new();
+        let mut blocks: HashMap<i64, BlockId> = HashMap::new();
+        let mut trace = Vec::new();
+        let frame = |e: &TraceEvent| {
+            vec![Frame {
+                filename: format!("{} (iteration {})", e.phase, e.iteration),
+                line: 0,
+                name: e.op.clone(),
+            }]
+        };
+        for (t, e) in self.events.iter().enumerate() {
+            let entry = |action, addr, size| Entry {
+                action,
+                addr,
+                size,
+                stream: 0,
+                time_us: t as i64,
+                frames: frame(e),
+                category: e.category.name(),
+            };
+            if e.alloc {
+                let before = model.segments();
+                let Ok(b) = model.malloc(e.size) else { continue };
+                for (addr, size, _) in model.segments().into_iter().filter(|s| !before.contains(s)) {
+                    trace.push(entry("segment_alloc", addr, size));
+                }
+                let (addr, size) = model.block(b).expect("just allocated");
+                blocks.insert(e.id, b);
+                trace.push(entry("alloc", addr, size));
+            } else if let Some(b) = blocks.remove(&e.id) {
+                let (addr, size) = model.block(b).expect("live block");
+                model.free(b);
+                trace.push(entry("free_requested", addr, size));
+                trace.push(entry("free_completed", addr, size));
+            }
+        }
+        let segments = model
+            .segment_blocks()
+            .into_iter()
+            .map(|s| {
+                let allocated: u64 = s.blocks.iter().filter(|b| b.2).map(|b| b.1).sum();
+                Segment {
+                    device: 0,
+                    address: s.address,
+                    total_size: s.size,
+                    allocated_size: allocated,
+                    active_size: allocated,
+                    requested_size: allocated,
+                    stream: 0,
+                    segment_type: if s.small { "small" } else { "large" },
+                    segment_pool_id: (0, 0),
+                    is_expandable: false,
+                    frames: Vec::new(),
+                    blocks: s
+                        .blocks
+                        .iter()
+                        .map(|&(address, size, allocated)| Block {
+                            address,
+                            size,
+                            requested_size: if allocated { size } else { 0 },
+                            state: if allocated { "active_allocated" } else { "inactive" },
+                            frames: Vec::new(),
+                        })
+                        .collect(),
+                }
+            })
+            .collect();
+        let io = |source| Error::LogWrite { path: path.to_owned(), source };
+        let mut file = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+        serde_pickle::to_writer(
+            &mut file,
+            &Snapshot { segments, device_traces: vec![trace] },
+            serde_pickle::SerOptions::new(),
+        )
+        .map_err(|e| io(std::io::Error::other(e.to_string())))?;
+        file.flush().map_err(io)
+    }
+}
