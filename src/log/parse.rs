@@ -246,7 +246,7 @@ At main.py line 12: <module>                          Total Tensor Used Memory:7
 \n\
 - | 2 * Size:(40, 3, 512, 512)    | Memory: 240.0 M | <class 'torch.Tensor'> | torch.float32 \n\
 \n\
-At /home/u/my project/train.py line 37: train_step                Total Tensor Used Memory:63.0   Mb Total Allocated Memory:63.0   Mb\n\
+At /data/u/my project/train.py line 37: train_step                Total Tensor Used Memory:63.0   Mb Total Allocated Memory:63.0   Mb\n\
 \n";
 
     #[test]
@@ -271,7 +271,7 @@ At /home/u/my project/train.py line 37: train_step                Total Tensor U
         let b2 = &log.blocks[2];
         assert_eq!(b2.changes[0].sign, Sign::Minus);
         assert_eq!(b2.changes[0].dtype, "torch.float32");
-        assert_eq!(b2.at.location.file, "/home/u/my project/train.py");
+        assert_eq!(b2.at.location.file, "/data/u/my project/train.py");
         assert_eq!(b2.at.location.function, "train_step");
         assert_eq!(b2.at.field(ALLOCATED), Some(63.0));
         assert_eq!(b2.at.field(TENSOR_USED), Some(63.0));
