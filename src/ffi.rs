@@ -311,6 +311,14 @@ pub(crate) fn history_active() -> bool {
     unsafe { sys::gmt_recorder_active() != 0 }
 }
 
+/// The recorder's current (phase, iteration), for progress display.
+pub(crate) fn recorder_progress() -> (i32, i32) {
+    let (mut phase, mut iteration) = (0, 0);
+    // SAFETY: two valid out-pointers; atomic reads.
+    unsafe { sys::gmt_recorder_progress(&mut phase, &mut iteration) };
+    (phase, iteration)
+}
+
 /// Tags the next recorded events with a track site.
 pub(crate) fn history_set_site(site: i32) {
     // SAFETY: stores an integer.

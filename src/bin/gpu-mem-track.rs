@@ -11,8 +11,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use gpu_mem_track::estimate::{
-    estimate_static, estimate_torchscript_traced, Estimate, EstimateDevice, EstimateOptions, Mode, Optimizer,
-    Precision, StaticEstimate,
+    estimate_progress, estimate_static, estimate_torchscript_traced, Estimate, EstimateDevice,
+    EstimateOptions, Mode, Optimizer, Precision, StaticEstimate,
 };
 use gpu_mem_track::log::{parse_log_lenient, ParsedLog};
 use gpu_mem_track::nvml::NvmlReader;
@@ -247,15 +247,36 @@ fn print_static(s: &StaticEstimate, model: &Path) {
     );
 }
 
-/// Runs `f` with a spinner on stderr when it is a terminal.
-fn with_spinner<T>(message: String, f: impl FnOnce() -> T) -> T {
+/// Runs an estimate with a progress bar of its phases on stderr when it is a terminal.
+fn with_progress<T: Send>(message: String, mode: Mode, f: impl FnOnce() -> T + Send) -> T {
     if !std::io::stderr().is_terminal() {
         return f();
     }
-    let bar = indicatif::ProgressBar::new_spinner();
-    bar.set_message(message);
+    let (_, total, _) = estimate_progress(mode);
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} {prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar.set_prefix(message);
     bar.enable_steady_tick(Duration::from_millis(100));
-    let out = f();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let out = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let (pos, _, what) = estimate_progress(mode);
+                bar.set_position(pos);
+                bar.set_message(what);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let out = f();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        out
+    });
     bar.finish_and_clear();
     out
 }
@@ -336,13 +357,15 @@ fn run(cli: Cli) -> Result<()> {
                 return Ok(());
             }
             let label = format!("estimating {} on {run_on}", model.display());
-            let mut result = with_spinner(label, || estimate_torchscript_traced(&model, &options));
+            let mut result =
+                with_progress(label, options.mode, || estimate_torchscript_traced(&model, &options));
             if let (Err(Error::MissingMetaKernel { op }), true) = (&result, allow_cpu) {
                 eprintln!("warning: {op} has no meta kernel; estimating on the CPU instead");
                 options.device = EstimateDevice::Cpu;
-                result = with_spinner(format!("estimating {} on the CPU", model.display()), || {
-                    estimate_torchscript_traced(&model, &options)
-                });
+                result =
+                    with_progress(format!("estimating {} on the CPU", model.display()), options.mode, || {
+                        estimate_torchscript_traced(&model, &options)
+                    });
             }
             let (e, trace) = result?;
             if let Some(path) = &snapshot {
@@ -376,7 +399,7 @@ fn run(cli: Cli) -> Result<()> {
                 mode: if mode == "train" { Mode::Train(optimizer) } else { Mode::Inference },
                 device: EstimateDevice::Meta,
             };
-            let (e, trace) = with_spinner(format!("estimating {}", model.display()), || {
+            let (e, trace) = with_progress(format!("estimating {}", model.display()), options.mode, || {
                 estimate_torchscript_traced(&model, &options)
             })?;
             let is_json = output.extension().is_some_and(|x| x.eq_ignore_ascii_case("json"));

@@ -180,6 +180,23 @@ impl fmt::Display for Phase {
     }
 }
 
+/// How far a running estimate is: (steps done, total steps, what runs now). Steps are load,
+/// input, then forward (, backward and optimizer step) per iteration. Meant to be polled from
+/// another thread while [`estimate_torchscript`] runs.
+pub fn estimate_progress(mode: Mode) -> (u64, u64, String) {
+    let (phase, iteration) = ffi::recorder_progress();
+    let phase = Phase::from_code(phase.clamp(0, 255) as u8);
+    let per_iteration = if matches!(mode, Mode::Inference) { 1 } else { 3 };
+    let total = 2 + per_iteration * if matches!(mode, Mode::Inference) { 1 } else { 2 };
+    let done = match phase {
+        Phase::Load => 0,
+        Phase::Input => 1,
+        p => 2 + per_iteration * (iteration.max(1) as u64 - 1) + (p as u64 - Phase::Forward as u64),
+    };
+    let what = if iteration > 0 { format!("{phase} (iteration {iteration})") } else { phase.to_string() };
+    (done.min(total), total, what)
+}
+
 /// Where the highest live byte count was reached.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PeakPlace {

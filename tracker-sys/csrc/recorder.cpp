@@ -233,6 +233,11 @@ gmt_error gmt_recorder_start(int32_t device_kind) { return gmt_recorder_start_hi
 
 int gmt_recorder_active(void) { return recorder().active.load() ? 1 : 0; }
 
+void gmt_recorder_progress(int32_t* phase, int32_t* iteration) {
+  if (phase) *phase = recorder().phase.load(std::memory_order_relaxed);
+  if (iteration) *iteration = recorder().iteration.load(std::memory_order_relaxed);
+}
+
 void gmt_recorder_set_site(int32_t site) { recorder().site.store(site, std::memory_order_relaxed); }
 
 size_t gmt_recorder_copy(gmt_alloc_event* out, uint64_t* stacks, size_t cap, uint64_t* dropped) {

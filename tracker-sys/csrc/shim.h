@@ -113,6 +113,7 @@ gmt_error gmt_recorder_start(int32_t device_kind);
 // `with_stacks`, the native return addresses of each event.
 gmt_error gmt_recorder_start_history(int32_t device_kind, size_t max_events, int with_stacks);
 int gmt_recorder_active(void);
+void gmt_recorder_progress(int32_t* phase, int32_t* iteration);  // current phase, for progress bars
 void gmt_recorder_set_site(int32_t site);
 // Copies the stored events in order (and, when `stacks` is not null, GMT_STACK_FRAMES addresses
 // per event); returns how many were copied. `dropped` (optional) gets the count overwritten.

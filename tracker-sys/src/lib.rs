@@ -182,6 +182,7 @@ extern "C" {
     pub fn gmt_recorder_len() -> usize;
     pub fn gmt_recorder_start_history(device_kind: i32, max_events: usize, with_stacks: c_int) -> gmt_error;
     pub fn gmt_recorder_active() -> c_int;
+    pub fn gmt_recorder_progress(phase: *mut i32, iteration: *mut i32);
     pub fn gmt_recorder_set_site(site: i32);
     pub fn gmt_recorder_copy(
         out: *mut gmt_alloc_event,
