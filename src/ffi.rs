@@ -268,7 +268,7 @@ pub(crate) fn copy_recording(with_stacks: bool) -> Recording {
         stacks.truncate(got * if with_stacks { sys::GMT_STACK_FRAMES } else { 0 });
         (events, stacks, dropped)
     };
-    let max_op = events.iter().map(|e| e.op).max().unwrap_or(-1);
+    let max_op = events.iter().map(|e| e.op.max(e.top_op)).max().unwrap_or(-1);
     let op_names = (0..=max_op)
         .map(|i| {
             // SAFETY: returns a pointer into the recorder's name table or a static literal.

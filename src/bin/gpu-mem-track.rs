@@ -14,6 +14,7 @@ use gpu_mem_track::estimate::{
     estimate_progress, estimate_static, estimate_torchscript_traced, Estimate, EstimateDevice,
     EstimateOptions, Mode, Optimizer, Precision, StaticEstimate,
 };
+use gpu_mem_track::estimate::profile::{predict, DeviceProfile, GpuPrediction};
 use gpu_mem_track::log::{parse_log_lenient, ParsedLog};
 use gpu_mem_track::nvml::NvmlReader;
 use gpu_mem_track::plot::{plot_log, plot_timeline};
@@ -72,8 +73,10 @@ enum Command {
         /// Optimizer for --mode train: sgd, momentum, adam or adamw.
         #[arg(long, default_value = "adam")]
         optimizer: Optimizer,
-        /// Show the CUDA caching-allocator prediction (`cuda`) or only tensor bytes (`none`).
-        #[arg(long, default_value = "cuda", value_parser = ["cuda", "none"])]
+        /// Show the CUDA caching-allocator prediction (`cuda`), a GPU's figures (a preset such as
+        /// `a100-80g`, `h100-80g`, `rtx4090`, `l4`, `t4`, or a profile `.json`), or only tensor
+        /// bytes (`none`).
+        #[arg(long, default_value = "cuda")]
         device_profile: String,
         /// Run on the CPU when an op has no meta kernel (slow: real compute).
         #[arg(long)]
@@ -230,6 +233,33 @@ fn print_estimate(e: &Estimate, model: &Path, cuda: bool) {
     }
 }
 
+fn print_gpu(g: &GpuPrediction) {
+    let range = |r: gpu_mem_track::estimate::profile::Range| {
+        if r.low == r.high {
+            mib(r.low)
+        } else {
+            format!("{} - {}", mib(r.low), mib(r.high))
+        }
+    };
+    let p = &g.profile;
+    println!(
+        "  on {} ({:.0} GiB, sm {}.{}; cuBLAS workspace {}; range = without / with the largest plausible cuDNN workspace):",
+        p.name,
+        p.memory_bytes as f64 / (1u64 << 30) as f64,
+        p.compute_capability.0,
+        p.compute_capability.1,
+        mib(g.cublas_workspace)
+    );
+    println!("    peak allocated   {}", range(g.peak_allocated));
+    println!("    peak reserved    {}", range(g.peak_reserved));
+    println!(
+        "    nvidia-smi       {}  (reserved + {} CUDA context and libraries, a per-GPU constant){}",
+        range(g.nvidia_smi),
+        mib(p.context_bytes),
+        if g.fits { "" } else { "  -> does NOT fit" }
+    );
+}
+
 fn print_static(s: &StaticEstimate, model: &Path) {
     println!(
         "{} (static, {} graph nodes, {:.3} s): activation peak {} at {}; parameters {}{}",
@@ -368,6 +398,21 @@ fn run(cli: Cli) -> Result<()> {
                     });
             }
             let (e, trace) = result?;
+            let gpu = match device_profile.as_str() {
+                "cuda" | "none" => None,
+                name => {
+                    let profile = DeviceProfile::find(name)?;
+                    let config = std::env::var("CUBLAS_WORKSPACE_CONFIG").ok();
+                    Some(predict(
+                        &profile,
+                        e.cuda.peak_allocated,
+                        e.cuda.peak_reserved,
+                        trace.uses_cublas(),
+                        trace.largest_convolution_allocation(),
+                        config.as_deref(),
+                    ))
+                }
+            };
             if let Some(path) = &snapshot {
                 trace.dump_snapshot(path)?;
             }
@@ -378,7 +423,10 @@ fn run(cli: Cli) -> Result<()> {
                     serde_json::to_string_pretty(if static_estimate.is_some() { &v } else { &v["meta"] })?
                 );
             } else {
-                print_estimate(&e, &model, device_profile == "cuda");
+                print_estimate(&e, &model, device_profile != "none");
+                if let Some(g) = &gpu {
+                    print_gpu(g);
+                }
                 if let Some(s) = &static_estimate {
                     print_static(s, &model);
                     let (a, b) = (e.activation_peak() as f64, s.activation_peak as f64);

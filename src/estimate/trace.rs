@@ -74,6 +74,8 @@ pub struct TraceEvent {
     pub iteration: u32,
     /// Innermost op.
     pub op: String,
+    /// Outermost op (the call the program made, e.g. `aten::conv2d`).
+    pub top_op: String,
     /// Category of the allocation.
     pub category: Category,
 }
@@ -121,6 +123,7 @@ impl Trace {
         for (i, e) in events.iter().enumerate() {
             let phase = Phase::from_code(e.phase);
             let op = names.get(e.op.max(0) as usize).cloned().unwrap_or_default();
+            let top_op = names.get(e.top_op.max(0) as usize).cloned().unwrap_or_default();
             if e.is_free != 0 {
                 let Some((size, category)) = sizes.remove(&e.id) else { continue };
                 out.push(TraceEvent {
@@ -130,6 +133,7 @@ impl Trace {
                     phase,
                     iteration: e.iteration.into(),
                     op,
+                    top_op,
                     category,
                 });
                 continue;
@@ -154,10 +158,28 @@ impl Trace {
                 phase,
                 iteration: e.iteration.into(),
                 op,
+                top_op,
                 category,
             });
         }
         Trace { events: out }
+    }
+
+    /// Whether the run called a cuBLAS-backed op (matrix products).
+    pub fn uses_cublas(&self) -> bool {
+        const CUBLAS_OPS: [&str; 7] = ["aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear", "aten::addmv"];
+        self.events.iter().any(|e| CUBLAS_OPS.iter().any(|op| e.op == *op || e.op.starts_with(&format!("{op}."))))
+    }
+
+    /// The largest allocation made inside a convolution (forward or backward): the bound this
+    /// crate uses for a cuDNN workspace, which only the GPU's heuristics decide.
+    pub fn largest_convolution_allocation(&self) -> u64 {
+        self.events
+            .iter()
+            .filter(|e| e.alloc && (e.top_op.contains("conv") || e.op.contains("convolution")))
+            .map(|e| e.size)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Live bytes by category after every event.

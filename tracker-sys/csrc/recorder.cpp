@@ -61,8 +61,7 @@ void on_op_end(const at::RecordFunction&, at::ObserverContext*) {
   if (!t_op_stack.empty()) t_op_stack.pop_back();
 }
 
-int32_t current_op(Recorder& r) {  // caller holds r.mu
-  const std::string name = t_op_stack.empty() ? "<no op>" : t_op_stack.back();
+int32_t op_id(Recorder& r, const std::string& name) {  // caller holds r.mu
   auto it = r.op_ids.find(name);
   if (it != r.op_ids.end()) return it->second;
   const auto id = static_cast<int32_t>(r.op_names.size());
@@ -70,6 +69,9 @@ int32_t current_op(Recorder& r) {  // caller holds r.mu
   r.op_ids.emplace(name, id);
   return id;
 }
+
+int32_t current_op(Recorder& r) { return op_id(r, t_op_stack.empty() ? "<no op>" : t_op_stack.back()); }
+int32_t top_op(Recorder& r) { return op_id(r, t_op_stack.empty() ? "<no op>" : t_op_stack.front()); }
 
 // Caller holds r.mu.
 void push(Recorder& r, gmt_alloc_event e) {
@@ -136,7 +138,7 @@ void record_alloc(int32_t device_kind, int64_t id, int64_t size) {
   r.live += size;
   r.peak = std::max(r.peak, r.live);
   push(r, gmt_alloc_event{id, size, 0, static_cast<uint8_t>(r.phase.load()), static_cast<uint8_t>(device_kind),
-                          static_cast<uint8_t>(r.iteration.load()), current_op(r), 0, -1, 0});
+                          static_cast<uint8_t>(r.iteration.load()), current_op(r), 0, -1, 0, top_op(r), 0});
 }
 
 void record_free(int32_t device_kind, int64_t id) {
@@ -144,7 +146,7 @@ void record_free(int32_t device_kind, int64_t id) {
   if (!recording(r, device_kind)) return;
   std::lock_guard<std::mutex> lock(r.mu);
   push(r, gmt_alloc_event{id, 0, 1, static_cast<uint8_t>(r.phase.load()), static_cast<uint8_t>(device_kind),
-                          static_cast<uint8_t>(r.iteration.load()), current_op(r), 0, -1, 0});
+                          static_cast<uint8_t>(r.iteration.load()), current_op(r), 0, -1, 0, top_op(r), 0});
 }
 
 const char* current_op_name() { return t_op_stack.empty() ? "<no op>" : t_op_stack.back(); }

@@ -100,6 +100,8 @@ typedef struct {
   int64_t time_ns;      // since the recording started
   int32_t site;         // track-site tag set by the caller (gmt_recorder_set_site), -1 = none
   int32_t nframes;      // native frames captured (stacks on)
+  int32_t top_op;       // outermost op at the time (the user-level call); name via gmt_recorder_op_name
+  int32_t pad_;
 } gmt_alloc_event;
 
 #define GMT_STACK_FRAMES 24

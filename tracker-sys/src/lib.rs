@@ -72,6 +72,8 @@ pub struct gmt_alloc_event {
     pub time_ns: i64,
     pub site: i32,
     pub nframes: i32,
+    pub top_op: i32,
+    pub pad_: i32,
 }
 
 /// Native return addresses kept per event when stacks are recorded.
