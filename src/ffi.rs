@@ -399,3 +399,87 @@ pub(crate) fn fixed_c_str(field: &[std::os::raw::c_char]) -> String {
     let bytes: Vec<u8> = field.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
+
+/// Moves a tch variable's data to the meta device or the CPU in place (same variable, new
+/// storage), converting floating dtypes to `scalar_type` (-1 keeps them).
+pub(crate) fn tensor_to_device_in_place(t: &tch::Tensor, device_kind: i32, scalar_type: i32) -> Result<()> {
+    // SAFETY: `as_ptr` is tch's live at::Tensor*; set_data mutates the TensorImpl behind it, which
+    // is what every handle on this variable shares (the intent: the VarStore sees the new data).
+    check("move to device", unsafe {
+        sys::gmt_tensor_to_device_in_place(t.as_ptr() as *mut c_void, device_kind, scalar_type)
+    })
+}
+
+/// Tags a tensor's allocation as a parameter in the current recording.
+pub(crate) fn tag_parameter_tensor(t: &tch::Tensor) -> Result<()> {
+    // SAFETY: a live at::Tensor* borrowed for the call.
+    check("tag parameter", unsafe { sys::gmt_tag_parameter_tensor(t.as_ptr() as *const c_void) })
+}
+
+/// A new tensor on the meta device or the CPU (random floats, zero integers).
+pub(crate) fn make_tensor(shape: &[i64], scalar_type: i32, device_kind: i32) -> Result<tch::Tensor> {
+    let mut out: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `shape` lives for the call; `out` receives a new at::Tensor* we take ownership of.
+    check("make tensor", unsafe {
+        sys::gmt_make_tensor(shape.as_ptr(), shape.len() as i32, scalar_type, device_kind, &mut out)
+    })?;
+    // SAFETY: the shim allocated a fresh at::Tensor with `new`; tch frees it with delete.
+    Ok(unsafe { tch::Tensor::from_ptr(out as *mut torch_sys::C_tensor) })
+}
+
+/// Optimizer state driven by the shim (the same foreach updates as TorchScript estimates).
+pub(crate) struct ShimOptimizer(NonNull<c_void>);
+
+impl ShimOptimizer {
+    pub(crate) fn new(kind: i32) -> Result<Self> {
+        // SAFETY: allocation; null on failure.
+        NonNull::new(unsafe { sys::gmt_optimizer_new(kind) })
+            .map(ShimOptimizer)
+            .ok_or(Error::Libtorch { call: "optimizer", message: "out of memory".into() })
+    }
+
+    pub(crate) fn step(&mut self, params: &[tch::Tensor]) -> Result<()> {
+        let ptrs: Vec<*const c_void> = params.iter().map(|t| t.as_ptr() as *const c_void).collect();
+        // SAFETY: `self.0` is a live optimizer we own; the tensor pointers are borrowed for the call.
+        check("optimizer step", unsafe {
+            sys::gmt_optimizer_step(self.0.as_ptr(), ptrs.as_ptr(), ptrs.len())
+        })
+    }
+
+    pub(crate) fn state_bytes(&self) -> u64 {
+        // SAFETY: reads the live optimizer's state sizes.
+        unsafe { sys::gmt_optimizer_state_bytes(self.0.as_ptr()) }.max(0) as u64
+    }
+}
+
+impl Drop for ShimOptimizer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by gmt_optimizer_new, freed once.
+        unsafe { sys::gmt_optimizer_free(self.0.as_ptr()) }
+    }
+}
+
+/// Drops the gradients of `params` (set_to_none), returning the bytes they held.
+pub(crate) fn grads_set_to_none(params: &[tch::Tensor]) -> Result<u64> {
+    let ptrs: Vec<*const c_void> = params.iter().map(|t| t.as_ptr() as *const c_void).collect();
+    let mut bytes = 0i64;
+    // SAFETY: tensor pointers borrowed for the call; `bytes` is a valid out-pointer.
+    check("zero_grad", unsafe { sys::gmt_grads_set_to_none(ptrs.as_ptr(), ptrs.len(), &mut bytes) })?;
+    Ok(bytes.max(0) as u64)
+}
+
+/// Starts the estimate recorder on a device kind (phase tags via `set_phase`).
+pub(crate) fn recorder_start(device_kind: i32) -> Result<()> {
+    // SAFETY: starts the recorder; fails cleanly if one runs.
+    check("record", unsafe { sys::gmt_recorder_start(device_kind) })
+}
+
+pub(crate) fn recorder_set_phase(phase: u8, iteration: i32) {
+    // SAFETY: stores two integers.
+    unsafe { sys::gmt_recorder_set_phase(phase as i32, iteration) }
+}
+
+pub(crate) fn meta_allocator_install() -> Result<()> {
+    // SAFETY: idempotent installation.
+    check("meta allocator", unsafe { sys::gmt_meta_allocator_install() })
+}

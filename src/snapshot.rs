@@ -12,6 +12,13 @@ use crate::ffi::{self, TensorRecord};
 pub struct DType(pub(crate) i32);
 
 impl DType {
+    /// The `c10::ScalarType` number.
+    pub fn scalar_type(self) -> i32 {
+        self.0
+    }
+}
+
+impl DType {
     /// The name Python prints: `torch.float32`, `torch.int64`, `torch.bfloat16`, ...
     pub fn torch_name(self) -> String {
         format!("torch.{}", python_dtype(ffi::scalar_type_name(self.0)))

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
+use gpu_mem_track::estimate::profile::{predict, DeviceProfile, GpuPrediction};
 use gpu_mem_track::estimate::{
     estimate_progress, estimate_static, estimate_torchscript_traced, Estimate, EstimateDevice,
-    EstimateOptions, Mode, Optimizer, Precision, StaticEstimate,
+    EstimateOptions, Mode, Optimizer, Precision, StaticEstimate, Trace,
 };
-use gpu_mem_track::estimate::profile::{predict, DeviceProfile, GpuPrediction};
 use gpu_mem_track::log::{parse_log_lenient, ParsedLog};
 use gpu_mem_track::nvml::NvmlReader;
 use gpu_mem_track::plot::{plot_log, plot_timeline};
@@ -233,6 +233,22 @@ fn print_estimate(e: &Estimate, model: &Path, cuda: bool) {
     }
 }
 
+/// What the peak is made of: categories of the live tensors, then what a GPU adds.
+fn print_peak_breakdown(e: &Estimate, trace: &Trace, gpu: Option<&GpuPrediction>) {
+    let Some(peak) = trace.peak() else { return };
+    let parts: Vec<String> =
+        peak.bytes.iter().filter(|(_, b)| *b > 0).map(|(c, b)| format!("{} {}", c.name(), mib(*b))).collect();
+    println!("  at the peak: {}", parts.join(", "));
+    let rounding = e.cuda.peak_allocated.saturating_sub(e.peak.bytes);
+    let cached = e.cuda.peak_reserved.saturating_sub(e.cuda.peak_allocated);
+    let workspace = gpu.map_or(String::new(), |g| format!("cuBLAS workspace {}, ", mib(g.cublas_workspace)));
+    println!(
+        "  on a GPU add: {workspace}allocator rounding {}, cached/fragmented segments {}",
+        mib(rounding),
+        mib(cached)
+    );
+}
+
 fn print_gpu(g: &GpuPrediction) {
     let range = |r: gpu_mem_track::estimate::profile::Range| {
         if r.low == r.high {
@@ -417,13 +433,17 @@ fn run(cli: Cli) -> Result<()> {
                 trace.dump_snapshot(path)?;
             }
             if json {
-                let v = serde_json::json!({ "meta": e, "static": static_estimate });
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(if static_estimate.is_some() { &v } else { &v["meta"] })?
-                );
+                let mut v = serde_json::to_value(&e)?;
+                if let Some(g) = &gpu {
+                    v["gpu"] = serde_json::to_value(g)?;
+                }
+                if let Some(s) = &static_estimate {
+                    v["static"] = serde_json::to_value(s)?;
+                }
+                println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 print_estimate(&e, &model, device_profile != "none");
+                print_peak_breakdown(&e, &trace, gpu.as_ref());
                 if let Some(g) = &gpu {
                     print_gpu(g);
                 }

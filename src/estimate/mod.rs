@@ -2,11 +2,13 @@
 //! tensor sizes, no data, no compute) with every allocation recorded, replayed through a model of
 //! the CUDA caching allocator to predict `memory_allocated` and `memory_reserved`.
 pub mod caching_allocator;
+mod native;
 pub mod profile;
 mod saved;
 mod size;
 mod trace;
 
+pub use native::{training_step, NativeStepOptions};
 pub use saved::{memory_for_backward, memory_for_backward_excluding, SavedByOp, SavedReport};
 pub use size::{optimizer_state_bytes, torchscript_size, varstore_size, Activations, ModelSize};
 pub use trace::{Category, TimelinePoint, Trace, TraceEvent};
@@ -308,8 +310,20 @@ pub fn estimate_torchscript_traced(path: &Path, options: &EstimateOptions) -> Re
         Error::Libtorch { message, .. } => classify_failure(path, message),
         other => other,
     })?;
-    let timeline = Timeline::replay(&events, &names, options.device == EstimateDevice::Cpu);
-    let trace = Trace::classify(&events, &names, &ffi::recorded_parameter_ids());
+    Ok(finish_estimate(options, &sizes, &events, &names, &ffi::recorded_parameter_ids(), start))
+}
+
+/// Turns a recorded run into the estimate and its categorised trace.
+pub(crate) fn finish_estimate(
+    options: &EstimateOptions,
+    sizes: &ffi::EstimateSizes,
+    events: &[AllocEvent],
+    names: &[String],
+    parameter_ids: &[i64],
+    start: Instant,
+) -> (Estimate, Trace) {
+    let timeline = Timeline::replay(events, names, options.device == EstimateDevice::Cpu);
+    let trace = Trace::classify(events, names, parameter_ids);
     let estimate = Estimate {
         options: options.clone(),
         param_count: sizes.param_count.max(0) as u64,
@@ -327,7 +341,7 @@ pub fn estimate_torchscript_traced(path: &Path, options: &EstimateOptions) -> Re
         allocations: events.iter().filter(|e| e.is_free == 0).count() as u64,
         seconds: start.elapsed().as_secs_f64(),
     };
-    Ok((estimate, trace))
+    (estimate, trace)
 }
 
 /// Turns a libtorch failure into the error a user can act on.

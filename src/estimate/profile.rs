@@ -75,7 +75,8 @@ impl DeviceProfile {
     /// on Hopper (sm 9.0) and `:4096:2:16:8` (8 MiB + 128 KiB) elsewhere. cuBLASLt shares it
     /// (the unified workspace is PyTorch's default).
     pub fn cublas_workspace_bytes(&self, workspace_config: Option<&str>) -> u64 {
-        let default = if self.compute_capability == (9, 0) { 4096 * 8 * 1024 } else { 4096 * 1024 * 2 + 16 * 1024 * 8 };
+        let default =
+            if self.compute_capability == (9, 0) { 4096 * 8 * 1024 } else { 4096 * 1024 * 2 + 16 * 1024 * 8 };
         let Some(config) = workspace_config else { return default };
         let mut total = 0u64;
         let mut found = false;
@@ -165,14 +166,23 @@ mod tests {
     use super::*;
 
     fn profile(cc: (u32, u32)) -> DeviceProfile {
-        DeviceProfile { name: "x".into(), memory_bytes: 16 * GIB, compute_capability: cc, context_bytes: 400 * MIB }
+        DeviceProfile {
+            name: "x".into(),
+            memory_bytes: 16 * GIB,
+            compute_capability: cc,
+            context_bytes: 400 * MIB,
+        }
     }
 
     #[test]
     fn cublas_workspace_follows_the_compute_capability() {
         assert_eq!(profile((9, 0)).cublas_workspace_bytes(None), 32 * MIB, "Hopper: 32 MiB");
         for cc in [(7, 0), (7, 5), (8, 0), (8, 6), (8, 9), (10, 0)] {
-            assert_eq!(profile(cc).cublas_workspace_bytes(None), 8 * MIB + 128 * 1024, "{cc:?}: :4096:2:16:8");
+            assert_eq!(
+                profile(cc).cublas_workspace_bytes(None),
+                8 * MIB + 128 * 1024,
+                "{cc:?}: :4096:2:16:8"
+            );
         }
     }
 
@@ -207,7 +217,11 @@ mod tests {
         assert_eq!(DeviceProfile::find("A100-80G").unwrap().compute_capability, (8, 0));
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("mine.json");
-        std::fs::write(&f, r#"{"name":"mine","memory_bytes":1000,"compute_capability":[9,0],"context_bytes":5}"#).unwrap();
+        std::fs::write(
+            &f,
+            r#"{"name":"mine","memory_bytes":1000,"compute_capability":[9,0],"context_bytes":5}"#,
+        )
+        .unwrap();
         assert_eq!(DeviceProfile::find(f.to_str().unwrap()).unwrap().memory_bytes, 1000);
         let e = DeviceProfile::find("gtx9000").unwrap_err().to_string();
         assert!(e.contains("gtx9000") && e.contains("a100-80g"), "{e}");

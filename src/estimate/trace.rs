@@ -167,8 +167,18 @@ impl Trace {
 
     /// Whether the run called a cuBLAS-backed op (matrix products).
     pub fn uses_cublas(&self) -> bool {
-        const CUBLAS_OPS: [&str; 7] = ["aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear", "aten::addmv"];
-        self.events.iter().any(|e| CUBLAS_OPS.iter().any(|op| e.op == *op || e.op.starts_with(&format!("{op}."))))
+        const CUBLAS_OPS: [&str; 7] = [
+            "aten::mm",
+            "aten::addmm",
+            "aten::bmm",
+            "aten::baddbmm",
+            "aten::matmul",
+            "aten::linear",
+            "aten::addmv",
+        ];
+        self.events
+            .iter()
+            .any(|e| CUBLAS_OPS.iter().any(|op| e.op == *op || e.op.starts_with(&format!("{op}."))))
     }
 
     /// The largest allocation made inside a convolution (forward or backward): the bound this

@@ -145,6 +145,17 @@ std::tuple<Tensor, Tensor, Tensor> native_layer_norm_backward_meta(const Tensor&
   return {mask[0] ? at::empty_like(x) : Tensor(), mask[1] ? like(w) : Tensor(), mask[2] ? like(b) : Tensor()};
 }
 
+// ---- adaptive pooling (the general case; output 1x1 is a mean and never gets here)
+Tensor adaptive_avg_pool2d_meta(const Tensor& x, c10::SymIntArrayRef out) {
+  auto sizes = x.sizes().vec();
+  TORCH_CHECK(out.size() == 2 && sizes.size() >= 2, "meta adaptive_avg_pool2d: bad output size");
+  sizes[sizes.size() - 2] = out[0].expect_int();
+  sizes[sizes.size() - 1] = out[1].expect_int();
+  return at::empty(sizes, x.options());
+}
+
+Tensor adaptive_avg_pool2d_backward_meta(const Tensor&, const Tensor& x) { return at::empty_like(x); }
+
 // ---- elementwise and indexing
 Tensor relu_meta(const Tensor& x) { return at::empty_like(x); }
 Tensor& relu__meta(Tensor& x) { return x; }
@@ -236,6 +247,8 @@ TORCH_LIBRARY_IMPL(aten, Meta, m) {
   m.impl("native_group_norm_backward", native_group_norm_backward_meta);
   m.impl("native_layer_norm", native_layer_norm_meta);
   m.impl("native_layer_norm_backward", native_layer_norm_backward_meta);
+  m.impl("_adaptive_avg_pool2d", adaptive_avg_pool2d_meta);
+  m.impl("_adaptive_avg_pool2d_backward", adaptive_avg_pool2d_backward_meta);
   m.impl("relu", relu_meta);
   m.impl("relu_", relu__meta);
   m.impl("index_select", index_select_meta);

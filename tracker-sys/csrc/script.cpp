@@ -369,3 +369,84 @@ extern "C" gmt_error gmt_estimate_static(const char* path, const int64_t* shape,
     *out = r;
   })
 }
+
+// ---- tch-native models: parameters moved to the meta device in place, inputs made on it, and
+// the optimizer state driven from Rust.
+namespace {
+at::Tensor& tensor_ref(void* t) {
+  if (!t) throw std::invalid_argument("null tensor pointer");
+  return *static_cast<at::Tensor*>(t);
+}
+}  // namespace
+
+extern "C" {
+
+gmt_error gmt_tensor_to_device_in_place(void* tensor, int32_t device_kind, int32_t dtype) {
+  GMT_TRY({
+    at::Tensor& t = tensor_ref(tensor);
+    const bool meta = device_kind == GMT_DEV_META;
+    if (meta) (void)gmt::meta_kernels_linked();
+    const c10::Device device(meta ? c10::DeviceType::Meta : c10::DeviceType::CPU);
+    at::NoGradGuard no_grad;
+    const auto target = dtype >= 0 && t.is_floating_point() ? static_cast<c10::ScalarType>(dtype) : t.scalar_type();
+    // set_data keeps the variable (and every handle tch holds on it) and swaps its storage; the
+    // meta kernel of _has_compatible_shallow_copy_type lets a CPU variable take meta data.
+    t.set_data(t.to(device, target));
+  })
+}
+
+gmt_error gmt_tag_parameter_tensor(const void* tensor) {
+  GMT_TRY({
+    const auto& t = *static_cast<const at::Tensor*>(tensor);
+    if (t.defined() && t.has_storage()) gmt::tag_parameter(gmt::allocation_id(t.storage().unsafeGetStorageImpl()));
+  })
+}
+
+gmt_error gmt_make_tensor(const int64_t* shape, int32_t ndim, int32_t dtype, int32_t device_kind, void** out) {
+  GMT_TRY({
+    const c10::Device device(device_kind == GMT_DEV_META ? c10::DeviceType::Meta : c10::DeviceType::CPU);
+    const auto type = static_cast<c10::ScalarType>(dtype);
+    const std::vector<int64_t> sizes(shape, shape + ndim);
+    auto opts = at::TensorOptions().device(device).dtype(type);
+    at::Tensor t = c10::isFloatingType(type) ? at::rand(sizes, opts) : at::zeros(sizes, opts);
+    *out = new at::Tensor(std::move(t));  // owned by tch::Tensor::from_ptr on the Rust side
+  })
+}
+
+void* gmt_optimizer_new(int32_t kind) {
+  auto* o = new (std::nothrow) OptimizerState();
+  if (o) o->kind = kind;
+  return o;
+}
+
+gmt_error gmt_optimizer_step(void* optimizer, const void* const* params, size_t n) {
+  GMT_TRY({
+    if (!optimizer) throw std::invalid_argument("null optimizer");
+    std::vector<at::Tensor> ps;
+    for (size_t i = 0; i < n; ++i) ps.push_back(*static_cast<const at::Tensor*>(params[i]));
+    static_cast<OptimizerState*>(optimizer)->update(ps);
+  })
+}
+
+int64_t gmt_optimizer_state_bytes(void* optimizer) {
+  return optimizer ? static_cast<OptimizerState*>(optimizer)->bytes() : 0;
+}
+
+void gmt_optimizer_free(void* optimizer) { delete static_cast<OptimizerState*>(optimizer); }
+
+gmt_error gmt_grads_set_to_none(const void* const* params, size_t n, int64_t* grad_bytes) {
+  GMT_TRY({
+    std::vector<at::Tensor> grads;
+    for (size_t i = 0; i < n; ++i) {
+      at::Tensor p = *static_cast<const at::Tensor*>(params[i]);
+      grads.push_back(p.grad());
+    }
+    if (grad_bytes) *grad_bytes = unique_storage_bytes(grads);
+    for (size_t i = 0; i < n; ++i) {
+      at::Tensor p = *static_cast<const at::Tensor*>(params[i]);
+      p.mutable_grad() = at::Tensor();
+    }
+  })
+}
+
+}  // extern "C"

@@ -168,6 +168,20 @@ typedef struct {
 gmt_error gmt_estimate_static(const char* path, const int64_t* shape, int32_t ndim, int32_t dtype, int32_t is_index,
                               gmt_static_result* out);
 
+// ---- tch-native models (script.cpp) ----
+// Moves a variable's data to the device (GMT_DEV_META/CPU) in place, converting floating dtypes
+// to `dtype` (-1: keep). `tensor` is an at::Tensor*.
+gmt_error gmt_tensor_to_device_in_place(void* tensor, int32_t device_kind, int32_t dtype);
+gmt_error gmt_tag_parameter_tensor(const void* tensor);
+// A new at::Tensor* (random floats or zero integers) that the caller owns.
+gmt_error gmt_make_tensor(const int64_t* shape, int32_t ndim, int32_t dtype, int32_t device_kind, void** out);
+void* gmt_optimizer_new(int32_t kind);
+gmt_error gmt_optimizer_step(void* optimizer, const void* const* params, size_t n);
+int64_t gmt_optimizer_state_bytes(void* optimizer);
+void gmt_optimizer_free(void* optimizer);
+// Reports the gradients' bytes, then drops them (zero_grad(set_to_none=True)).
+gmt_error gmt_grads_set_to_none(const void* const* params, size_t n, int64_t* grad_bytes);
+
 // ---- memory saved for backward (saved.cpp) ----
 // Starts capturing the tensors autograd saves on this thread; `excluded` are at::Tensor* whose
 // storages are left out (the inputs). Parameters (leaves requiring grad) are always left out.

@@ -208,6 +208,20 @@ extern "C" {
         is_index: i32,
         out: *mut gmt_static_result,
     ) -> gmt_error;
+    pub fn gmt_tensor_to_device_in_place(tensor: *mut c_void, device_kind: i32, dtype: i32) -> gmt_error;
+    pub fn gmt_tag_parameter_tensor(tensor: *const c_void) -> gmt_error;
+    pub fn gmt_make_tensor(
+        shape: *const i64,
+        ndim: i32,
+        dtype: i32,
+        device_kind: i32,
+        out: *mut *mut c_void,
+    ) -> gmt_error;
+    pub fn gmt_optimizer_new(kind: i32) -> *mut c_void;
+    pub fn gmt_optimizer_step(optimizer: *mut c_void, params: *const *const c_void, n: usize) -> gmt_error;
+    pub fn gmt_optimizer_state_bytes(optimizer: *mut c_void) -> i64;
+    pub fn gmt_optimizer_free(optimizer: *mut c_void);
+    pub fn gmt_grads_set_to_none(params: *const *const c_void, n: usize, grad_bytes: *mut i64) -> gmt_error;
     pub fn gmt_saved_capture_begin(excluded: *const *const c_void, n_excluded: usize) -> gmt_error;
     pub fn gmt_saved_capture_end();
     pub fn gmt_saved_entries(bytes: *mut i64, ops: *mut *const c_char, cap: usize) -> usize;

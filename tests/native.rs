@@ -1,0 +1,61 @@
+//! tch-native models estimated on the meta device equal a CPU run of the same step.
+use gpu_mem_track::estimate::{training_step, EstimateDevice, NativeStepOptions, Optimizer, Precision};
+use tch::nn::{self, Module, ModuleT};
+use tch::{Kind, Tensor};
+
+fn cnn(p: &nn::Path) -> nn::SequentialT {
+    let padded = || nn::ConvConfig { padding: 1, ..Default::default() };
+    nn::seq_t()
+        .add(nn::conv2d(p / "c1", 1, 16, 3, padded()))
+        .add(nn::batch_norm2d(p / "bn", 16, Default::default()))
+        .add_fn(|x| x.relu().max_pool2d_default(2))
+        .add(nn::conv2d(p / "c2", 16, 32, 3, padded()))
+        .add_fn(|x| x.relu().max_pool2d_default(2).flatten(1, -1))
+        .add(nn::linear(p / "fc", 32 * 7 * 7, 10, Default::default()))
+}
+
+fn within(meta: u64, cpu: u64, what: &str) {
+    let diff = (meta as f64 - cpu as f64).abs() / cpu as f64 * 100.0;
+    println!("  {what:<20} meta {meta:>12} cpu {cpu:>12} diff {diff:.3} %");
+    assert!(diff <= 2.0, "{what}: meta {meta} vs cpu {cpu}: {diff:.2} %");
+}
+
+#[test]
+fn native_cnn_step_on_meta_matches_the_cpu() {
+    let step = |m: &nn::SequentialT, x: &Tensor, y: &Tensor| m.forward_t(x, true).cross_entropy_for_logits(y);
+    let options = |device| NativeStepOptions {
+        input_shape: vec![32, 1, 28, 28],
+        input_is_index: false,
+        target_shape: vec![32],
+        precision: Precision::F32,
+        optimizer: Optimizer::Adam,
+        device,
+    };
+    let (meta, trace) = training_step(cnn, step, &options(EstimateDevice::Meta)).unwrap();
+    let (cpu, _) = training_step(cnn, step, &options(EstimateDevice::Cpu)).unwrap();
+    assert_eq!(meta.param_count, (16 * 9 + 16) + 32 + (32 * 16 * 9 + 32) + (32 * 49 * 10 + 10));
+    assert_eq!(meta.param_bytes, cpu.param_bytes);
+    assert_eq!(meta.optimizer_state_bytes, 2 * meta.param_bytes);
+    within(meta.live_after_forward, cpu.live_after_forward, "live after forward");
+    within(meta.forward_peak, cpu.forward_peak, "forward peak");
+    within(meta.peak.bytes, cpu.peak.bytes, "training step peak");
+    assert!(trace.uses_cublas(), "the linear layer is a matmul");
+    assert!(trace.largest_convolution_allocation() > 0);
+}
+
+#[test]
+fn a_failing_step_is_an_error_naming_the_problem() {
+    let options = NativeStepOptions {
+        input_shape: vec![4, 7],
+        input_is_index: false,
+        target_shape: vec![],
+        precision: Precision::F32,
+        optimizer: Optimizer::Sgd,
+        device: EstimateDevice::Meta,
+    };
+    let build = |p: &nn::Path| nn::linear(p / "l", 8, 2, Default::default());
+    let e = training_step(build, |m, x, _| m.forward(x).sum(Kind::Float), &options).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.starts_with("the step failed"), "{msg}");
+    assert_eq!(msg.lines().count(), 1);
+}
