@@ -483,3 +483,30 @@ pub(crate) fn meta_allocator_install() -> Result<()> {
     // SAFETY: idempotent installation.
     check("meta allocator", unsafe { sys::gmt_meta_allocator_install() })
 }
+
+/// Asks the next recording to snapshot the live tensors after event number `event`.
+pub(crate) fn recorder_snapshot_at(event: i64) {
+    // SAFETY: stores an integer.
+    unsafe { sys::gmt_recorder_snapshot_at(event) }
+}
+
+/// The live tensors captured by `recorder_snapshot_at` (copied out).
+pub(crate) fn peak_snapshot_records() -> (Vec<TensorRecord>, Vec<i64>) {
+    // SAFETY: the peak snapshot is a static buffer written only during a recording (stopped now);
+    // we copy it.
+    unsafe {
+        let s = sys::gmt_peak_snapshot();
+        let n = sys::gmt_snapshot_len(s);
+        let recs = sys::gmt_snapshot_records(s);
+        let mut dims_len = 0usize;
+        let dims = sys::gmt_snapshot_dims(s, &mut dims_len);
+        let recs =
+            if n == 0 || recs.is_null() { Vec::new() } else { std::slice::from_raw_parts(recs, n).to_vec() };
+        let dims = if dims_len == 0 || dims.is_null() {
+            Vec::new()
+        } else {
+            std::slice::from_raw_parts(dims, dims_len).to_vec()
+        };
+        (recs, dims)
+    }
+}

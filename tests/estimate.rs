@@ -148,3 +148,22 @@ fn model_size_of_a_varstore_and_of_a_torchscript_model() {
     // output dies after relu; the output [64, 10] is alive.
     assert_eq!(a.with_backward, 64 * 512 * 4 + 64 * 10 * 4);
 }
+
+#[test]
+fn live_tensors_at_the_peak_are_grouped_like_the_log() {
+    use gpu_mem_track::estimate::peak_tensors;
+    use gpu_mem_track::TensorClass;
+    let dir = tempfile::tempdir().unwrap();
+    let Some(models) = export(dir.path(), &["cnn"]) else { return };
+    let e = run(&models[0], &[32, 3, 64, 64], false, Mode::Train(Optimizer::Adam), EstimateDevice::Meta);
+    let groups = peak_tensors(&models[0], &e).unwrap();
+    let bytes = |g: &gpu_mem_track::log::GroupLine| (g.memory_mib * 1048576.0).round() as u64;
+    let total: u64 = groups.iter().map(bytes).sum();
+    let params: u64 = groups.iter().filter(|g| g.class == TensorClass::Parameter).map(bytes).sum();
+    println!("peak {} B, grouped live tensors {} B in {} groups", e.peak.bytes, total, groups.len());
+    assert_eq!(params, e.param_bytes, "every parameter is named and counted once");
+    // Storages autograd keeps through its own tensor handles (saved outputs) have no op-returned
+    // tensor left: they are in the peak but not in the groups, and the CLI says how much.
+    assert!(total <= e.peak.bytes, "{total} vs {}", e.peak.bytes);
+    assert!(groups.windows(2).all(|w| bytes(&w[0]) >= bytes(&w[1])), "largest first");
+}

@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use gpu_mem_track::estimate::profile::{predict, DeviceProfile, GpuPrediction};
 use gpu_mem_track::estimate::{
-    estimate_progress, estimate_static, estimate_torchscript_traced, Estimate, EstimateDevice,
+    estimate_progress, estimate_static, estimate_torchscript_traced, peak_tensors, Estimate, EstimateDevice,
     EstimateOptions, Mode, Optimizer, Precision, StaticEstimate, Trace,
 };
 use gpu_mem_track::log::{parse_log_lenient, ParsedLog};
@@ -444,6 +444,23 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 print_estimate(&e, &model, device_profile != "none");
                 print_peak_breakdown(&e, &trace, gpu.as_ref());
+                if e.options.device == EstimateDevice::Meta {
+                    let groups = peak_tensors(&model, &e)?;
+                    println!(
+                        "  live tensors at the peak, grouped as in the log ({} groups, largest 12):",
+                        groups.len()
+                    );
+                    for g in groups.iter().take(12) {
+                        print!("    {}", gpu_mem_track::log::format::group_line(g));
+                    }
+                    let seen: f64 = groups.iter().map(|g| g.memory_mib).sum();
+                    let unseen = e.peak.bytes as f64 / 1048576.0 - seen;
+                    if unseen > 0.05 {
+                        println!(
+                            "    (+ {unseen:.1} MiB in storages no op-returned tensor holds any more: outputs autograd saved through its own handles)"
+                        );
+                    }
+                }
                 if let Some(g) = &gpu {
                     print_gpu(g);
                 }

@@ -211,6 +211,8 @@ pub struct PeakPlace {
     pub iteration: u32,
     /// The innermost op that made the allocation.
     pub op: String,
+    /// Number of the allocation event (in the recorded sequence).
+    pub event: u64,
 }
 
 /// Peak of one phase of one iteration.
@@ -383,12 +385,12 @@ impl Timeline {
         let mut blocks: HashMap<i64, BlockId> = HashMap::new();
         let mut cuda = CachingAllocatorModel::new();
         let mut live = 0u64;
-        let mut peak = PeakPlace { bytes: 0, phase: Phase::Load, iteration: 0, op: String::new() };
+        let mut peak = PeakPlace { bytes: 0, phase: Phase::Load, iteration: 0, op: String::new(), event: 0 };
         let mut phases: Vec<PhasePeak> = Vec::new();
         let mut live_after_forward = None;
         let mut forward_peak = 0;
         let (mut cpu_only, mut cpu_only_live, mut cpu_only_peak) = (HashMap::new(), 0u64, 0u64);
-        for e in events {
+        for (index, e) in events.iter().enumerate() {
             let phase = Phase::from_code(e.phase);
             let iteration = u32::from(e.iteration);
             if live_after_forward.is_none() && iteration == u32::from(last_iter) && phase > Phase::Forward {
@@ -415,7 +417,13 @@ impl Timeline {
                     blocks.insert(e.id, b);
                 }
                 if live > peak.bytes {
-                    peak = PeakPlace { bytes: live, phase, iteration, op: op_name().to_owned() };
+                    peak = PeakPlace {
+                        bytes: live,
+                        phase,
+                        iteration,
+                        op: op_name().to_owned(),
+                        event: index as u64,
+                    };
                 }
             } else {
                 live -= sizes.remove(&e.id).unwrap_or(0);
@@ -498,4 +506,30 @@ pub fn estimate_static(path: &Path, options: &EstimateOptions) -> Result<StaticE
         peak_op: ffi::fixed_c_str(&r.peak_op),
         seconds: r.seconds,
     })
+}
+
+/// The live tensors at the peak of an estimate, grouped like the tracker's log (shape, dtype,
+/// class; bytes once per storage), largest first. Runs the estimate again, snapshotting the
+/// registry at the end of the op that reached the peak.
+///
+/// # Errors
+/// As [`estimate_torchscript`].
+pub fn peak_tensors(path: &Path, estimate: &Estimate) -> Result<Vec<crate::log::GroupLine>> {
+    ffi::recorder_snapshot_at(estimate.peak.event as i64);
+    estimate_torchscript_traced(path, &estimate.options)?;
+    let (records, dims) = ffi::peak_snapshot_records();
+    let snap = crate::snapshot::Snapshot::from_records(&records, &dims, true);
+    let mut groups: Vec<_> = snap.groups.into_iter().collect();
+    groups.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(b.1.count.cmp(&a.1.count)).then(a.0.cmp(&b.0)));
+    Ok(groups
+        .into_iter()
+        .map(|(key, totals)| crate::log::GroupLine {
+            sign: crate::diff::Sign::Plus,
+            count: totals.count,
+            shape: key.shape.to_vec(),
+            memory_mib: totals.bytes as f64 / crate::log::format::MIB,
+            class: key.class,
+            dtype: key.dtype.torch_name(),
+        })
+        .collect())
 }

@@ -34,6 +34,9 @@ struct Recorder {
   std::chrono::steady_clock::time_point start;
   std::atomic<int32_t> site{-1};
   std::vector<int64_t> parameter_ids;
+  // Event number after which the live tensors are snapshotted (at the end of the running op).
+  std::atomic<int64_t> snapshot_at{-1};
+  int64_t pushed = 0;
   std::vector<std::string> op_names;  // index = op id
   std::unordered_map<std::string, int32_t> op_ids;
   std::atomic<int32_t> device_kind{GMT_DEV_ANY};
@@ -52,6 +55,7 @@ Recorder& recorder() {
 }
 
 thread_local std::vector<const char*> t_op_stack;
+thread_local bool t_snapshot_pending = false;
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   t_op_stack.push_back(fn.name());
@@ -59,6 +63,11 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
 }
 void on_op_end(const at::RecordFunction&, at::ObserverContext*) {
   if (!t_op_stack.empty()) t_op_stack.pop_back();
+  if (t_snapshot_pending) {
+    // Outside the allocator and the recorder lock: the registry walk may free tensors.
+    t_snapshot_pending = false;
+    gmt::take_peak_snapshot(recorder().device_kind.load());
+  }
 }
 
 int32_t op_id(Recorder& r, const std::string& name) {  // caller holds r.mu
@@ -75,6 +84,7 @@ int32_t top_op(Recorder& r) { return op_id(r, t_op_stack.empty() ? "<no op>" : t
 
 // Caller holds r.mu.
 void push(Recorder& r, gmt_alloc_event e) {
+  if (r.pushed++ == r.snapshot_at.load(std::memory_order_relaxed)) t_snapshot_pending = true;
   e.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - r.start).count();
   e.site = r.site.load(std::memory_order_relaxed);
   Stack stack{};
@@ -220,6 +230,7 @@ gmt_error gmt_recorder_start_history(int32_t device_kind, size_t max_events, int
         if (r.with_stacks) r.stacks.reserve(max_events);
       }
       r.live = r.peak = 0;
+      r.pushed = 0;
       r.phase.store(0);
       r.iteration.store(0);
       r.site.store(-1);
@@ -241,6 +252,8 @@ void gmt_recorder_progress(int32_t* phase, int32_t* iteration) {
 }
 
 void gmt_recorder_set_site(int32_t site) { recorder().site.store(site, std::memory_order_relaxed); }
+
+void gmt_recorder_snapshot_at(int64_t event) { recorder().snapshot_at.store(event); }
 
 size_t gmt_recorder_copy(gmt_alloc_event* out, uint64_t* stacks, size_t cap, uint64_t* dropped) {
   Recorder& r = recorder();
@@ -265,6 +278,7 @@ gmt_error gmt_recorder_stop(void) {
       std::lock_guard<std::mutex> lock(r.mu);
       if (!r.active.load()) return nullptr;
       r.active.store(false);
+      r.snapshot_at.store(-1);
     }
     gmt::op_names_release();
   })

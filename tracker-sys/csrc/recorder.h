@@ -16,6 +16,8 @@ const char* current_op_name();
 int64_t allocation_id(const void* storage_impl);
 // Marks allocations as parameters for the current recording.
 void tag_parameter(int64_t id);
+// Snapshots the registry's live tensors of a device into the peak snapshot (registry.cpp).
+void take_peak_snapshot(int32_t device_kind);
 // Reference-counted switch of the op-name callback (RecordFunction start/end).
 void op_names_acquire();
 void op_names_release();

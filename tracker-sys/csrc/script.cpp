@@ -181,6 +181,9 @@ extern "C" gmt_error gmt_estimate_torchscript(const gmt_estimate_options* o, gmt
     std::vector<at::Tensor> params, buffers;
     for (const auto& p : module.parameters()) params.push_back(p);
     for (const auto& b : module.buffers()) buffers.push_back(b);
+    // Named in the registry, so the live tensors at the peak show them as parameters.
+    for (const auto& p : module.named_parameters(true)) gmt::register_tensor(p.value, p.name);
+    for (const auto& b : module.named_buffers(true)) gmt::register_tensor(b.value, b.name);
     for (const auto& p : params) {
       r.param_count += p.numel();
       if (p.has_storage()) gmt::tag_parameter(gmt::allocation_id(p.storage().unsafeGetStorageImpl()));

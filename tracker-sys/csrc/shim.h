@@ -117,6 +117,10 @@ gmt_error gmt_recorder_start_history(int32_t device_kind, size_t max_events, int
 int gmt_recorder_active(void);
 void gmt_recorder_progress(int32_t* phase, int32_t* iteration);  // current phase, for progress bars
 void gmt_recorder_set_site(int32_t site);
+// Before a recording: snapshot the live tensors at the end of the op during which event number
+// `event` (0-based) is recorded; read with gmt_peak_snapshot(). Reset when the recording stops.
+void gmt_recorder_snapshot_at(int64_t event);
+gmt_snapshot* gmt_peak_snapshot(void);
 // Copies the stored events in order (and, when `stacks` is not null, GMT_STACK_FRAMES addresses
 // per event); returns how many were copied. `dropped` (optional) gets the count overwritten.
 size_t gmt_recorder_copy(gmt_alloc_event* out, uint64_t* stacks, size_t cap, uint64_t* dropped);

@@ -186,6 +186,8 @@ extern "C" {
     pub fn gmt_recorder_active() -> c_int;
     pub fn gmt_recorder_progress(phase: *mut i32, iteration: *mut i32);
     pub fn gmt_recorder_set_site(site: i32);
+    pub fn gmt_recorder_snapshot_at(event: i64);
+    pub fn gmt_peak_snapshot() -> *mut gmt_snapshot;
     pub fn gmt_recorder_copy(
         out: *mut gmt_alloc_event,
         stacks: *mut u64,
