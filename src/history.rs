@@ -3,7 +3,6 @@
 //! in the structure of PyTorch's `torch.cuda.memory._snapshot()`, so PyTorch's
 //! `torch.cuda._memory_viz` tools and the memory_viz page read them.
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -11,7 +10,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ffi;
 use crate::site::Site;
 
@@ -172,45 +171,97 @@ pub(crate) fn read(with_stacks: bool) -> History {
     History { events, dropped: rec.dropped }
 }
 
-#[derive(Serialize)]
-struct TraceEntry<'a> {
-    action: &'static str,
-    addr: u64,
-    size: u64,
-    stream: i64,
-    time_us: i64,
-    frames: &'a [Frame],
-}
+/// The structure of PyTorch's `torch.cuda.memory._snapshot()`, as memory_viz reads it.
+pub(crate) mod pickle {
+    use std::io::Write;
+    use std::path::Path;
 
-#[derive(Serialize)]
-struct SnapBlock<'a> {
-    address: u64,
-    size: u64,
-    requested_size: u64,
-    state: &'static str,
-    frames: &'a [Frame],
-}
+    use serde::Serialize;
 
-#[derive(Serialize)]
-struct SnapSegment<'a> {
-    device: i64,
-    address: u64,
-    total_size: u64,
-    allocated_size: u64,
-    active_size: u64,
-    requested_size: u64,
-    stream: i64,
-    segment_type: &'static str,
-    segment_pool_id: (i64, i64),
-    is_expandable: bool,
-    frames: Vec<Frame>,
-    blocks: Vec<SnapBlock<'a>>,
-}
+    use super::Frame;
+    use crate::error::{Error, Result};
 
-#[derive(Serialize)]
-struct Snapshot<'a> {
-    segments: Vec<SnapSegment<'a>>,
-    device_traces: Vec<Vec<TraceEntry<'a>>>,
+    /// One `device_traces` entry.
+    #[derive(Serialize)]
+    pub(crate) struct TraceEntry<'a> {
+        pub action: &'static str,
+        pub addr: u64,
+        pub size: u64,
+        pub stream: i64,
+        pub time_us: i64,
+        pub frames: &'a [Frame],
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub category: Option<&'static str>,
+    }
+
+    /// One block of a segment.
+    #[derive(Serialize)]
+    pub(crate) struct Block<'a> {
+        pub address: u64,
+        pub size: u64,
+        pub requested_size: u64,
+        pub state: &'static str,
+        pub frames: &'a [Frame],
+    }
+
+    /// One segment (a `cudaMalloc`).
+    #[derive(Serialize)]
+    pub(crate) struct Segment<'a> {
+        pub device: i64,
+        pub address: u64,
+        pub total_size: u64,
+        pub allocated_size: u64,
+        pub active_size: u64,
+        pub requested_size: u64,
+        pub stream: i64,
+        pub segment_type: &'static str,
+        pub segment_pool_id: (i64, i64),
+        pub is_expandable: bool,
+        pub frames: Vec<Frame>,
+        pub blocks: Vec<Block<'a>>,
+    }
+
+    impl<'a> Segment<'a> {
+        /// A segment on device 0, stream 0.
+        pub(crate) fn new(
+            address: u64,
+            total_size: u64,
+            allocated: u64,
+            small: bool,
+            blocks: Vec<Block<'a>>,
+        ) -> Self {
+            Segment {
+                device: 0,
+                address,
+                total_size,
+                allocated_size: allocated,
+                active_size: allocated,
+                requested_size: allocated,
+                stream: 0,
+                segment_type: if small { "small" } else { "large" },
+                segment_pool_id: (0, 0),
+                is_expandable: false,
+                frames: Vec::new(),
+                blocks,
+            }
+        }
+    }
+
+    /// The whole snapshot.
+    #[derive(Serialize)]
+    pub(crate) struct Snapshot<'a> {
+        pub segments: Vec<Segment<'a>>,
+        pub device_traces: Vec<Vec<TraceEntry<'a>>>,
+    }
+
+    /// Writes a snapshot pickle.
+    pub(crate) fn write(path: &Path, snapshot: &Snapshot<'_>) -> Result<()> {
+        let io = |source| Error::LogWrite { path: path.to_owned(), source };
+        let mut file = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+        serde_pickle::to_writer(&mut file, snapshot, serde_pickle::SerOptions::new())
+            .map_err(|e| io(std::io::Error::other(e.to_string())))?;
+        file.flush().map_err(io)
+    }
 }
 
 impl History {
@@ -242,6 +293,7 @@ impl History {
     /// # Errors
     /// [`Error::LogWrite`] naming the file when it cannot be written.
     pub fn dump_snapshot(&self, path: &Path) -> Result<()> {
+        use pickle::{Block, Segment, Snapshot, TraceEntry};
         let mut trace = Vec::with_capacity(self.events.len() * 2);
         let mut live: Vec<Option<&HistoryEvent>> = Vec::new();
         let mut live_at: HashMap<u64, usize> = HashMap::new();
@@ -253,6 +305,7 @@ impl History {
                 stream: 0,
                 time_us: e.time_us,
                 frames: &e.frames,
+                category: None,
             };
             match e.action {
                 Action::Alloc => {
@@ -269,35 +322,21 @@ impl History {
                 }
             }
         }
+        // Host memory has no caching segments: each live allocation is its own segment.
         let segments = live
             .into_iter()
             .flatten()
-            .map(|e| SnapSegment {
-                device: 0,
-                address: e.addr,
-                total_size: e.size,
-                allocated_size: e.size,
-                active_size: e.size,
-                requested_size: e.size,
-                stream: 0,
-                segment_type: "large",
-                segment_pool_id: (0, 0),
-                is_expandable: false,
-                frames: Vec::new(),
-                blocks: vec![SnapBlock {
+            .map(|e| {
+                let block = Block {
                     address: e.addr,
                     size: e.size,
                     requested_size: e.size,
                     state: "active_allocated",
                     frames: &e.frames,
-                }],
+                };
+                Segment::new(e.addr, e.size, e.size, false, vec![block])
             })
             .collect();
-        let snapshot = Snapshot { segments, device_traces: vec![trace] };
-        let io = |source| Error::LogWrite { path: path.to_owned(), source };
-        let mut file = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
-        serde_pickle::to_writer(&mut file, &snapshot, serde_pickle::SerOptions::new())
-            .map_err(|e| io(std::io::Error::other(e.to_string())))?;
-        file.flush().map_err(io)
+        pickle::write(path, &Snapshot { segments, device_traces: vec![trace] })
     }
 }

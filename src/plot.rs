@@ -30,6 +30,29 @@ pub enum PlotError {
 }
 
 const FONT: &str = "sans-serif";
+const SIZE: (u32, u32) = (1400, 800);
+
+/// Draws with `$draw` (a function of the drawing area) on an SVG or PNG backend chosen by the
+/// output's extension, then writes the file.
+macro_rules! draw_to_file {
+    ($out:expr, $draw:expr) => {{
+        let out: &Path = $out;
+        let draw_err = |e: String| PlotError::Draw { path: out.display().to_string(), message: e };
+        match out.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+            Some("svg") => {
+                let root = SVGBackend::new(out, SIZE).into_drawing_area();
+                $draw(&root).map_err(draw_err)?;
+                root.present().map_err(|e| draw_err(e.to_string()))
+            }
+            Some("png") => {
+                let root = BitMapBackend::new(out, SIZE).into_drawing_area();
+                $draw(&root).map_err(draw_err)?;
+                root.present().map_err(|e| draw_err(e.to_string()))
+            }
+            _ => Err(PlotError::UnsupportedFormat(out.display().to_string())),
+        }
+    }};
+}
 static FONT_BYTES: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 
 fn ensure_font() {
@@ -81,22 +104,7 @@ pub fn plot_log(log: &ParsedLog, title: &str, out: &Path) -> Result<(), PlotErro
         return Err(PlotError::EmptyLog);
     }
     ensure_font();
-    let ext = out.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
-    let draw_err = |e: String| PlotError::Draw { path: out.display().to_string(), message: e };
-    let size = (1400, 800);
-    match ext.as_deref() {
-        Some("svg") => {
-            let root = SVGBackend::new(out, size).into_drawing_area();
-            draw(&root, log, title).map_err(draw_err)?;
-            root.present().map_err(|e| draw_err(e.to_string()))
-        }
-        Some("png") => {
-            let root = BitMapBackend::new(out, size).into_drawing_area();
-            draw(&root, log, title).map_err(draw_err)?;
-            root.present().map_err(|e| draw_err(e.to_string()))
-        }
-        _ => Err(PlotError::UnsupportedFormat(out.display().to_string())),
-    }
+    draw_to_file!(out, |root| draw(root, log, title))
 }
 
 fn short_place(file: &str, line: u32) -> String {
@@ -210,21 +218,7 @@ pub fn plot_timeline(trace: &crate::estimate::Trace, title: &str, out: &Path) ->
         return Err(PlotError::EmptyLog);
     }
     ensure_font();
-    let draw_err = |e: String| PlotError::Draw { path: out.display().to_string(), message: e };
-    let size = (1400, 800);
-    match out.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
-        Some("svg") => {
-            let root = SVGBackend::new(out, size).into_drawing_area();
-            draw_timeline(&root, &points, title).map_err(draw_err)?;
-            root.present().map_err(|e| draw_err(e.to_string()))
-        }
-        Some("png") => {
-            let root = BitMapBackend::new(out, size).into_drawing_area();
-            draw_timeline(&root, &points, title).map_err(draw_err)?;
-            root.present().map_err(|e| draw_err(e.to_string()))
-        }
-        _ => Err(PlotError::UnsupportedFormat(out.display().to_string())),
-    }
+    draw_to_file!(out, |root| draw_timeline(root, &points, title))
 }
 
 fn draw_timeline<DB: DrawingBackend>(

@@ -56,23 +56,11 @@ enum Command {
     },
     /// Estimate the memory of a TorchScript model without a GPU (runs it on the meta device).
     Estimate {
-        /// TorchScript model file (`torch.jit.script(model).save(...)`).
-        model: PathBuf,
-        /// Input shape, batch first: `16x3x224x224`.
-        #[arg(long, value_parser = parse_shape)]
-        input: Shape,
-        /// The input is integer token ids (int64), e.g. for language models.
-        #[arg(long)]
-        ids: bool,
-        /// Precision of parameters and input: f32, f16 or bf16.
-        #[arg(long, default_value = "f32")]
-        dtype: Precision,
+        #[command(flatten)]
+        model: ModelArgs,
         /// inference (no grad) or train (forward, backward, optimizer step; twice).
         #[arg(long, default_value = "inference", value_parser = ["inference", "train"])]
         mode: String,
-        /// Optimizer for --mode train: sgd, momentum, adam or adamw.
-        #[arg(long, default_value = "adam")]
-        optimizer: Optimizer,
         /// Show the CUDA caching-allocator prediction (`cuda`), a GPU's figures (a preset such as
         /// `a100-80g`, `h100-80g`, `rtx4090`, `l4`, `t4`, or a profile `.json`), or only tensor
         /// bytes (`none`).
@@ -98,23 +86,11 @@ enum Command {
     /// Memory over an estimated run by category (parameters, gradients, optimizer state, input,
     /// activations, temporaries): a stacked-area `.svg`/`.png`, or `.json`.
     Timeline {
-        /// TorchScript model file.
-        model: PathBuf,
-        /// Input shape, batch first: `16x3x224x224`.
-        #[arg(long, value_parser = parse_shape)]
-        input: Shape,
-        /// The input is integer token ids (int64).
-        #[arg(long)]
-        ids: bool,
-        /// Precision of parameters and input: f32, f16 or bf16.
-        #[arg(long, default_value = "f32")]
-        dtype: Precision,
+        #[command(flatten)]
+        model: ModelArgs,
         /// inference or train.
         #[arg(long, default_value = "train", value_parser = ["inference", "train"])]
         mode: String,
-        /// Optimizer for --mode train: sgd, momentum, adam or adamw.
-        #[arg(long, default_value = "adam")]
-        optimizer: Optimizer,
         /// Output: `.svg`, `.png` or `.json`.
         #[arg(short, long)]
         output: PathBuf,
@@ -168,6 +144,37 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("{s:?} is not a valid duration"));
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// The model and run shared by `estimate` and `timeline`.
+#[derive(clap::Args)]
+struct ModelArgs {
+    /// TorchScript model file (`torch.jit.script(model).save(...)`).
+    model: PathBuf,
+    /// Input shape, batch first: `16x3x224x224`.
+    #[arg(long, value_parser = parse_shape)]
+    input: Shape,
+    /// The input is integer token ids (int64), e.g. for language models.
+    #[arg(long)]
+    ids: bool,
+    /// Precision of parameters and input: f32, f16 or bf16.
+    #[arg(long, default_value = "f32")]
+    dtype: Precision,
+    /// Optimizer for --mode train: sgd, momentum, adam or adamw.
+    #[arg(long, default_value = "adam")]
+    optimizer: Optimizer,
+}
+
+impl ModelArgs {
+    fn options(&self, mode: &str, device: EstimateDevice) -> EstimateOptions {
+        EstimateOptions {
+            input_shape: self.input.0.clone(),
+            input_is_index: self.ids,
+            precision: self.dtype,
+            mode: if mode == "train" { Mode::Train(self.optimizer) } else { Mode::Inference },
+            device,
+        }
+    }
 }
 
 /// An input shape from the command line.
@@ -368,12 +375,8 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Estimate {
-            model,
-            input,
-            ids,
-            dtype,
+            model: args,
             mode,
-            optimizer,
             device_profile,
             allow_cpu,
             method,
@@ -381,13 +384,9 @@ fn run(cli: Cli) -> Result<()> {
             snapshot,
             json,
         } => {
-            let mut options = EstimateOptions {
-                input_shape: input.0,
-                input_is_index: ids,
-                precision: dtype,
-                mode: if mode == "train" { Mode::Train(optimizer) } else { Mode::Inference },
-                device: if run_on == "cpu" { EstimateDevice::Cpu } else { EstimateDevice::Meta },
-            };
+            let mut options =
+                args.options(&mode, if run_on == "cpu" { EstimateDevice::Cpu } else { EstimateDevice::Meta });
+            let model = args.model;
             if method != "meta" && matches!(options.mode, Mode::Train(_)) {
                 bail!("--method {method} estimates inference only; use --mode inference or --method meta");
             }
@@ -476,14 +475,9 @@ fn run(cli: Cli) -> Result<()> {
                 }
             }
         }
-        Command::Timeline { model, input, ids, dtype, mode, optimizer, output } => {
-            let options = EstimateOptions {
-                input_shape: input.0,
-                input_is_index: ids,
-                precision: dtype,
-                mode: if mode == "train" { Mode::Train(optimizer) } else { Mode::Inference },
-                device: EstimateDevice::Meta,
-            };
+        Command::Timeline { model: args, mode, output } => {
+            let options = args.options(&mode, EstimateDevice::Meta);
+            let model = args.model;
             let (e, trace) = with_progress(format!("estimating {}", model.display()), options.mode, || {
                 estimate_torchscript_traced(&model, &options)
             })?;

@@ -3,14 +3,13 @@
 //! PyTorch memory snapshot laid out by the CUDA caching allocator model, so memory_viz shows a
 //! GPU-like timeline of a run that never touched a GPU.
 use std::collections::{HashMap, HashSet};
-use std::io::Write;
 use std::path::Path;
 
 use serde::Serialize;
 
 use super::caching_allocator::{BlockId, CachingAllocatorModel};
 use super::Phase;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ffi::AllocEvent;
 
 /// What an allocation holds, judged from the phase that made it and how long it lived.
@@ -229,69 +228,32 @@ impl Trace {
     /// # Errors
     /// [`Error::LogWrite`] naming the file.
     pub fn dump_snapshot(&self, path: &Path) -> Result<()> {
-        #[derive(Serialize)]
-        struct Frame {
-            filename: String,
-            line: u32,
-            name: String,
-        }
-        #[derive(Serialize)]
-        struct Entry {
-            action: &'static str,
-            addr: u64,
-            size: u64,
-            stream: i64,
-            time_us: i64,
-            frames: Vec<Frame>,
-            category: &'static str,
-        }
-        #[derive(Serialize)]
-        struct Block {
-            address: u64,
-            size: u64,
-            requested_size: u64,
-            state: &'static str,
-            frames: Vec<Frame>,
-        }
-        #[derive(Serialize)]
-        struct Segment {
-            device: i64,
-            address: u64,
-            total_size: u64,
-            allocated_size: u64,
-            active_size: u64,
-            requested_size: u64,
-            stream: i64,
-            segment_type: &'static str,
-            segment_pool_id: (i64, i64),
-            is_expandable: bool,
-            frames: Vec<Frame>,
-            blocks: Vec<Block>,
-        }
-        #[derive(Serialize)]
-        struct Snapshot {
-            segments: Vec<Segment>,
-            device_traces: Vec<Vec<Entry>>,
-        }
+        use crate::history::pickle::{self, Block, Segment, Snapshot, TraceEntry};
+        use crate::history::Frame;
         let mut model = CachingAllocatorModel::new();
         let mut blocks: HashMap<i64, BlockId> = HashMap::new();
         let mut trace = Vec::new();
-        let frame = |e: &TraceEvent| {
-            vec![Frame {
-                filename: format!("{} (iteration {})", e.phase, e.iteration),
-                line: 0,
-                name: e.op.clone(),
-            }]
-        };
+        // One frame per event: the op, labelled with the phase.
+        let frames: Vec<Vec<Frame>> = self
+            .events
+            .iter()
+            .map(|e| {
+                vec![Frame {
+                    filename: format!("{} (iteration {})", e.phase, e.iteration),
+                    line: 0,
+                    name: e.op.clone(),
+                }]
+            })
+            .collect();
         for (t, e) in self.events.iter().enumerate() {
-            let entry = |action, addr, size| Entry {
+            let entry = |action, addr, size| TraceEntry {
                 action,
                 addr,
                 size,
                 stream: 0,
                 time_us: t as i64,
-                frames: frame(e),
-                category: e.category.name(),
+                frames: &frames[t],
+                category: Some(e.category.name()),
             };
             if e.alloc {
                 let before = model.segments();
@@ -314,40 +276,20 @@ impl Trace {
             .into_iter()
             .map(|s| {
                 let allocated: u64 = s.blocks.iter().filter(|b| b.2).map(|b| b.1).sum();
-                Segment {
-                    device: 0,
-                    address: s.address,
-                    total_size: s.size,
-                    allocated_size: allocated,
-                    active_size: allocated,
-                    requested_size: allocated,
-                    stream: 0,
-                    segment_type: if s.small { "small" } else { "large" },
-                    segment_pool_id: (0, 0),
-                    is_expandable: false,
-                    frames: Vec::new(),
-                    blocks: s
-                        .blocks
-                        .iter()
-                        .map(|&(address, size, allocated)| Block {
-                            address,
-                            size,
-                            requested_size: if allocated { size } else { 0 },
-                            state: if allocated { "active_allocated" } else { "inactive" },
-                            frames: Vec::new(),
-                        })
-                        .collect(),
-                }
+                let blocks = s
+                    .blocks
+                    .iter()
+                    .map(|&(address, size, allocated)| Block {
+                        address,
+                        size,
+                        requested_size: if allocated { size } else { 0 },
+                        state: if allocated { "active_allocated" } else { "inactive" },
+                        frames: &[],
+                    })
+                    .collect();
+                Segment::new(s.address, s.size, allocated, s.small, blocks)
             })
             .collect();
-        let io = |source| Error::LogWrite { path: path.to_owned(), source };
-        let mut file = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
-        serde_pickle::to_writer(
-            &mut file,
-            &Snapshot { segments, device_traces: vec![trace] },
-            serde_pickle::SerOptions::new(),
-        )
-        .map_err(|e| io(std::io::Error::other(e.to_string())))?;
-        file.flush().map_err(io)
+        pickle::write(path, &Snapshot { segments, device_traces: vec![trace] })
     }
 }
