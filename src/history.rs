@@ -291,7 +291,7 @@ impl History {
     /// allocation still live at the end (host memory has no caching segments).
     ///
     /// # Errors
-    /// [`Error::LogWrite`] naming the file when it cannot be written.
+    /// [`Error::LogWrite`](crate::Error::LogWrite) naming the file when it cannot be written.
     pub fn dump_snapshot(&self, path: &Path) -> Result<()> {
         use pickle::{Block, Segment, Snapshot, TraceEntry};
         let mut trace = Vec::with_capacity(self.events.len() * 2);

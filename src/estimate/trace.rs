@@ -226,7 +226,7 @@ impl Trace {
     /// Each entry carries its `category`.
     ///
     /// # Errors
-    /// [`Error::LogWrite`] naming the file.
+    /// [`Error::LogWrite`](crate::Error::LogWrite) naming the file.
     pub fn dump_snapshot(&self, path: &Path) -> Result<()> {
         use crate::history::pickle::{self, Block, Segment, Snapshot, TraceEntry};
         use crate::history::Frame;
