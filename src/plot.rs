@@ -2,6 +2,7 @@
 //! labels, a legend, axes in MiB and the peak marked.
 use std::path::Path;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
@@ -184,19 +185,41 @@ where
             format!("{} line {}: {}", loc.file, loc.line, loc.function)
         };
         let text = format!("peak {} {y:.1} MiB at {place}", s.name);
-        chart
-            .draw_series(std::iter::once(
-                EmptyElement::at((x, y)) + Circle::new((0, 0), 7, RED.stroke_width(3)),
-            ))
-            .map_err(e)?;
-        let x_frac = (x - x_min) / (x_max - x_min).max(1.0);
-        let anchor = if x_frac > 0.6 { -12 - 7 * text.len() as i32 } else { 12 };
-        chart
-            .draw_series(std::iter::once(
-                EmptyElement::at((x, y)) + Text::new(text, (anchor, -18), (FONT, 15).into_font().color(&RED)),
-            ))
-            .map_err(e)?;
+        mark_peak(&mut chart, (x, y), text, (x - x_min) / (x_max - x_min).max(1.0))?;
     }
+    draw_legend(&mut chart)
+}
+
+type Chart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// A red ring at the peak and its label, placed left of the point near the right edge.
+fn mark_peak<DB: DrawingBackend>(
+    chart: &mut Chart<'_, DB>,
+    at: (f64, f64),
+    text: String,
+    x_frac: f64,
+) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
+    chart
+        .draw_series(std::iter::once(EmptyElement::at(at) + Circle::new((0, 0), 7, RED.stroke_width(3))))
+        .map_err(e)?;
+    let anchor = if x_frac > 0.6 { -12 - 7 * text.len() as i32 } else { 12 };
+    chart
+        .draw_series(std::iter::once(
+            EmptyElement::at(at) + Text::new(text, (anchor, -18), (FONT, 15).into_font().color(&RED)),
+        ))
+        .map_err(e)?;
+    Ok(())
+}
+
+/// The legend box, top left.
+fn draw_legend<'a, DB: DrawingBackend + 'a>(chart: &mut Chart<'a, DB>) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.85))
@@ -204,8 +227,7 @@ where
         .label_font((FONT, 14))
         .position(SeriesLabelPosition::UpperLeft)
         .draw()
-        .map_err(e)?;
-    Ok(())
+        .map_err(|x| x.to_string())
 }
 
 /// Draws a stacked-area memory timeline of an estimate's trace, by category, to `.svg` or `.png`.
@@ -275,25 +297,7 @@ where
     {
         let (x, y) = (peak.event as f64, mib(peak.total));
         let text = format!("peak {y:.1} MiB ({}, iteration {})", peak.phase, peak.iteration);
-        chart
-            .draw_series(std::iter::once(
-                EmptyElement::at((x, y)) + Circle::new((0, 0), 7, RED.stroke_width(3)),
-            ))
-            .map_err(e)?;
-        let anchor = if x / n > 0.6 { -12 - 7 * text.len() as i32 } else { 12 };
-        chart
-            .draw_series(std::iter::once(
-                EmptyElement::at((x, y)) + Text::new(text, (anchor, -18), (FONT, 15).into_font().color(&RED)),
-            ))
-            .map_err(e)?;
+        mark_peak(&mut chart, (x, y), text, x / n)?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font((FONT, 14))
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()
-        .map_err(e)?;
-    Ok(())
+    draw_legend(&mut chart)
 }
