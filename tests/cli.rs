@@ -1,7 +1,11 @@
 //! The command line: exit codes (0 ok, 1 error, 2 usage), one-line errors naming the file or
 //! option, `report`, `plot` (a valid SVG and PNG) and `watch` without NVML.
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
+
+use common::export_model;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpu-mem-track");
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/pytorch_memory_utils.txt");
@@ -135,21 +139,10 @@ fn estimate_errors_are_one_line() {
     );
 }
 
-fn export(dir: &Path, name: &str) -> Option<std::path::PathBuf> {
-    let venv = std::env::var_os("VIRTUAL_ENV").map(|v| Path::new(&v).join("bin/python"));
-    let python = venv
-        .into_iter()
-        .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python")])
-        .find(|p| p.exists())?;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/export_models.py");
-    let ok = Command::new(python).arg(script).arg(dir).arg(name).output().ok()?.status.success();
-    ok.then(|| dir.join(format!("{name}.pt")))
-}
-
 #[test]
 fn estimate_names_an_op_without_meta_kernel_and_falls_back_to_cpu_when_allowed() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(model) = export(dir.path(), "nonzero") else {
+    let Some(model) = export_model(dir.path(), "nonzero") else {
         println!("skipped: no Python with torch to export the model");
         return;
     };
@@ -166,7 +159,7 @@ fn estimate_names_an_op_without_meta_kernel_and_falls_back_to_cpu_when_allowed()
 #[test]
 fn estimate_with_an_input_of_the_wrong_rank_names_the_shape() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(model) = export(dir.path(), "cnn") else {
+    let Some(model) = export_model(dir.path(), "cnn") else {
         println!("skipped: no Python with torch to export the model");
         return;
     };

@@ -1,7 +1,7 @@
 //! Memory history and snapshots PyTorch's memory_viz tools read.
 mod common;
 
-use common::{cpu_tracker, python_with_torch};
+use common::{cpu_tracker, export_model, python_with_torch};
 use gpu_mem_track::history::{Action, HistoryOptions};
 use gpu_mem_track::track;
 use tch::{Device, Kind, Tensor};
@@ -107,19 +107,11 @@ fn stacks_are_resolved_to_rust_functions() {
     drop(x);
 }
 
-fn export(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
-    let python = python_with_torch()?;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/export_models.py");
-    let ok =
-        std::process::Command::new(python).arg(script).arg(dir).arg(name).output().ok()?.status.success();
-    ok.then(|| dir.join(format!("{name}.pt")))
-}
-
 #[test]
 fn estimate_trace_categories_sum_to_the_peak_and_its_snapshot_loads_in_memory_viz() {
     use gpu_mem_track::estimate::{estimate_torchscript_traced, Category, EstimateOptions, Mode, Optimizer};
     let dir = tempfile::tempdir().unwrap();
-    let Some(model) = export(dir.path(), "cnn") else {
+    let Some(model) = export_model(dir.path(), "cnn") else {
         println!("skipped: no Python with torch to export the model");
         return;
     };

@@ -123,35 +123,27 @@ impl Trace {
             let phase = Phase::from_code(e.phase);
             let op = names.get(e.op.max(0) as usize).cloned().unwrap_or_default();
             let top_op = names.get(e.top_op.max(0) as usize).cloned().unwrap_or_default();
-            if e.is_free != 0 {
+            let (alloc, size, category) = if e.is_free != 0 {
                 let Some((size, category)) = sizes.remove(&e.id) else { continue };
-                out.push(TraceEvent {
-                    alloc: false,
-                    id: e.id,
-                    size,
-                    phase,
-                    iteration: e.iteration.into(),
-                    op,
-                    top_op,
-                    category,
-                });
-                continue;
-            }
-            let end = block_end[&(e.iteration, e.phase)];
-            let outlives_phase = freed_at.get(&i).is_none_or(|&f| f > end);
-            let category = match phase {
-                _ if params.contains(&e.id) => Category::Parameter,
-                Phase::Load => Category::Buffer,
-                Phase::Input => Category::Input,
-                _ if !outlives_phase => Category::Temporary,
-                Phase::Forward => Category::Activation,
-                Phase::Backward => Category::Gradient,
-                Phase::Optimizer => Category::OptimizerState,
+                (false, size, category)
+            } else {
+                let end = block_end[&(e.iteration, e.phase)];
+                let outlives_phase = freed_at.get(&i).is_none_or(|&f| f > end);
+                let category = match phase {
+                    _ if params.contains(&e.id) => Category::Parameter,
+                    Phase::Load => Category::Buffer,
+                    Phase::Input => Category::Input,
+                    _ if !outlives_phase => Category::Temporary,
+                    Phase::Forward => Category::Activation,
+                    Phase::Backward => Category::Gradient,
+                    Phase::Optimizer => Category::OptimizerState,
+                };
+                let size = e.size.max(0) as u64;
+                sizes.insert(e.id, (size, category));
+                (true, size, category)
             };
-            let size = e.size.max(0) as u64;
-            sizes.insert(e.id, (size, category));
             out.push(TraceEvent {
-                alloc: true,
+                alloc,
                 id: e.id,
                 size,
                 phase,

@@ -56,3 +56,13 @@ pub fn python_with_torch() -> Option<std::path::PathBuf> {
             .unwrap_or(false)
     })
 }
+
+/// Exports one model of `tests/fixtures/export_models.py` to `dir`; `None` without a Python with
+/// torch (or if the export fails).
+pub fn export_model(dir: &Path, name: &str) -> Option<std::path::PathBuf> {
+    let python = python_with_torch()?;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/export_models.py");
+    let ok =
+        std::process::Command::new(python).arg(script).arg(dir).arg(name).output().ok()?.status.success();
+    ok.then(|| dir.join(format!("{name}.pt")))
+}
