@@ -300,6 +300,43 @@ pub(crate) fn history_start(device_kind: i32, max_events: usize, with_stacks: bo
     })
 }
 
+/// Whether this build can hook the CUDA caching allocator (it had the CUDA headers).
+pub(crate) fn cuda_history_compiled() -> bool {
+    // SAFETY: returns a constant.
+    unsafe { sys::gmt_cuda_history_compiled() != 0 }
+}
+
+/// Reports the CUDA caching allocator's events of `device` to the recorder from now on.
+pub(crate) fn cuda_history_attach(device: usize) -> Result<()> {
+    let device = i32::try_from(device).unwrap_or(i32::MAX);
+    // SAFETY: validates the device and installs the hook once; errors come back as strings.
+    check("record CUDA history", unsafe { sys::gmt_cuda_history_attach(device) })
+}
+
+/// Stops reporting CUDA allocator events (the hook stays installed and filters them out).
+pub(crate) fn cuda_history_detach() {
+    // SAFETY: stores an integer.
+    unsafe { sys::gmt_cuda_history_detach() }
+}
+
+/// Tags the recorded allocation holding `t`'s storage with a `GMT_CAT_*` category.
+pub(crate) fn history_tag_tensor(t: &tch::Tensor, category: i32) {
+    // SAFETY: `t` is a live tensor; the shim reads its storage under the recorder lock.
+    unsafe { sys::gmt_recorder_tag_tensor(t.as_ptr() as *const c_void, category) }
+}
+
+/// Tags the storages of the explicitly registered tensors (parameters, their grads, buffers).
+pub(crate) fn history_tag_registered() {
+    // SAFETY: walks the registry under its lock; no arguments.
+    unsafe { sys::gmt_recorder_tag_registered() }
+}
+
+/// Tags tensors saved for backward as activations while a history records (or stops doing so).
+pub(crate) fn history_tag_saved(enabled: bool) -> Result<()> {
+    // SAFETY: installs the saved-variable engine once and flips a flag.
+    check("tag saved tensors", unsafe { sys::gmt_saved_history(enabled as i32) })
+}
+
 /// Stops the recorder (its contents stay readable).
 pub(crate) fn history_stop() -> Result<()> {
     // SAFETY: stops the recorder; a no-op when none runs.

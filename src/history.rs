@@ -11,6 +11,8 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use crate::error::Result;
+use crate::estimate::categorize;
+use crate::estimate::{Category, Phase, Trace, TraceEvent};
 use crate::ffi;
 use crate::site::Site;
 
@@ -41,6 +43,10 @@ pub enum Action {
     Alloc,
     /// Memory given back.
     Free,
+    /// The CUDA caching allocator reserved a segment (`cudaMalloc`).
+    SegmentAlloc,
+    /// The CUDA caching allocator released a segment (`cudaFree`, e.g. on `empty_cache`).
+    SegmentFree,
 }
 
 /// One recorded event.
@@ -58,6 +64,11 @@ pub struct HistoryEvent {
     pub site: Option<Arc<Site>>,
     /// Innermost op running.
     pub op: String,
+    /// The phase the program declared (see [`MemTracker::optimizer_step`](crate::MemTracker::optimizer_step)).
+    pub phase: Phase,
+    /// What the allocation holds (on a free: the freed allocation's); `None` for segments and
+    /// for frees of memory allocated before the recording.
+    pub category: Option<Category>,
     /// Call stack, innermost first; the track site comes last.
     pub frames: Vec<Frame>,
 }
@@ -72,6 +83,12 @@ pub struct History {
 }
 
 static SITES: Mutex<Vec<Arc<Site>>> = Mutex::new(Vec::new());
+
+/// Whether this build can record CUDA history: the shim was compiled with the CUDA runtime headers
+/// and linked to libc10_cuda. A GPU is still needed at run time.
+pub fn cuda_hooks_compiled() -> bool {
+    ffi::cuda_history_compiled()
+}
 
 /// Tags events recorded from now on with `site` (called by each track while history records).
 pub(crate) fn note_site(site: &Site) {
@@ -89,14 +106,21 @@ pub(crate) fn note_site(site: &Site) {
     ffi::history_set_site(id as i32);
 }
 
-/// Starts recording allocations on a device kind.
+/// Starts recording allocations on a device kind, outside any phase, tagging saved tensors.
 pub(crate) fn start(device_kind: i32, options: HistoryOptions) -> Result<()> {
     ffi::install()?;
-    ffi::history_start(device_kind, options.max_entries, options.with_stacks)
+    ffi::history_start(device_kind, options.max_entries, options.with_stacks)?;
+    ffi::recorder_set_phase(tracker_sys::GMT_PHASE_NONE, 0);
+    ffi::history_tag_saved(true)
 }
 
 /// Stops recording; what was recorded stays readable.
 pub(crate) fn stop() -> Result<()> {
+    if ffi::history_active() {
+        ffi::history_tag_registered();
+    }
+    ffi::history_tag_saved(false)?;
+    ffi::cuda_history_detach();
     ffi::history_stop()
 }
 
@@ -121,7 +145,10 @@ fn resolve_frame(ip: u64, cache: &mut FxHashMap<u64, Frame>) -> Frame {
 
 /// Reads the recorded history (while recording or after).
 pub(crate) fn read(with_stacks: bool) -> History {
+    // Parameters, buffers and the gradients live now get their tags before the copy.
+    ffi::history_tag_registered();
     let rec = ffi::copy_recording(with_stacks);
+    let categories = categorize(&rec.events, &[]);
     let sites = SITES.lock().clone();
     let mut sizes: HashMap<i64, u64> = HashMap::new();
     let mut cache = FxHashMap::default();
@@ -129,16 +156,19 @@ pub(crate) fn read(with_stacks: bool) -> History {
     let events = rec
         .events
         .iter()
+        .zip(categories)
         .enumerate()
-        .map(|(i, e)| {
-            let action = if e.is_free == 0 { Action::Alloc } else { Action::Free };
-            let size = match action {
-                Action::Alloc => {
-                    let s = e.size.max(0) as u64;
-                    sizes.insert(e.id, s);
-                    s
+        .map(|(i, (e, category))| {
+            let reported = e.size.max(0) as u64;
+            let (action, size) = match e.is_free {
+                tracker_sys::GMT_EVENT_ALLOC => {
+                    sizes.insert(e.id, reported);
+                    (Action::Alloc, reported)
                 }
-                Action::Free => sizes.remove(&e.id).unwrap_or(0),
+                // CPU frees carry no size; CUDA's do (also for blocks allocated before recording).
+                tracker_sys::GMT_EVENT_FREE => (Action::Free, sizes.remove(&e.id).unwrap_or(reported)),
+                tracker_sys::GMT_EVENT_SEGMENT_ALLOC => (Action::SegmentAlloc, reported),
+                _ => (Action::SegmentFree, reported),
             };
             let site = usize::try_from(e.site).ok().and_then(|s| sites.get(s).cloned());
             let mut frames: Vec<Frame> = if with_stacks && !rec.stacks.is_empty() {
@@ -164,6 +194,8 @@ pub(crate) fn read(with_stacks: bool) -> History {
                 time_us: e.time_ns / 1000,
                 site,
                 op: rec.op_names.get(e.op.max(0) as usize).cloned().unwrap_or_default(),
+                phase: Phase::from_code(e.phase),
+                category,
                 frames,
             }
         })
@@ -265,10 +297,10 @@ pub(crate) mod pickle {
 }
 
 impl History {
-    /// Allocations and frees in the history.
+    /// Allocations and frees in the history (segment events left out).
     pub fn counts(&self) -> (usize, usize) {
-        let allocs = self.events.iter().filter(|e| e.action == Action::Alloc).count();
-        (allocs, self.events.len() - allocs)
+        let count = |a| self.events.iter().filter(|e| e.action == a).count();
+        (count(Action::Alloc), count(Action::Free))
     }
 
     /// Highest bytes live at once among the recorded allocations.
@@ -281,14 +313,42 @@ impl History {
                     peak = peak.max(live);
                 }
                 Action::Free => live = live.saturating_sub(e.size),
+                Action::SegmentAlloc | Action::SegmentFree => {}
             }
         }
         peak
     }
 
+    /// The categorised allocations and frees, as an estimate's [`Trace`]: its
+    /// [`timeline`](Trace::timeline) and [`peak`](Trace::peak) give the bytes of each category
+    /// over time, and [`plot_timeline`](crate::plot::plot_timeline) draws them. Frees of memory
+    /// allocated before the recording are left out.
+    pub fn trace(&self) -> Trace {
+        let events = self
+            .events
+            .iter()
+            .filter(|e| matches!(e.action, Action::Alloc | Action::Free))
+            .filter_map(|e| {
+                Some(TraceEvent {
+                    alloc: e.action == Action::Alloc,
+                    id: e.addr as i64,
+                    size: e.size,
+                    phase: e.phase,
+                    iteration: 0,
+                    op: e.op.clone(),
+                    top_op: e.op.clone(),
+                    category: e.category?,
+                })
+            })
+            .collect();
+        Trace { events }
+    }
+
     /// Writes the history as a PyTorch memory snapshot pickle: `device_traces` with `alloc`,
-    /// `free_requested` and `free_completed` entries, and `segments` holding one block per
-    /// allocation still live at the end (host memory has no caching segments).
+    /// `free_requested` and `free_completed` entries (and, on CUDA, `segment_alloc` /
+    /// `segment_free`), each with its `category`, and `segments` holding the allocations still live
+    /// at the end: inside the CUDA segments reserved during the recording, or each its own segment
+    /// (host memory has no caching segments).
     ///
     /// # Errors
     /// [`Error::LogWrite`](crate::Error::LogWrite) naming the file when it cannot be written.
@@ -297,6 +357,7 @@ impl History {
         let mut trace = Vec::with_capacity(self.events.len() * 2);
         let mut live: Vec<Option<&HistoryEvent>> = Vec::new();
         let mut live_at: HashMap<u64, usize> = HashMap::new();
+        let mut segments_live: Vec<(u64, u64)> = Vec::new();
         for e in &self.events {
             let entry = |action| TraceEntry {
                 action,
@@ -305,7 +366,7 @@ impl History {
                 stream: 0,
                 time_us: e.time_us,
                 frames: &e.frames,
-                category: None,
+                category: e.category.map(Category::name),
             };
             match e.action {
                 Action::Alloc => {
@@ -320,23 +381,47 @@ impl History {
                     trace.push(entry("free_requested"));
                     trace.push(entry("free_completed"));
                 }
+                Action::SegmentAlloc => {
+                    segments_live.push((e.addr, e.size));
+                    trace.push(entry("segment_alloc"));
+                }
+                Action::SegmentFree => {
+                    segments_live.retain(|&(a, _)| a != e.addr);
+                    trace.push(entry("segment_free"));
+                }
             }
         }
-        // Host memory has no caching segments: each live allocation is its own segment.
-        let segments = live
-            .into_iter()
-            .flatten()
-            .map(|e| {
-                let block = Block {
-                    address: e.addr,
-                    size: e.size,
-                    requested_size: e.size,
-                    state: "active_allocated",
-                    frames: &e.frames,
-                };
-                Segment::new(e.addr, e.size, e.size, false, vec![block])
+        let block = |e: &'_ HistoryEvent| Block {
+            address: e.addr,
+            size: e.size,
+            requested_size: e.size,
+            state: "active_allocated",
+            frames: &[],
+        };
+        let live: Vec<&HistoryEvent> = live.into_iter().flatten().collect();
+        let mut placed = vec![false; live.len()];
+        segments_live.sort_unstable();
+        let mut segments: Vec<Segment<'_>> = segments_live
+            .iter()
+            .map(|&(address, size)| {
+                let mut blocks = Vec::new();
+                for (i, e) in live.iter().enumerate() {
+                    if !placed[i] && e.addr >= address && e.addr + e.size <= address + size {
+                        placed[i] = true;
+                        blocks.push(Block { frames: &e.frames, ..block(e) });
+                    }
+                }
+                blocks.sort_by_key(|b| b.address);
+                let allocated = blocks.iter().map(|b| b.size).sum();
+                // The CUDA caching allocator's small pool uses 2 MiB segments.
+                Segment::new(address, size, allocated, size <= 2 << 20, blocks)
             })
             .collect();
+        // Allocations in no recorded segment (host memory, or a segment reserved before the
+        // recording): each its own segment.
+        segments.extend(live.iter().zip(&placed).filter(|(_, &p)| !p).map(|(e, _)| {
+            Segment::new(e.addr, e.size, e.size, false, vec![Block { frames: &e.frames, ..block(e) }])
+        }));
         pickle::write(path, &Snapshot { segments, device_traces: vec![trace] })
     }
 }

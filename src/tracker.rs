@@ -1,7 +1,7 @@
 //! [`MemTracker`]: snapshot, diff, log line, per track point.
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -149,6 +149,7 @@ impl MemTrackerBuilder {
             warned: AtomicBool::new(false),
             sampler,
             history_stacks: Mutex::new(false),
+            optimizer_steps: AtomicI32::new(0),
             state: Mutex::new(State { raw, previous: FxHashMap::default(), writer, allocator, nvml }),
         })
     }
@@ -235,6 +236,7 @@ pub struct MemTracker {
     warned: AtomicBool,
     sampler: Option<Sampler>,
     history_stacks: Mutex<bool>,
+    optimizer_steps: AtomicI32,
     state: Mutex<State>,
 }
 
@@ -287,6 +289,9 @@ impl MemTracker {
     /// As [`track`](Self::track).
     pub fn track_at(&self, site: &Site) -> Result<TrackPoint> {
         crate::history::note_site(site);
+        if ffi::history_active() {
+            ffi::history_tag_registered();
+        }
         let mut guard = self.state.lock();
         let state = &mut *guard;
         let (kind, index) = self.device.shim_filter();
@@ -329,11 +334,19 @@ impl MemTracker {
     }
 
     /// Starts recording every allocation and free on the tracked device, keeping the last
-    /// `max_entries` (0: all), each tagged with the most recent track site.
+    /// `max_entries` (0: all), each tagged with the most recent track site. On the CPU the
+    /// wrapped allocator reports them; on CUDA the caching allocator's trace hooks do, with the
+    /// segments it reserves and releases.
+    ///
+    /// Each allocation gets a category: the storages of registered parameters and buffers (see
+    /// [`watch_varstore`](Self::watch_varstore)) and of the parameters' gradients, tensors autograd
+    /// saves for backward (activations), inputs marked with [`tag_input`](Self::tag_input), state
+    /// kept by [`optimizer_step`](Self::optimizer_step); the rest are temporaries when freed, else
+    /// unknown.
     ///
     /// # Errors
-    /// [`Error::UnsupportedDevice`] on CUDA (recording needs the CUDA allocator's trace hooks,
-    /// which this build cannot reach), or when a recording is already running.
+    /// [`Error::CudaUnavailable`] on CUDA when there is no GPU or this build has no CUDA headers;
+    /// [`Error::Libtorch`] when a recording is already running.
     pub fn record_history(&self, max_entries: usize) -> Result<()> {
         self.record_history_with(HistoryOptions { max_entries, with_stacks: false })
     }
@@ -345,15 +358,41 @@ impl MemTracker {
     pub fn record_history_with(&self, options: HistoryOptions) -> Result<()> {
         match self.device {
             TrackedDevice::Cpu => history::start(ffi::GMT_DEV_CPU, options)?,
-            TrackedDevice::Cuda(_) => {
-                return Err(Error::UnsupportedDevice(format!(
-                    "{} for history recording (CUDA allocator trace hooks are not reachable from this build)",
-                    self.device
-                )))
+            TrackedDevice::Cuda(i) => {
+                ffi::cuda_history_attach(i).map_err(|e| Error::CudaUnavailable {
+                    reason: format!("cannot record the memory history of {}: {e}", self.device),
+                })?;
+                if let Err(e) = history::start(ffi::GMT_DEV_CUDA, options) {
+                    ffi::cuda_history_detach();
+                    return Err(e);
+                }
             }
         }
+        ffi::history_tag_registered();
         *self.history_stacks.lock() = options.with_stacks;
         Ok(())
+    }
+
+    /// Marks `tensor` as the input batch in the recorded history (no-op when nothing records, or
+    /// when its memory was allocated before the recording started).
+    pub fn tag_input(&self, tensor: &tch::Tensor) {
+        ffi::history_tag_tensor(tensor, tracker_sys::GMT_CAT_INPUT);
+    }
+
+    /// Runs an optimizer step (`|| opt.step()`) as a phase of the recorded history: memory it
+    /// allocates and keeps is optimizer state, memory it frees again is temporary. Returns what
+    /// the closure returns; outside a recording it only runs it.
+    pub fn optimizer_step<R>(&self, step: impl FnOnce() -> R) -> R {
+        if !ffi::history_active() {
+            return step();
+        }
+        // Gradients live now are tagged before the step can drop them.
+        ffi::history_tag_registered();
+        let n = self.optimizer_steps.fetch_add(1, Ordering::Relaxed) + 1;
+        ffi::recorder_set_phase(tracker_sys::GMT_PHASE_OPTIMIZER, n);
+        let out = step();
+        ffi::recorder_set_phase(tracker_sys::GMT_PHASE_NONE, n);
+        out
     }
 
     /// Stops recording; the history stays readable.

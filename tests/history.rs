@@ -149,3 +149,102 @@ fn estimate_trace_categories_sum_to_the_peak_and_its_snapshot_loads_in_memory_vi
     assert_eq!(v["peak"], e.cuda.peak_allocated, "the snapshot replays the caching allocator model");
     assert_eq!(v["segment_allocs"], e.cuda.segment_allocs);
 }
+
+#[test]
+fn live_training_step_categories_sum_to_the_peak_with_exact_parameters_and_adam_state() {
+    use gpu_mem_track::estimate::Category;
+    use tch::nn::{self, Module, OptimizerConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let t = cpu_tracker(dir.path());
+    // Recording starts before the model exists, so its parameters are in the history.
+    t.record_history(0).unwrap();
+    let vs = nn::VarStore::new(Device::Cpu);
+    let net = nn::seq()
+        .add(nn::linear(vs.root() / "l1", 256, 512, Default::default()))
+        .add_fn(|x| x.relu())
+        .add(nn::linear(vs.root() / "l2", 512, 10, Default::default()));
+    t.watch_varstore(&vs).unwrap();
+    let param_bytes: u64 = vs.trainable_variables().iter().map(|p| p.numel() as u64 * 4).sum();
+    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    for _ in 0..2 {
+        let x = Tensor::randn([64, 256], (Kind::Float, Device::Cpu));
+        t.tag_input(&x);
+        let labels = Tensor::zeros([64], (Kind::Int64, Device::Cpu));
+        let loss = net.forward(&x).cross_entropy_for_logits(&labels);
+        opt.zero_grad();
+        loss.backward();
+        t.optimizer_step(|| opt.step());
+        track!(t);
+    }
+    t.stop_history().unwrap();
+    let history = t.history();
+    let trace = history.trace();
+    let peak = trace.peak().unwrap();
+    let at = |c: Category| peak.bytes.iter().find(|b| b.0 == c).unwrap().1;
+    println!("peak {} B: {:?}", peak.total, peak.bytes);
+    assert_eq!(peak.bytes.iter().map(|b| b.1).sum::<u64>(), peak.total, "categories sum to the peak");
+    assert_eq!(peak.total, history.peak_bytes(), "the trace's peak is the history's");
+    assert_eq!(at(Category::Parameter), param_bytes, "parameters are exactly the model's");
+    assert_eq!(at(Category::OptimizerState), 2 * param_bytes, "Adam keeps exp_avg and exp_avg_sq");
+    assert!(at(Category::Activation) > 0, "tensors saved for backward are activations");
+    // At the end: the last step's gradients (one per parameter) and nothing unexplained.
+    let end = trace.timeline().pop().unwrap();
+    let end_at = |c: Category| end.bytes.iter().find(|b| b.0 == c).unwrap().1;
+    assert_eq!(end_at(Category::Gradient), param_bytes, "{:?}", end.bytes);
+    assert_eq!(end_at(Category::Parameter), param_bytes);
+    let pickle = dir.path().join("live.pickle");
+    t.dump_snapshot(&pickle).unwrap();
+    let Some(python) = python_with_torch() else { return };
+    let script = dir.path().join("categories.py");
+    std::fs::write(
+        &script,
+        "import pickle, sys, collections\nd = pickle.load(open(sys.argv[1], 'rb'))\n\
+         c = collections.Counter(e.get('category') for e in d['device_traces'][0] if e['action'] == 'alloc')\n\
+         print(','.join(sorted(k for k in c if k)))\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(python).arg(&script).arg(&pickle).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let cats = String::from_utf8_lossy(&out.stdout);
+    for c in ["activation", "gradient", "input", "optimizer_state", "parameter", "temporary"] {
+        assert!(cats.contains(c), "{c} missing from the snapshot's categories: {cats}");
+    }
+}
+
+#[test]
+fn cuda_history_records_the_caching_allocator_or_says_why_not() {
+    use gpu_mem_track::{Error, MemTracker, TrackedDevice};
+    if !tch::Cuda::is_available() {
+        println!("skipped the GPU half: no CUDA device on this machine");
+        let dir = tempfile::tempdir().unwrap();
+        // Without a GPU the tracker cannot be built for CUDA, or recording refuses clearly.
+        match MemTracker::builder().device(TrackedDevice::Cuda(0)).log_dir(dir.path()).build() {
+            Err(e) => assert!(e.to_string().contains("CUDA"), "{e}"),
+            Ok(t) => match t.record_history(0) {
+                Err(Error::CudaUnavailable { reason }) => assert!(reason.contains("cuda:0"), "{reason}"),
+                other => panic!("expected CudaUnavailable, got {other:?}"),
+            },
+        }
+        return;
+    }
+    assert!(
+        gpu_mem_track::history::cuda_hooks_compiled(),
+        "a GPU machine needs the CUDA headers at build time"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let t = MemTracker::builder().device(TrackedDevice::Cuda(0)).log_dir(dir.path()).build().unwrap();
+    t.clear_cache().unwrap();
+    t.record_history(0).unwrap();
+    let x = Tensor::zeros([1000], (Kind::Float, Device::Cuda(0)));
+    let y = Tensor::zeros([8 << 20], (Kind::Float, Device::Cuda(0)));
+    drop(x);
+    t.stop_history().unwrap();
+    let h = t.history();
+    let sizes: Vec<(Action, u64)> = h.events.iter().map(|e| (e.action, e.size)).collect();
+    assert!(sizes.contains(&(Action::Alloc, 4096)), "1000 floats round up to 4096 B: {sizes:?}");
+    assert!(sizes.contains(&(Action::Free, 4096)), "{sizes:?}");
+    assert!(sizes.contains(&(Action::Alloc, 32 << 20)), "{sizes:?}");
+    assert!(sizes.iter().any(|s| s.0 == Action::SegmentAlloc), "{sizes:?}");
+    t.dump_snapshot(dir.path().join("cuda.pickle")).unwrap();
+    drop(y);
+}

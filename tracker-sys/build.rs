@@ -2,7 +2,7 @@
 //! on (`DEP_GPU_MEM_TRACK_SHIM_LIBTORCH_LIB`) so the main crate can set rpath and link
 //! libtorch_cuda (link arguments only apply to a package's own targets).
 use std::env;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn cxx11_abi() -> String {
@@ -25,8 +25,37 @@ fn cxx11_abi() -> String {
     "1".to_owned()
 }
 
+/// Include folders for the CUDA runtime headers that `c10/cuda` needs (`cuda_runtime_api.h` and
+/// the `crt/host_config.h` it includes), or `None`. Looks in `CUDA_HOME`/`CUDA_PATH`, the NVIDIA
+/// wheels beside the torch wheel, and `/usr/local/cuda`.
+fn cuda_include_dirs(libtorch_lib: &Path) -> Option<Vec<PathBuf>> {
+    let mut candidates: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
+        .iter()
+        .filter_map(env::var_os)
+        .map(|p| PathBuf::from(p).join("include"))
+        .collect();
+    // torch/lib -> site-packages/nvidia/<cu13|cuda_runtime|cuda_crt|cuda_nvcc|...>/include
+    if let Some(site) = libtorch_lib.parent().and_then(Path::parent) {
+        if let Ok(entries) = std::fs::read_dir(site.join("nvidia")) {
+            let mut dirs: Vec<PathBuf> = entries.flatten().map(|e| e.path().join("include")).collect();
+            dirs.sort();
+            candidates.extend(dirs);
+        }
+    }
+    candidates.push(PathBuf::from("/usr/local/cuda/include"));
+    let runtime = candidates.iter().find(|d| d.join("cuda_runtime_api.h").exists())?;
+    let crt = candidates.iter().find(|d| d.join("crt/host_config.h").exists())?;
+    let mut dirs = vec![runtime.clone()];
+    if crt != runtime {
+        dirs.push(crt.clone());
+    }
+    Some(dirs)
+}
+
 fn main() {
-    for var in ["LIBTORCH", "LIBTORCH_USE_PYTORCH", "LIBTORCH_CXX11_ABI", "VIRTUAL_ENV"] {
+    for var in
+        ["LIBTORCH", "LIBTORCH_USE_PYTORCH", "LIBTORCH_CXX11_ABI", "VIRTUAL_ENV", "CUDA_HOME", "CUDA_PATH"]
+    {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo:rerun-if-changed=csrc");
@@ -36,7 +65,8 @@ fn main() {
     let include = lib.join("..").join("include");
     let abi = cxx11_abi();
 
-    cc::Build::new()
+    let mut build = cc::Build::new();
+    build
         .cpp(true)
         .pic(true)
         .std("c++17")
@@ -46,7 +76,27 @@ fn main() {
         .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
         .define("GLOG_USE_GLOG_EXPORT", None)
         .flag_if_supported("-Wno-c++20-extensions")
-        .flag_if_supported("-Wno-unused-parameter")
+        .flag_if_supported("-Wno-unused-parameter");
+    // CUDA history hooks the caching allocator, whose header needs the CUDA runtime headers; the
+    // rest of the shim does not, so only cuda_history.cpp gets them.
+    let cuda_dirs = if lib.join("libc10_cuda.so").exists() { cuda_include_dirs(&lib) } else { None };
+    let mut cuda_build = build.clone();
+    match &cuda_dirs {
+        Some(dirs) => {
+            cuda_build.define("GMT_HAVE_CUDA_HEADERS", None);
+            for d in dirs {
+                cuda_build.include(d);
+            }
+        }
+        None => println!(
+            "cargo:warning=no CUDA runtime headers or libc10_cuda found: CUDA memory history is left out of this build"
+        ),
+    }
+    cuda_build.file("csrc/cuda_history.cpp").compile("gpu_mem_track_cuda_history");
+    if cuda_dirs.is_some() {
+        println!("cargo:rustc-link-lib=dylib=c10_cuda");
+    }
+    build
         .files([
             "csrc/registry.cpp",
             "csrc/allocator.cpp",

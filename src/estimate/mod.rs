@@ -7,6 +7,7 @@ pub mod profile;
 mod saved;
 mod size;
 mod trace;
+pub(crate) use trace::categorize;
 
 pub use native::{training_step, NativeStepOptions};
 pub use saved::{memory_for_backward, memory_for_backward_excluding, SavedByOp, SavedReport};
@@ -157,16 +158,19 @@ pub enum Phase {
     Backward,
     /// The optimizer step.
     Optimizer,
+    /// A live program (memory history) outside any phase it declared.
+    Unmarked,
 }
 
 impl Phase {
-    fn from_code(c: u8) -> Phase {
+    pub(crate) fn from_code(c: u8) -> Phase {
         match c {
             tracker_sys::GMT_PHASE_LOAD => Phase::Load,
             tracker_sys::GMT_PHASE_INPUT => Phase::Input,
             tracker_sys::GMT_PHASE_FORWARD => Phase::Forward,
             tracker_sys::GMT_PHASE_BACKWARD => Phase::Backward,
-            _ => Phase::Optimizer,
+            tracker_sys::GMT_PHASE_OPTIMIZER => Phase::Optimizer,
+            _ => Phase::Unmarked,
         }
     }
 }
@@ -179,6 +183,7 @@ impl fmt::Display for Phase {
             Phase::Forward => "forward",
             Phase::Backward => "backward",
             Phase::Optimizer => "optimizer step",
+            Phase::Unmarked => "run",
         })
     }
 }

@@ -30,11 +30,13 @@ pub enum Category {
     OptimizerState,
     /// Freed within the phase that made it.
     Temporary,
+    /// Made outside any declared phase, untagged, and still live at the end.
+    Unknown,
 }
 
 impl Category {
     /// Every category, in stacking order.
-    pub const ALL: [Category; 7] = [
+    pub const ALL: [Category; 8] = [
         Category::Parameter,
         Category::Buffer,
         Category::OptimizerState,
@@ -42,6 +44,7 @@ impl Category {
         Category::Input,
         Category::Activation,
         Category::Temporary,
+        Category::Unknown,
     ];
 
     /// The name used in snapshots and JSON.
@@ -54,6 +57,7 @@ impl Category {
             Category::Gradient => "gradient",
             Category::OptimizerState => "optimizer_state",
             Category::Temporary => "temporary",
+            Category::Unknown => "unknown",
         }
     }
 }
@@ -86,6 +90,73 @@ pub struct Trace {
     pub events: Vec<TraceEvent>,
 }
 
+/// The category of each recorded allocation, and of its free; `None` for segment events and for
+/// frees of allocations made before the recording. A tag set while recording (parameter, buffer,
+/// gradient, activation, input) wins; otherwise the phase that made the allocation and its
+/// lifetime decide: kept past the end of its phase, a forward allocation is an activation, a
+/// backward one a gradient, an optimizer-step one optimizer state; freed within it, a temporary.
+/// Outside any declared phase, untagged allocations are temporaries when freed, else unknown.
+pub(crate) fn categorize(events: &[AllocEvent], parameter_ids: &[i64]) -> Vec<Option<Category>> {
+    let params: HashSet<i64> = parameter_ids.iter().copied().collect();
+    // Last event index of each (iteration, phase) block, and each allocation's free index.
+    let mut block_end: HashMap<(u8, u8), usize> = HashMap::new();
+    let mut freed_at: HashMap<usize, usize> = HashMap::new();
+    let mut open: HashMap<i64, usize> = HashMap::new();
+    for (i, e) in events.iter().enumerate() {
+        block_end.insert((e.iteration, e.phase), i);
+        match e.is_free {
+            tracker_sys::GMT_EVENT_ALLOC => {
+                open.insert(e.id, i);
+            }
+            tracker_sys::GMT_EVENT_FREE => {
+                if let Some(a) = open.remove(&e.id) {
+                    freed_at.insert(a, i);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut of_alloc: HashMap<i64, Category> = HashMap::new();
+    events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| match e.is_free {
+            tracker_sys::GMT_EVENT_ALLOC => {
+                let freed = freed_at.get(&i);
+                let outlives_phase = freed.is_none_or(|&f| f > block_end[&(e.iteration, e.phase)]);
+                let category = match (tag_category(e.category), Phase::from_code(e.phase)) {
+                    (Some(tagged), _) => tagged,
+                    _ if params.contains(&e.id) => Category::Parameter,
+                    (None, Phase::Load) => Category::Buffer,
+                    (None, Phase::Input) => Category::Input,
+                    (None, Phase::Unmarked) if freed.is_some() => Category::Temporary,
+                    (None, Phase::Unmarked) => Category::Unknown,
+                    _ if !outlives_phase => Category::Temporary,
+                    (None, Phase::Forward) => Category::Activation,
+                    (None, Phase::Backward) => Category::Gradient,
+                    (None, Phase::Optimizer) => Category::OptimizerState,
+                };
+                of_alloc.insert(e.id, category);
+                Some(category)
+            }
+            tracker_sys::GMT_EVENT_FREE => of_alloc.remove(&e.id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The category a `GMT_CAT_*` tag names.
+fn tag_category(tag: i32) -> Option<Category> {
+    Some(match tag {
+        tracker_sys::GMT_CAT_PARAMETER => Category::Parameter,
+        tracker_sys::GMT_CAT_BUFFER => Category::Buffer,
+        tracker_sys::GMT_CAT_GRADIENT => Category::Gradient,
+        tracker_sys::GMT_CAT_ACTIVATION => Category::Activation,
+        tracker_sys::GMT_CAT_INPUT => Category::Input,
+        _ => return None,
+    })
+}
+
 /// Live bytes per category after one event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TimelinePoint {
@@ -104,58 +175,33 @@ pub struct TimelinePoint {
 impl Trace {
     /// Builds the trace from recorded events, op names and the parameter allocation ids.
     pub(crate) fn classify(events: &[AllocEvent], names: &[String], parameter_ids: &[i64]) -> Trace {
-        let params: HashSet<i64> = parameter_ids.iter().copied().collect();
-        // Last event index of each (iteration, phase) block, and each allocation's free index.
-        let mut block_end: HashMap<(u8, u8), usize> = HashMap::new();
-        let mut freed_at: HashMap<usize, usize> = HashMap::new();
-        let mut open: HashMap<i64, usize> = HashMap::new();
-        for (i, e) in events.iter().enumerate() {
-            block_end.insert((e.iteration, e.phase), i);
-            if e.is_free == 0 {
-                open.insert(e.id, i);
-            } else if let Some(a) = open.remove(&e.id) {
-                freed_at.insert(a, i);
-            }
-        }
-        let mut sizes: HashMap<i64, (u64, Category)> = HashMap::new();
+        let categories = categorize(events, parameter_ids);
+        let name = |i: i32| names.get(i.max(0) as usize).cloned().unwrap_or_default();
+        let mut sizes: HashMap<i64, u64> = HashMap::new();
         let mut out = Vec::with_capacity(events.len());
-        for (i, e) in events.iter().enumerate() {
-            let phase = Phase::from_code(e.phase);
-            let op = names.get(e.op.max(0) as usize).cloned().unwrap_or_default();
-            let top_op = names.get(e.top_op.max(0) as usize).cloned().unwrap_or_default();
-            let (alloc, size, category) = if e.is_free != 0 {
-                let Some((size, category)) = sizes.remove(&e.id) else { continue };
-                (false, size, category)
-            } else {
-                let end = block_end[&(e.iteration, e.phase)];
-                let outlives_phase = freed_at.get(&i).is_none_or(|&f| f > end);
-                let category = match phase {
-                    _ if params.contains(&e.id) => Category::Parameter,
-                    Phase::Load => Category::Buffer,
-                    Phase::Input => Category::Input,
-                    _ if !outlives_phase => Category::Temporary,
-                    Phase::Forward => Category::Activation,
-                    Phase::Backward => Category::Gradient,
-                    Phase::Optimizer => Category::OptimizerState,
-                };
+        for (e, category) in events.iter().zip(categories) {
+            let Some(category) = category else { continue };
+            let alloc = e.is_free == tracker_sys::GMT_EVENT_ALLOC;
+            let size = if alloc {
                 let size = e.size.max(0) as u64;
-                sizes.insert(e.id, (size, category));
-                (true, size, category)
+                sizes.insert(e.id, size);
+                size
+            } else {
+                sizes.remove(&e.id).unwrap_or(e.size.max(0) as u64)
             };
             out.push(TraceEvent {
                 alloc,
                 id: e.id,
                 size,
-                phase,
+                phase: Phase::from_code(e.phase),
                 iteration: e.iteration.into(),
-                op,
-                top_op,
+                op: name(e.op),
+                top_op: name(e.top_op),
                 category,
             });
         }
         Trace { events: out }
     }
-
     /// Whether the run called a cuBLAS-backed op (matrix products).
     pub fn uses_cublas(&self) -> bool {
         const CUBLAS_OPS: [&str; 7] = [

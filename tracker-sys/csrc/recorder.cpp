@@ -2,6 +2,7 @@
 // estimation phase and the innermost op running on the allocating thread (from a RecordFunction
 // start/end callback that is only enabled while recording). Also the tracking Meta allocator: meta
 // tensors hold no data, so their sizes travel in the DataPtr context.
+#include <ATen/core/Tensor.h>
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/StorageImpl.h>
@@ -37,6 +38,7 @@ struct Recorder {
   // Event number after which the live tensors are snapshotted (at the end of the running op).
   std::atomic<int64_t> snapshot_at{-1};
   int64_t pushed = 0;
+  std::unordered_map<int64_t, int64_t> open;  // live allocation id -> event number of its alloc
   std::vector<std::string> op_names;  // index = op id
   std::unordered_map<std::string, int32_t> op_ids;
   std::atomic<int32_t> device_kind{GMT_DEV_ANY};
@@ -82,9 +84,12 @@ int32_t op_id(Recorder& r, const std::string& name) {  // caller holds r.mu
 int32_t current_op(Recorder& r) { return op_id(r, t_op_stack.empty() ? "<no op>" : t_op_stack.back()); }
 int32_t top_op(Recorder& r) { return op_id(r, t_op_stack.empty() ? "<no op>" : t_op_stack.front()); }
 
-// Caller holds r.mu.
-void push(Recorder& r, gmt_alloc_event e) {
-  if (r.pushed++ == r.snapshot_at.load(std::memory_order_relaxed)) t_snapshot_pending = true;
+// Caller holds r.mu. Returns the event number.
+int64_t push(Recorder& r, gmt_alloc_event e) {
+  const int64_t seq = r.pushed++;
+  if (seq == r.snapshot_at.load(std::memory_order_relaxed)) t_snapshot_pending = true;
+  if (e.is_free == GMT_EVENT_ALLOC) r.open[e.id] = seq;
+  if (e.is_free == GMT_EVENT_FREE) r.open.erase(e.id);
   e.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - r.start).count();
   e.site = r.site.load(std::memory_order_relaxed);
   Stack stack{};
@@ -98,12 +103,21 @@ void push(Recorder& r, gmt_alloc_event e) {
   if (r.capacity == 0 || r.events.size() < r.capacity) {
     r.events.push_back(e);
     if (r.with_stacks) r.stacks.push_back(stack);
-    return;
+    return seq;
   }
   r.events[r.head] = e;
   if (r.with_stacks) r.stacks[r.head] = stack;
   r.head = (r.head + 1) % r.capacity;
   ++r.dropped;
+  return seq;
+}
+
+// Caller holds r.mu. The stored event with number `seq`, or null once the ring dropped it.
+gmt_alloc_event* event_at(Recorder& r, int64_t seq) {
+  const auto oldest = r.pushed - static_cast<int64_t>(r.events.size());
+  if (seq < oldest || seq >= r.pushed) return nullptr;
+  const auto slot = static_cast<size_t>(r.capacity == 0 ? seq : seq % static_cast<int64_t>(r.capacity));
+  return &r.events[slot];
 }
 
 bool recording(Recorder& r, int32_t device_kind) {
@@ -147,15 +161,28 @@ void record_alloc(int32_t device_kind, int64_t id, int64_t size) {
   std::lock_guard<std::mutex> lock(r.mu);
   r.live += size;
   r.peak = std::max(r.peak, r.live);
-  push(r, gmt_alloc_event{id, size, 0, static_cast<uint8_t>(r.phase.load()), static_cast<uint8_t>(device_kind),
+  push(r, gmt_alloc_event{id, size, GMT_EVENT_ALLOC, static_cast<uint8_t>(r.phase.load()), static_cast<uint8_t>(device_kind),
                           static_cast<uint8_t>(r.iteration.load()), current_op(r), 0, -1, 0, top_op(r), 0});
 }
 
-void record_free(int32_t device_kind, int64_t id) {
+void record_free(int32_t device_kind, int64_t id) { record_free_sized(device_kind, id, 0); }
+
+void record_free_sized(int32_t device_kind, int64_t id, int64_t size) {
   Recorder& r = recorder();
   if (!recording(r, device_kind)) return;
   std::lock_guard<std::mutex> lock(r.mu);
-  push(r, gmt_alloc_event{id, 0, 1, static_cast<uint8_t>(r.phase.load()), static_cast<uint8_t>(device_kind),
+  push(r, gmt_alloc_event{id, size, GMT_EVENT_FREE, static_cast<uint8_t>(r.phase.load()),
+                          static_cast<uint8_t>(device_kind), static_cast<uint8_t>(r.iteration.load()), current_op(r),
+                          0, -1, 0, top_op(r), 0});
+}
+
+void record_segment(int32_t device_kind, int64_t address, int64_t size, bool alloc) {
+  Recorder& r = recorder();
+  if (!recording(r, device_kind)) return;
+  std::lock_guard<std::mutex> lock(r.mu);
+  // Segments are reserved memory, not allocations: they do not count towards live/peak.
+  push(r, gmt_alloc_event{address, size, static_cast<uint8_t>(alloc ? GMT_EVENT_SEGMENT_ALLOC : GMT_EVENT_SEGMENT_FREE),
+                          static_cast<uint8_t>(r.phase.load()), static_cast<uint8_t>(device_kind),
                           static_cast<uint8_t>(r.iteration.load()), current_op(r), 0, -1, 0, top_op(r), 0});
 }
 
@@ -185,6 +212,17 @@ int64_t allocation_id(const void* storage_impl) {
   const c10::DataPtr& d = s->data_ptr();
   if (d.get_deleter() == &meta_delete) return static_cast<const MetaBlock*>(d.get_context())->id;
   return d.get() ? reinterpret_cast<int64_t>(d.get()) : -1;
+}
+
+void tag_allocation(int64_t id, int32_t category) {
+  Recorder& r = recorder();
+  if (!r.active.load(std::memory_order_relaxed) || id < 0) return;
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.open.find(id);
+  if (it == r.open.end()) return;  // made before the recording started
+  // The first tag wins: an input autograd then saves stays the input.
+  gmt_alloc_event* e = event_at(r, it->second);
+  if (e && e->id == id && e->category == GMT_CAT_NONE) e->category = category;
 }
 
 void tag_parameter(int64_t id) {
@@ -221,6 +259,7 @@ gmt_error gmt_recorder_start_history(int32_t device_kind, size_t max_events, int
       r.events.clear();
       r.stacks.clear();
       r.parameter_ids.clear();
+      r.open.clear();
       r.capacity = max_events;
       r.head = 0;
       r.dropped = 0;
@@ -285,6 +324,12 @@ gmt_error gmt_recorder_stop(void) {
 }
 
 void gmt_recorder_set_phase(int32_t phase, int32_t iteration) { gmt::set_phase(phase, iteration); }
+
+void gmt_recorder_tag_tensor(const void* tensor, int32_t category) {
+  const auto* t = static_cast<const at::Tensor*>(tensor);
+  if (!t || !t->defined() || !t->has_storage()) return;
+  gmt::tag_allocation(gmt::allocation_id(t->storage().unsafeGetStorageImpl()), category);
+}
 
 size_t gmt_recorder_len(void) {
   Recorder& r = recorder();

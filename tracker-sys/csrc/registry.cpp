@@ -181,6 +181,28 @@ gmt_error gmt_registry_register(const void* tensor, const char* name) {
   })
 }
 
+void gmt_recorder_tag_registered(void) {
+  if (!gmt_recorder_active()) return;
+  std::vector<at::Tensor> named;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    for (const Entry& e : r.entries) {
+      if (e.name_id < 0) continue;
+      if (auto impl = e.weak.lock()) named.emplace_back(std::move(impl));
+    }
+  }
+  // Outside the registry lock: dropping these references may free memory.
+  for (const at::Tensor& t : named) {
+    const bool parameter = t.is_leaf() && t.requires_grad();
+    gmt_recorder_tag_tensor(&t, parameter ? GMT_CAT_PARAMETER : GMT_CAT_BUFFER);
+    if (parameter && t.grad().defined()) {
+      const at::Tensor grad = t.grad();
+      gmt_recorder_tag_tensor(&grad, GMT_CAT_GRADIENT);
+    }
+  }
+}
+
 size_t gmt_registry_entries(void) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -39,6 +40,8 @@ Capture& capture() {
 }
 
 thread_local bool t_capturing = false;
+// A memory history is recording: tag saved tensors' allocations as activations (any thread).
+std::atomic<bool> g_history_saved{false};
 
 struct TrackingHooks final : SavedVariableHooks {
   at::Tensor saved;
@@ -50,12 +53,15 @@ struct TrackingHooks final : SavedVariableHooks {
     version = x._version();
     if (!saved.has_storage()) return;
     const c10::StorageImpl* s = saved.storage().unsafeGetStorageImpl();
+    // A parameter, or a view of one (linear saves weight.t()): it lives anyway.
+    const at::TensorBase root = x.is_view() ? x._base() : static_cast<const at::TensorBase&>(x);
+    const bool parameter = root.is_leaf() && root.requires_grad();
+    if (!parameter) gmt::tag_allocation(gmt::allocation_id(s), GMT_CAT_ACTIVATION);  // history categories
+    if (!t_capturing) return;
     Capture& c = capture();
     std::lock_guard<std::mutex> lock(c.mu);
     ++c.packed;
-    // A parameter, or a view of one (linear saves weight.t()): it lives anyway.
-    const at::TensorBase root = x.is_view() ? x._base() : static_cast<const at::TensorBase&>(x);
-    if (root.is_leaf() && root.requires_grad()) {
+    if (parameter) {
       if (c.parameters.insert(s).second) c.parameter_bytes += static_cast<int64_t>(saved.storage().nbytes());
       return;
     }
@@ -89,7 +95,7 @@ struct TrackingHooks final : SavedVariableHooks {
 
 struct TrackingEngine final : Engine {
   std::unique_ptr<SavedVariableHooks> get_default_saved_variable_hooks() override {
-    if (t_capturing) return std::make_unique<TrackingHooks>();
+    if (t_capturing || g_history_saved.load(std::memory_order_relaxed)) return std::make_unique<TrackingHooks>();
     return Engine::get_default_saved_variable_hooks();
   }
 };
@@ -102,6 +108,13 @@ std::once_flag g_engine_once;
 }  // namespace
 
 extern "C" {
+
+gmt_error gmt_saved_history(int enabled) {
+  GMT_TRY({
+    std::call_once(g_engine_once, [] { torch::autograd::set_default_engine_stub(&tracking_engine); });
+    g_history_saved.store(enabled != 0);
+  })
+}
 
 gmt_error gmt_saved_capture_begin(const void* const* excluded, size_t n_excluded) {
   GMT_TRY({

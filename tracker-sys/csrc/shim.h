@@ -87,12 +87,18 @@ typedef struct {
 int32_t gmt_cuda_device_count(void);          // 0 when CUDA is absent; never throws
 gmt_error gmt_cuda_stats_read(int32_t device, int reset_peak, gmt_cuda_stats* out);
 gmt_error gmt_cuda_empty_cache(void);
+// CUDA history (cuda_history.cpp): reports the caching allocator's alloc/free/segment events of
+// `device` to the allocation recorder. Fails when CUDA or the device is unavailable, or when this
+// build had no CUDA headers (gmt_cuda_history_compiled() == 0).
+int gmt_cuda_history_compiled(void);
+gmt_error gmt_cuda_history_attach(int32_t device);
+void gmt_cuda_history_detach(void);
 
 // ---- allocation recorder and meta allocator (recorder.cpp) ----
 typedef struct {
   int64_t id;           // allocation identity (meta: sequence number; CPU: data pointer)
-  int64_t size;         // bytes for an allocation, 0 for a free
-  uint8_t is_free;
+  int64_t size;         // bytes (a free: 0, or the block size when the allocator reports it)
+  uint8_t is_free;      // gmt_event_kind: 0 alloc, 1 free; CUDA also reports segments (2, 3)
   uint8_t phase;        // estimation phase set by the estimator
   uint8_t device_kind;  // gmt_device_kind
   uint8_t iteration;    // estimation iteration (1-based; 0 outside iterations)
@@ -101,10 +107,14 @@ typedef struct {
   int32_t site;         // track-site tag set by the caller (gmt_recorder_set_site), -1 = none
   int32_t nframes;      // native frames captured (stacks on)
   int32_t top_op;       // outermost op at the time (the user-level call); name via gmt_recorder_op_name
-  int32_t pad_;
+  int32_t category;     // an allocation's gmt_category tag, GMT_CAT_NONE when nothing tagged it
 } gmt_alloc_event;
 
 #define GMT_STACK_FRAMES 24
+// What the tracker learnt an allocation holds (tags; untagged allocations are judged by lifetime).
+enum gmt_category { GMT_CAT_NONE = 0, GMT_CAT_PARAMETER = 1, GMT_CAT_BUFFER = 2, GMT_CAT_GRADIENT = 3,
+                    GMT_CAT_ACTIVATION = 4, GMT_CAT_INPUT = 5 };
+enum gmt_event_kind { GMT_EVENT_ALLOC = 0, GMT_EVENT_FREE = 1, GMT_EVENT_SEGMENT_ALLOC = 2, GMT_EVENT_SEGMENT_FREE = 3 };
 
 gmt_error gmt_meta_allocator_install(void);  // idempotent
 int64_t gmt_meta_allocator_current(void);    // live meta bytes
@@ -126,6 +136,12 @@ gmt_snapshot* gmt_peak_snapshot(void);
 size_t gmt_recorder_copy(gmt_alloc_event* out, uint64_t* stacks, size_t cap, uint64_t* dropped);
 gmt_error gmt_recorder_stop(void);
 void gmt_recorder_set_phase(int32_t phase, int32_t iteration);
+// Tags the recorded allocation holding the tensor's storage (tensor: at::Tensor*) with a
+// gmt_category; no-op when nothing records or the allocation was made before the recording.
+void gmt_recorder_tag_tensor(const void* tensor, int32_t category);
+// Tags the storages of every explicitly registered tensor: leaves that require grad as parameters
+// (and their .grad as gradients), the others as buffers (registry.cpp).
+void gmt_recorder_tag_registered(void);
 size_t gmt_recorder_len(void);
 int64_t gmt_recorder_peak(void);
 // Allocation ids tagged as parameters by the estimator; returns the count, fills up to `cap`.
@@ -134,8 +150,9 @@ const char* gmt_recorder_op_name(int32_t op);
 
 // ---- TorchScript estimation (script.cpp) ----
 enum gmt_optimizer { GMT_OPT_NONE = 0, GMT_OPT_SGD = 1, GMT_OPT_SGD_MOMENTUM = 2, GMT_OPT_ADAM = 3, GMT_OPT_ADAMW = 4 };
+// GMT_PHASE_NONE: a live program outside any phase it declared.
 enum gmt_phase { GMT_PHASE_LOAD = 0, GMT_PHASE_INPUT = 1, GMT_PHASE_FORWARD = 2, GMT_PHASE_BACKWARD = 3,
-                 GMT_PHASE_OPTIMIZER = 4 };
+                 GMT_PHASE_OPTIMIZER = 4, GMT_PHASE_NONE = 5 };
 
 typedef struct {
   const char* path;
@@ -190,6 +207,8 @@ gmt_error gmt_grads_set_to_none(const void* const* params, size_t n, int64_t* gr
 // Starts capturing the tensors autograd saves on this thread; `excluded` are at::Tensor* whose
 // storages are left out (the inputs). Parameters (leaves requiring grad) are always left out.
 gmt_error gmt_saved_capture_begin(const void* const* excluded, size_t n_excluded);
+// While a memory history records: tag every tensor saved for backward (any thread) as an activation.
+gmt_error gmt_saved_history(int enabled);
 void gmt_saved_capture_end(void);
 // Live saved storages: fills up to `cap` (bytes, op name) pairs; returns how many there are.
 size_t gmt_saved_entries(int64_t* bytes, const char** ops, size_t cap);

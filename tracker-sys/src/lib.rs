@@ -73,11 +73,23 @@ pub struct gmt_alloc_event {
     pub site: i32,
     pub nframes: i32,
     pub top_op: i32,
-    pub pad_: i32,
+    pub category: i32,
 }
 
 /// Native return addresses kept per event when stacks are recorded.
 pub const GMT_STACK_FRAMES: usize = 24;
+
+/// `gmt_alloc_event::is_free` values (`gmt_event_kind`).
+pub const GMT_CAT_NONE: i32 = 0;
+pub const GMT_CAT_PARAMETER: i32 = 1;
+pub const GMT_CAT_BUFFER: i32 = 2;
+pub const GMT_CAT_GRADIENT: i32 = 3;
+pub const GMT_CAT_ACTIVATION: i32 = 4;
+pub const GMT_CAT_INPUT: i32 = 5;
+pub const GMT_EVENT_ALLOC: u8 = 0;
+pub const GMT_EVENT_FREE: u8 = 1;
+pub const GMT_EVENT_SEGMENT_ALLOC: u8 = 2;
+pub const GMT_EVENT_SEGMENT_FREE: u8 = 3;
 
 pub const GMT_OPT_NONE: i32 = 0;
 pub const GMT_OPT_SGD: i32 = 1;
@@ -90,6 +102,7 @@ pub const GMT_PHASE_INPUT: u8 = 1;
 pub const GMT_PHASE_FORWARD: u8 = 2;
 pub const GMT_PHASE_BACKWARD: u8 = 3;
 pub const GMT_PHASE_OPTIMIZER: u8 = 4;
+pub const GMT_PHASE_NONE: u8 = 5;
 
 /// Options of a TorchScript estimate (mirrors `gmt_estimate_options`).
 #[repr(C)]
@@ -181,6 +194,8 @@ extern "C" {
     pub fn gmt_recorder_start(device_kind: i32) -> gmt_error;
     pub fn gmt_recorder_stop() -> gmt_error;
     pub fn gmt_recorder_set_phase(phase: i32, iteration: i32);
+    pub fn gmt_recorder_tag_tensor(tensor: *const c_void, category: i32);
+    pub fn gmt_recorder_tag_registered();
     pub fn gmt_recorder_len() -> usize;
     pub fn gmt_recorder_start_history(device_kind: i32, max_events: usize, with_stacks: c_int) -> gmt_error;
     pub fn gmt_recorder_active() -> c_int;
@@ -225,6 +240,7 @@ extern "C" {
     pub fn gmt_optimizer_free(optimizer: *mut c_void);
     pub fn gmt_grads_set_to_none(params: *const *const c_void, n: usize, grad_bytes: *mut i64) -> gmt_error;
     pub fn gmt_saved_capture_begin(excluded: *const *const c_void, n_excluded: usize) -> gmt_error;
+    pub fn gmt_saved_history(enabled: c_int) -> gmt_error;
     pub fn gmt_saved_capture_end();
     pub fn gmt_saved_entries(bytes: *mut i64, ops: *mut *const c_char, cap: usize) -> usize;
     pub fn gmt_saved_parameter_bytes() -> i64;
@@ -233,4 +249,7 @@ extern "C" {
     pub fn gmt_cuda_device_count() -> i32;
     pub fn gmt_cuda_stats_read(device: i32, reset_peak: c_int, out: *mut gmt_cuda_stats) -> gmt_error;
     pub fn gmt_cuda_empty_cache() -> gmt_error;
+    pub fn gmt_cuda_history_compiled() -> c_int;
+    pub fn gmt_cuda_history_attach(device: i32) -> gmt_error;
+    pub fn gmt_cuda_history_detach();
 }
