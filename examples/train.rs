@@ -1,7 +1,9 @@
 //! The demo: a small CNN trained on generated data, with `track!()` between its steps.
 //!
 //! Runs on the GPU when libtorch sees one, else on the CPU. Writes
-//! `logs/<timestamp>-gpu_mem_track.txt` and prints it at the end.
+//! `logs/<timestamp>-gpu_mem_track.txt` and prints it at the end. The first epoch is also
+//! recorded as a memory history: `...-snapshot.pickle` (open it in PyTorch's memory_viz) and
+//! `...-timeline.png` (bytes by category over time) beside the log.
 //!
 //! ```text
 //! cargo run --release --example train -- [--epochs N] [--batch N]
@@ -47,8 +49,37 @@ fn train_step(
     opt.zero_grad();
     loss.backward();
     track!(tracker); // gradients appeared, the graph is gone
-    opt.step();
+    tracker.optimizer_step(|| opt.step()); // what it keeps is optimizer state in the history
     loss.double_value(&[])
+}
+
+/// The first epoch's history as a memory_viz snapshot and a timeline by category.
+fn write_history(tracker: &MemTracker) -> Result<()> {
+    let stem = tracker.log_path().with_extension("");
+    let stem = stem.to_string_lossy();
+    let history = tracker.history();
+    let snapshot = format!("{stem}-snapshot.pickle");
+    history.dump_snapshot(std::path::Path::new(&snapshot))?;
+    let trace = history.trace();
+    let timeline = format!("{stem}-timeline.png");
+    gpu_mem_track::plot::plot_timeline(
+        &trace,
+        "demo, first epoch: memory by category",
+        std::path::Path::new(&timeline),
+    )?;
+    let (allocs, frees) = history.counts();
+    println!("history: {allocs} allocations, {frees} frees ({} dropped by the ring)", history.dropped);
+    if let Some(peak) = trace.peak() {
+        let parts: Vec<String> = peak
+            .bytes
+            .iter()
+            .filter(|b| b.1 > 0)
+            .map(|(c, b)| format!("{} {:.2} MiB", c.name(), *b as f64 / 1048576.0))
+            .collect();
+        println!("history peak {:.2} MiB = {}", peak.total as f64 / 1048576.0, parts.join(" + "));
+    }
+    println!("snapshot: {snapshot}\ntimeline: {timeline}");
+    Ok(())
 }
 
 fn arg(name: &str, default: i64) -> Result<i64> {
@@ -75,6 +106,11 @@ fn main() -> Result<()> {
     println!("training on {} ; log: {}", tracker.device(), tracker.log_path().display());
 
     track!(tracker);
+    // History from before the model exists, so parameters are in it; a ring bounds its memory.
+    let history = tracker.record_history(200_000);
+    if let Err(e) = &history {
+        eprintln!("no memory history: {e}");
+    }
     let vs = nn::VarStore::new(device);
     let model = cnn(&vs.root());
     tracker.watch_varstore(&vs)?;
@@ -82,16 +118,22 @@ fn main() -> Result<()> {
     let mut opt = nn::Adam::default().build(&vs, 1e-3)?;
 
     let (test_x, test_y) = batch(512, device);
+    tracker.tag_input(&test_x);
     track!(tracker); // the test set
     for epoch in 1..=epochs {
         let mut loss_sum = 0.0;
         for _ in 0..20 {
             let (x, y) = batch(batch_size, device);
+            tracker.tag_input(&x);
             loss_sum += train_step(&tracker, &model, &mut opt, &x, &y);
         }
         let accuracy = tch::no_grad(|| model.forward(&test_x).accuracy_for_logits(&test_y).double_value(&[]));
         track!(tracker); // end of epoch: Adam's state is alive from the first step on
         println!("epoch {epoch}: mean loss {:.3}, test accuracy {:.1}%", loss_sum / 20.0, accuracy * 100.0);
+        if epoch == 1 && history.is_ok() {
+            tracker.stop_history()?;
+            write_history(&tracker)?;
+        }
     }
     drop((test_x, test_y));
     let released = tracker.clear_cache()?;
