@@ -53,6 +53,7 @@ fn estimates(c: &mut Criterion) {
             precision: Precision::F32,
             mode: Mode::Train(optimizer),
             device: EstimateDevice::Meta,
+            ..EstimateOptions::default()
         };
         let e = estimate_torchscript(&model, &options).unwrap();
         eprintln!(

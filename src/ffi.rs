@@ -211,6 +211,7 @@ pub(crate) struct EstimateCall<'a> {
     pub optimizer: i32,
     pub iterations: i32,
     pub device_kind: i32,
+    pub eager_lifetimes: bool,
 }
 
 /// Runs a TorchScript model with the allocation recorder on; returns its sizes, the recorded
@@ -229,6 +230,7 @@ pub(crate) fn estimate_torchscript(
         optimizer: call.optimizer,
         iterations: call.iterations,
         device_kind: call.device_kind,
+        eager_lifetimes: call.eager_lifetimes as i32,
     };
     let mut sizes = EstimateSizes::default();
     // SAFETY: `opts` points at live buffers (`path`, `input_shape`) for the call; `sizes` is a

@@ -28,6 +28,7 @@ fn run(model: &Path, shape: &[i64], ids: bool, mode: Mode, device: EstimateDevic
         precision: Precision::F32,
         mode,
         device,
+        ..EstimateOptions::default()
     };
     estimate_torchscript(model, &options).unwrap_or_else(|e| panic!("{}: {e}", model.display()))
 }
@@ -166,4 +167,31 @@ fn live_tensors_at_the_peak_are_grouped_like_the_log() {
     // tensor left: they are in the peak but not in the groups, and the CLI says how much.
     assert!(total <= e.peak.bytes, "{total} vs {}", e.peak.bytes);
     assert!(groups.windows(2).all(|w| bytes(&w[0]) >= bytes(&w[1])), "largest first");
+}
+
+#[test]
+fn eager_lifetimes_match_eager_pytorch_and_torchscript_lifetimes_free_earlier() {
+    use gpu_mem_track::estimate::Lifetimes;
+    let dir = tempfile::tempdir().unwrap();
+    let Some(models) = export(dir.path(), &["transformer"]) else { return };
+    let estimate = |lifetimes| {
+        let options = EstimateOptions {
+            input_shape: vec![4, 64],
+            input_is_index: true,
+            lifetimes,
+            ..EstimateOptions::default()
+        };
+        let e = estimate_torchscript(&models[0], &options).unwrap();
+        e.peak.bytes - e.param_bytes - e.buffer_bytes - e.input_bytes
+    };
+    let (script, eager) = (estimate(Lifetimes::TorchScript), estimate(Lifetimes::Eager));
+    // The same model run eagerly by PyTorch on this CPU (no CPU-only temporaries in this model).
+    let python = python_with_torch().unwrap();
+    let probe = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/eager_peak.py");
+    let out = std::process::Command::new(python).args([probe, "transformer", "4x64"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let measured: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    println!("above parameters+input: torchscript {script} B, eager {eager} B, eager PyTorch measured {measured} B");
+    assert_eq!(eager, measured, "eager lifetimes reproduce eager PyTorch's peak");
+    assert!(script < eager, "the interpreter frees locals at their last use: {script} vs {eager}");
 }

@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 use gpu_mem_track::estimate::profile::{predict, DeviceProfile, GpuPrediction};
 use gpu_mem_track::estimate::{
     estimate_progress, estimate_static, estimate_torchscript_traced, peak_tensors, Estimate, EstimateDevice,
-    EstimateOptions, Mode, Optimizer, Precision, StaticEstimate, Trace,
+    EstimateOptions, Lifetimes, Mode, Optimizer, Precision, StaticEstimate, Trace,
 };
 use gpu_mem_track::log::{parse_log_lenient, ParsedLog};
 use gpu_mem_track::nvml::NvmlReader;
@@ -163,6 +163,11 @@ struct ModelArgs {
     /// Optimizer for --mode train: sgd, momentum, adam or adamw.
     #[arg(long, default_value = "adam")]
     optimizer: Optimizer,
+    /// When values are freed: torchscript (after their last use, as a tch `CModule` runs the
+    /// model) or eager (as eager Python PyTorch: locals until rebound or `forward` returns, call
+    /// inputs until the call returns).
+    #[arg(long, default_value = "torchscript")]
+    lifetimes: Lifetimes,
 }
 
 impl ModelArgs {
@@ -173,6 +178,7 @@ impl ModelArgs {
             precision: self.dtype,
             mode: if mode == "train" { Mode::Train(self.optimizer) } else { Mode::Inference },
             device,
+            lifetimes: self.lifetimes,
         }
     }
 }

@@ -59,6 +59,17 @@ impl std::str::FromStr for Precision {
     }
 }
 
+impl std::str::FromStr for Lifetimes {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "torchscript" | "ts" => Ok(Lifetimes::TorchScript),
+            "eager" => Ok(Lifetimes::Eager),
+            other => Err(format!("unknown lifetimes {other:?} (use torchscript or eager)")),
+        }
+    }
+}
+
 /// Optimizer whose state a training step allocates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -130,6 +141,23 @@ pub struct EstimateOptions {
     pub mode: Mode,
     /// Where to run.
     pub device: EstimateDevice,
+    /// How long values live: as the TorchScript interpreter frees them, or as eager PyTorch would.
+    pub lifetimes: Lifetimes,
+}
+
+/// When a run frees the tensors a model computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Lifetimes {
+    /// The TorchScript interpreter's: each value is freed right after its last use. What a tch
+    /// program running the model as a `CModule` gets.
+    #[default]
+    TorchScript,
+    /// Eager PyTorch's (CPython reference counting), read from the graph's variable names: a local
+    /// variable lives until it is rebound or its `forward` returns, and a module call's inputs
+    /// until the call returns. What a Python user running the same model eagerly gets; peaks move
+    /// by whole activations.
+    Eager,
 }
 
 impl Default for EstimateOptions {
@@ -140,6 +168,7 @@ impl Default for EstimateOptions {
             precision: Precision::F32,
             mode: Mode::Inference,
             device: EstimateDevice::Meta,
+            lifetimes: Lifetimes::TorchScript,
         }
     }
 }
@@ -312,6 +341,7 @@ pub fn estimate_torchscript_traced(path: &Path, options: &EstimateOptions) -> Re
             EstimateDevice::Meta => ffi::GMT_DEV_META,
             EstimateDevice::Cpu => ffi::GMT_DEV_CPU,
         },
+        eager_lifetimes: options.lifetimes == Lifetimes::Eager,
     };
     let (sizes, events, names) = ffi::estimate_torchscript(&call).map_err(|e| match e {
         Error::Libtorch { message, .. } => classify_failure(path, message),

@@ -11,7 +11,7 @@ use std::time::Instant;
 use tch::nn;
 use tch::{Device, Kind, Tensor};
 
-use super::{finish_estimate, EstimateDevice, EstimateOptions, Mode, Optimizer, Precision, Trace};
+use super::{finish_estimate, EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Precision, Trace};
 use crate::error::{Error, Result};
 use crate::estimate::Estimate;
 use crate::ffi;
@@ -130,6 +130,8 @@ pub fn training_step<M>(
         precision: options.precision,
         mode: Mode::Train(options.optimizer),
         device: options.device,
+        // The program's own tensors, freed when it drops them: eager by construction.
+        lifetimes: Lifetimes::Eager,
     };
     let sizes = ffi::EstimateSizes {
         param_count: param_count as i64,

@@ -6,6 +6,7 @@
 #include <torch/csrc/jit/passes/dead_code_elimination.h>
 #include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/passes/symbolic_shape_analysis.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 
 #include <chrono>
@@ -13,6 +14,109 @@
 #include "common.h"
 #include "recorder.h"
 #include "registry.h"
+
+// ---- eager lifetimes: keep values alive as CPython's reference counting would.
+TORCH_LIBRARY(gmt, m) {
+  // A use that the interpreter must keep (conservative alias analysis = side effects, so no pass
+  // removes it); running it does nothing.
+  m.def(torch::schema("keep_alive(Tensor[] values) -> ()", c10::AliasAnalysisKind::CONSERVATIVE),
+        [](const std::vector<at::Tensor>&) {});
+}
+
+namespace {
+using torch::jit::Graph;
+using torch::jit::Node;
+using torch::jit::Value;
+
+bool is_tensor(const Value* v) { return v->type()->cast<c10::TensorType>() != nullptr; }
+
+// The Python variable a value was bound to (`out` for %out.3); empty for expression temporaries.
+std::string variable_of(const Value* v) {
+  if (!v->hasDebugName()) return "";
+  std::string name = v->debugNameBase();
+  const bool numeric = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; });
+  return numeric ? "" : name;
+}
+
+std::string without_trailing_digits(const std::string& s) {
+  size_t end = s.size();
+  while (end > 0 && s[end - 1] >= '0' && s[end - 1] <= '9') --end;
+  return s.substr(0, end);
+}
+
+// One Python variable rebound several times reaches a saved-and-loaded module as out, out0,
+// out1, ... (the serializer numbers each rebinding; unrolled loops such as nn.Sequential's
+// `input = module(input)` give input0, input1, ...). Maps every name of such a family to its stem;
+// other names map to themselves. Distinct variables named x1 and x2 in the source are merged too,
+// which frees x1 early: the TorchScript lifetime, never a longer one.
+std::unordered_map<std::string, std::string> rebound_variables(Graph& g) {
+  std::unordered_map<std::string, std::unordered_set<std::string>> family;  // stem -> names
+  auto add = [&](const Value* v) {
+    const std::string name = is_tensor(v) ? variable_of(v) : "";
+    const std::string stem = without_trailing_digits(name);
+    if (!stem.empty()) family[stem].insert(name);
+  };
+  for (const Value* in : g.inputs()) add(in);
+  for (const Node* n : g.nodes())
+    for (const Value* out : n->outputs()) add(out);
+  std::unordered_map<std::string, std::string> rename;
+  for (const auto& [stem, names] : family)
+    if (names.size() > 1)
+      for (const auto& name : names) rename[name] = stem;
+  return rename;
+}
+
+// Adds a use of `values` before `before`, so the interpreter frees them only after it.
+void keep_alive_until(Graph& g, Node* before, std::vector<Value*> values) {
+  std::sort(values.begin(), values.end());
+  values.erase(std::unique(values.begin(), values.end()), values.end());
+  if (values.empty()) return;
+  torch::jit::WithInsertPoint guard(before);
+  Node* list = g.insertNode(g.createList(c10::TensorType::get(), values));
+  g.insertNode(g.create(c10::Symbol::fromQualString("gmt::keep_alive"), {list->output()}, 0));
+}
+
+// One function body: a local lives until the statement that rebinds its name, or the return; the
+// inputs of a call (also unnamed temporaries on the Python stack) until the call returns.
+void apply_eager_lifetimes(Graph& g) {
+  const auto rename = rebound_variables(g);
+  const auto variable = [&](const Value* v) {
+    std::string name = is_tensor(v) ? variable_of(v) : "";
+    auto it = rename.find(name);
+    return it == rename.end() ? name : it->second;
+  };
+  std::unordered_map<std::string, Value*> bound;
+  for (Value* in : g.inputs())
+    if (!variable(in).empty()) bound[variable(in)] = in;
+  const std::vector<Node*> nodes(g.nodes().begin(), g.nodes().end());
+  for (Node* n : nodes) {
+    std::vector<Value*> release;
+    if (n->kind() == c10::prim::CallMethod || n->kind() == c10::prim::CallFunction)
+      for (Value* in : n->inputs())
+        if (is_tensor(in)) release.push_back(in);
+    for (Value* out : n->outputs()) {
+      const std::string name = variable(out);
+      if (name.empty()) continue;
+      auto [it, fresh] = bound.try_emplace(name, out);
+      if (!fresh) {
+        release.push_back(it->second);
+        it->second = out;
+      }
+    }
+    keep_alive_until(g, n->next(), release);
+  }
+  std::vector<Value*> locals;
+  for (const auto& kv : bound) locals.push_back(kv.second);
+  keep_alive_until(g, g.return_node(), locals);
+}
+
+void apply_eager_lifetimes(torch::jit::script::Module& module) {
+  std::unordered_set<const torch::jit::Function*> done;  // submodules of one class share methods
+  for (const auto& m : module.modules())
+    for (const auto& method : m.get_methods())
+      if (done.insert(&method.function()).second) apply_eager_lifetimes(*method.graph());
+}
+}  // namespace
 
 extern "C" gmt_error gmt_register_module(void* module, const char* prefix, size_t* count) {
   GMT_TRY({
@@ -175,6 +279,13 @@ extern "C" gmt_error gmt_estimate_torchscript(const gmt_estimate_options* o, gmt
       module = torch::jit::load(o->path, device);
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("cannot load ") + o->path + " as TorchScript: " + short_message(e));
+    }
+    // Eager PyTorch runs op by op with autograd per op: no graph-executor passes (autodiff
+    // subgraphs, fusion) that would change what is saved for backward.
+    std::optional<torch::jit::GraphOptimizerEnabledGuard> eager_executor;
+    if (o->eager_lifetimes) {
+      apply_eager_lifetimes(module);
+      eager_executor.emplace(false);
     }
     if (dtype != at::kFloat) module.to(dtype);
     module.train(o->train != 0);

@@ -164,6 +164,7 @@ typedef struct {
   int32_t optimizer;      // gmt_optimizer
   int32_t iterations;     // training iterations (2 shows the steady state)
   int32_t device_kind;    // GMT_DEV_META or GMT_DEV_CPU
+  int32_t eager_lifetimes; // hold values as eager Python would (locals until rebound/return, call inputs until the call returns)
 } gmt_estimate_options;
 
 // Sizes of what the run created; timing and peaks come from the recorded events.

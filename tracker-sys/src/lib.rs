@@ -117,6 +117,7 @@ pub struct gmt_estimate_options {
     pub optimizer: i32,
     pub iterations: i32,
     pub device_kind: i32,
+    pub eager_lifetimes: i32,
 }
 
 /// Sizes found by a TorchScript estimate (mirrors `gmt_estimate_result`).
