@@ -1,10 +1,7 @@
-"""One row of scripts/torchvision-figures from `gpu-mem-track estimate --json` on stdin."""
+"""One row of scripts/torchvision-figures from two `gpu-mem-track estimate --json` outputs: with
+eager lifetimes, then with TorchScript lifetimes."""
 import json
 import sys
-
-e = json.load(sys.stdin)
-g = e["gpu"]
-base = e["param_bytes"] + e["buffer_bytes"] + e["input_bytes"]
 
 
 def mib_range(low, high):
@@ -12,6 +9,16 @@ def mib_range(low, high):
     return f"{low:.1f}" if low == high else f"{low:.1f}-{high:.1f}"
 
 
-alloc = mib_range(g["peak_allocated"]["low"] - base, g["peak_allocated"]["high"] - base)
-reserved = mib_range(g["peak_reserved"]["low"], g["peak_reserved"]["high"])
-print(f"{sys.argv[1]:<20} {e['param_count']:>14} {alloc:>24} {reserved:>20}")
+def delta(e):
+    base = e["param_bytes"] + e["buffer_bytes"] + e["input_bytes"]
+    g = e["gpu"]["peak_allocated"]
+    return mib_range(g["low"] - base, g["high"] - base)
+
+
+name, eager_file, script_file = sys.argv[1:4]
+with open(eager_file) as f:
+    e = json.load(f)
+with open(script_file) as f:
+    ts = json.load(f)
+reserved = mib_range(e["gpu"]["peak_reserved"]["low"], e["gpu"]["peak_reserved"]["high"])
+print(f"{name:<20} {e['param_count']:>14} {delta(e):>24} {reserved:>20} {delta(ts):>22}")
