@@ -47,6 +47,9 @@ pub enum Error {
     /// A call into libtorch failed; the message is libtorch's.
     #[error("libtorch call {call} failed: {message}")]
     Libtorch { call: &'static str, message: String },
+    /// A memory snapshot pickle could not be read or is not one.
+    #[error("cannot read memory snapshot {}: {reason}", path.display())]
+    SnapshotRead { path: PathBuf, reason: String },
     /// A log file could not be read.
     #[error("cannot read log file {}: {source}", path.display())]
     LogRead { path: PathBuf, source: io::Error },

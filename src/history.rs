@@ -425,3 +425,85 @@ impl History {
         pickle::write(path, &Snapshot { segments, device_traces: vec![trace] })
     }
 }
+
+/// One `device_traces` entry as read back (other keys ignored).
+#[derive(serde::Deserialize)]
+struct ReadEntry {
+    action: String,
+    addr: u64,
+    size: u64,
+    #[serde(default)]
+    category: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct ReadSnapshot {
+    device_traces: Vec<Vec<ReadEntry>>,
+}
+
+/// Reads the allocations and frees of a memory snapshot pickle (written by this crate, or by
+/// PyTorch's `torch.cuda.memory._dump_snapshot`) as a [`Trace`] over all its devices. Entries
+/// without a `category` (PyTorch's own) are temporaries when freed within the trace, else unknown.
+///
+/// # Errors
+/// [`Error::SnapshotRead`](crate::Error::SnapshotRead) naming the file when it cannot be read or
+/// has no `device_traces`.
+pub fn read_snapshot_trace(path: &Path) -> Result<Trace> {
+    let fail = |reason: String| crate::Error::SnapshotRead { path: path.to_owned(), reason };
+    let bytes = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
+    let snapshot: ReadSnapshot = serde_pickle::from_slice(&bytes, serde_pickle::DeOptions::new())
+        .map_err(|e| fail(format!("not a memory snapshot pickle ({e})")))?;
+    let mut events = Vec::new();
+    for entries in &snapshot.device_traces {
+        let mut open: HashMap<u64, usize> = HashMap::new();
+        let mut freed = vec![false; entries.len()];
+        for (i, e) in entries.iter().enumerate() {
+            match e.action.as_str() {
+                "alloc" => {
+                    open.insert(e.addr, i);
+                }
+                "free_completed" => {
+                    if let Some(a) = open.remove(&e.addr) {
+                        freed[a] = true;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut category_of: HashMap<u64, Category> = HashMap::new();
+        for (i, e) in entries.iter().enumerate() {
+            let alloc = match e.action.as_str() {
+                "alloc" => true,
+                "free_completed" => false,
+                _ => continue,
+            };
+            let category = if alloc {
+                let c = e.category.as_deref().and_then(Category::from_name).unwrap_or(if freed[i] {
+                    Category::Temporary
+                } else {
+                    Category::Unknown
+                });
+                category_of.insert(e.addr, c);
+                c
+            } else {
+                // A free of memory allocated before the trace began: nothing to subtract.
+                let Some(c) = category_of.remove(&e.addr) else { continue };
+                c
+            };
+            events.push(TraceEvent {
+                alloc,
+                id: e.addr as i64,
+                size: e.size,
+                phase: Phase::Unmarked,
+                iteration: 0,
+                op: String::new(),
+                top_op: String::new(),
+                category,
+            });
+        }
+    }
+    if events.is_empty() {
+        return Err(fail("it records no allocation".into()));
+    }
+    Ok(Trace { events })
+}

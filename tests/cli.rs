@@ -166,3 +166,45 @@ fn estimate_with_an_input_of_the_wrong_rank_names_the_shape() {
     let o = run(&["estimate", model.to_str().unwrap(), "--input", "32x64"]);
     one_line_error(&o, "forward failed for input [32, 64]");
 }
+
+#[test]
+fn timeline_reads_a_snapshot_and_its_peak_is_the_caching_allocator_models() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(model) = export_model(dir.path(), "cnn") else {
+        println!("skipped: no Python with torch to export the model");
+        return;
+    };
+    let (m, pickle, json) =
+        (model.to_str().unwrap(), dir.path().join("cnn.pickle"), dir.path().join("t.json"));
+    let o = run(&[
+        "estimate",
+        m,
+        "--input",
+        "8x3x32x32",
+        "--mode",
+        "train",
+        "--json",
+        "--snapshot",
+        pickle.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let estimate: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let o = run(&["timeline", pickle.to_str().unwrap(), "-o", json.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let t: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(
+        t["peak"]["total"], estimate["cuda"]["peak_allocated"],
+        "blocks as the caching model placed them"
+    );
+    let parameters =
+        t["peak"]["bytes"].as_array().unwrap().iter().find(|b| b[0] == "parameter").unwrap()[1].clone();
+    assert!(
+        parameters.as_u64().unwrap() >= estimate["param_bytes"].as_u64().unwrap(),
+        "rounded up to blocks"
+    );
+    // A file that is not a snapshot is a one-line error naming it; a model without --input is a usage error.
+    let junk = dir.path().join("junk.pickle");
+    std::fs::write(&junk, "junk").unwrap();
+    one_line_error(&run(&["timeline", junk.to_str().unwrap(), "-o", json.to_str().unwrap()]), "junk.pickle");
+    assert_eq!(run(&["timeline", m, "-o", json.to_str().unwrap()]).status.code(), Some(2));
+}

@@ -15,6 +15,7 @@ use gpu_mem_track::estimate::{
     estimate_progress, estimate_static, estimate_torchscript_traced, peak_tensors, Estimate, EstimateDevice,
     EstimateOptions, Lifetimes, Mode, Optimizer, Precision, StaticEstimate, Trace,
 };
+use gpu_mem_track::history::read_snapshot_trace;
 use gpu_mem_track::log::{parse_log_lenient, ParsedLog};
 use gpu_mem_track::nvml::NvmlReader;
 use gpu_mem_track::plot::{plot_log, plot_timeline};
@@ -84,7 +85,9 @@ enum Command {
         json: bool,
     },
     /// Memory over an estimated run by category (parameters, gradients, optimizer state, input,
-    /// activations, temporaries): a stacked-area `.svg`/`.png`, or `.json`.
+    /// activations, temporaries): a stacked-area `.svg`/`.png`, or `.json`. Given a snapshot
+    /// `.pickle` (`MemTracker::dump_snapshot`, `estimate --snapshot`, or PyTorch's own) instead
+    /// of a model, draws its recorded allocations.
     Timeline {
         #[command(flatten)]
         model: ModelArgs,
@@ -151,9 +154,9 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 struct ModelArgs {
     /// TorchScript model file (`torch.jit.script(model).save(...)`).
     model: PathBuf,
-    /// Input shape, batch first: `16x3x224x224`.
+    /// Input shape, batch first: `16x3x224x224` (required to run a model).
     #[arg(long, value_parser = parse_shape)]
-    input: Shape,
+    input: Option<Shape>,
     /// The input is integer token ids (int64), e.g. for language models.
     #[arg(long)]
     ids: bool,
@@ -172,8 +175,17 @@ struct ModelArgs {
 
 impl ModelArgs {
     fn options(&self, mode: &str, device: EstimateDevice) -> EstimateOptions {
+        let Some(input) = &self.input else {
+            use clap::CommandFactory;
+            Cli::command()
+                .error(
+                    clap::error::ErrorKind::MissingRequiredArgument,
+                    "running a model needs --input <SHAPE>",
+                )
+                .exit()
+        };
         EstimateOptions {
-            input_shape: self.input.0.clone(),
+            input_shape: input.0.clone(),
             input_is_index: self.ids,
             precision: self.dtype,
             mode: if mode == "train" { Mode::Train(self.optimizer) } else { Mode::Inference },
@@ -482,25 +494,28 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Timeline { model: args, mode, output } => {
-            let options = args.options(&mode, EstimateDevice::Meta);
-            let model = args.model;
-            let (e, trace) = with_progress(format!("estimating {}", model.display()), options.mode, || {
-                estimate_torchscript_traced(&model, &options)
-            })?;
+            let model = args.model.clone();
+            let name = model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+            let (estimate, trace, title) = if model.extension().is_some_and(|x| x == "pickle") {
+                (None, read_snapshot_trace(&model)?, name)
+            } else {
+                let options = args.options(&mode, EstimateDevice::Meta);
+                let (e, trace) =
+                    with_progress(format!("estimating {}", model.display()), options.mode, || {
+                        estimate_torchscript_traced(&model, &options)
+                    })?;
+                let title = format!("{name} {:?}", e.options.input_shape);
+                (Some(e), trace, title)
+            };
             let is_json = output.extension().is_some_and(|x| x.eq_ignore_ascii_case("json"));
             if is_json {
                 let points = trace.timeline();
                 let step = (points.len() / 2000).max(1);
                 let sampled: Vec<_> = points.iter().step_by(step).collect();
-                let v = serde_json::json!({ "estimate": e, "peak": trace.peak(), "points": sampled });
+                let v = serde_json::json!({ "estimate": estimate, "peak": trace.peak(), "points": sampled });
                 std::fs::write(&output, serde_json::to_string_pretty(&v)?)
                     .with_context(|| format!("cannot write {}", output.display()))?;
             } else {
-                let title = format!(
-                    "{} {:?}",
-                    model.file_name().map(|f| f.to_string_lossy()).unwrap_or_default(),
-                    e.options.input_shape
-                );
                 plot_timeline(&trace, &title, &output)?;
             }
         }

@@ -47,6 +47,11 @@ impl Category {
         Category::Unknown,
     ];
 
+    /// The category a snapshot or JSON names (the inverse of [`name`](Self::name)).
+    pub fn from_name(name: &str) -> Option<Category> {
+        Category::ALL.into_iter().find(|c| c.name() == name)
+    }
+
     /// The name used in snapshots and JSON.
     pub fn name(self) -> &'static str {
         match self {
