@@ -286,8 +286,28 @@ pub(crate) mod pickle {
         pub device_traces: Vec<Vec<TraceEntry<'a>>>,
     }
 
-    /// Writes a snapshot pickle.
-    pub(crate) fn write(path: &Path, snapshot: &Snapshot<'_>) -> Result<()> {
+    /// Writes a snapshot pickle. A trace with categories ends with a `snapshot` entry (PyTorch
+    /// marks where a snapshot was taken the same way) in category `unknown`: memory_viz's
+    /// MemoryViz.js crashes on categorised traces without an `unknown` category (it appends one
+    /// through a misspelt `snapshot.categores`).
+    pub(crate) fn write(path: &Path, mut snapshot: Snapshot<'_>) -> Result<()> {
+        for trace in &mut snapshot.device_traces {
+            if trace.iter().any(|e| e.category.is_some())
+                && !trace.iter().any(|e| e.category == Some("unknown"))
+            {
+                let time_us = trace.last().map_or(0, |e| e.time_us);
+                trace.push(TraceEntry {
+                    action: "snapshot",
+                    addr: 0,
+                    size: 0,
+                    stream: 0,
+                    time_us,
+                    frames: &[],
+                    category: Some("unknown"),
+                });
+            }
+        }
+        let snapshot = &snapshot;
         let io = |source| Error::LogWrite { path: path.to_owned(), source };
         let mut file = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
         serde_pickle::to_writer(&mut file, snapshot, serde_pickle::SerOptions::new())
@@ -422,7 +442,7 @@ impl History {
         segments.extend(live.iter().zip(&placed).filter(|(_, &p)| !p).map(|(e, _)| {
             Segment::new(e.addr, e.size, e.size, false, vec![Block { frames: &e.frames, ..block(e) }])
         }));
-        pickle::write(path, &Snapshot { segments, device_traces: vec![trace] })
+        pickle::write(path, Snapshot { segments, device_traces: vec![trace] })
     }
 }
 

@@ -248,3 +248,31 @@ fn cuda_history_records_the_caching_allocator_or_says_why_not() {
     t.dump_snapshot(dir.path().join("cuda.pickle")).unwrap();
     drop(y);
 }
+
+/// Renders the snapshot pages in headless Chromium when the machine can (Debian's `chromium` and
+/// `node-d3`, and a local MemoryViz.js in `GMT_MEMORY_VIZ_JS`); says why not otherwise.
+#[test]
+fn snapshots_render_in_headless_chromium_without_script_errors() {
+    use gpu_mem_track::estimate::{estimate_torchscript_traced, EstimateOptions, Mode, Optimizer};
+    let dir = tempfile::tempdir().unwrap();
+    let Some(model) = export_model(dir.path(), "cnn") else {
+        println!("skipped: no Python with torch to export the model");
+        return;
+    };
+    let options = EstimateOptions {
+        input_shape: vec![4, 3, 32, 32],
+        mode: Mode::Train(Optimizer::Adam),
+        ..EstimateOptions::default()
+    };
+    let (_, trace) = estimate_torchscript_traced(&model, &options).unwrap();
+    let pickle = dir.path().join("estimate.pickle");
+    trace.dump_snapshot(&pickle).unwrap();
+    let checker = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/check-memory-viz");
+    let out = std::process::Command::new(checker).arg(&pickle).arg(dir.path()).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    match out.status.code() {
+        Some(77) => println!("skipped: {}", text.trim()),
+        Some(0) => assert!(text.contains("OK"), "{text}"),
+        _ => panic!("memory_viz pages failed in Chromium:\n{text}\n{}", String::from_utf8_lossy(&out.stderr)),
+    }
+}

@@ -333,6 +333,6 @@ impl Trace {
                 Segment::new(s.address, s.size, allocated, s.small, blocks)
             })
             .collect();
-        pickle::write(path, &Snapshot { segments, device_traces: vec![trace] })
+        pickle::write(path, Snapshot { segments, device_traces: vec![trace] })
     }
 }
