@@ -1,5 +1,7 @@
-//! Memory history: every allocation and free on the tracked device, with a timestamp, the most
-//! recent track site and (optionally) the native call stack, kept in a bounded ring; and snapshots
+//! Memory history: every allocation and free on the tracked device (CPU: the wrapped allocator;
+//! CUDA: the caching allocator's trace hooks, with its segments), with a timestamp, the most recent
+//! track site, a category (parameter, buffer, gradient, activation, input, optimizer state,
+//! temporary, unknown) and optionally the native call stack, kept in a bounded ring; and snapshots
 //! in the structure of PyTorch's `torch.cuda.memory._snapshot()`, so PyTorch's
 //! `torch.cuda._memory_viz` tools and the memory_viz page read them.
 use std::collections::HashMap;

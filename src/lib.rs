@@ -56,6 +56,42 @@
 //! [`MemTracker::watch_module`], [`MemTracker::watch_varstore`] and [`MemTracker::register`].
 //! The allocator totals cover anything still missed.
 //!
+//! ## Memory history by category
+//!
+//! [`MemTracker::record_history`] records every allocation and free; each gets a category from
+//! what the tracker knows, and the history opens in PyTorch's memory_viz:
+//!
+//! ```
+//! use gpu_mem_track::estimate::Category;
+//! use gpu_mem_track::{MemTracker, TrackedDevice};
+//! use tch::nn::{self, Module, OptimizerConfig};
+//! use tch::{Device, Kind, Tensor};
+//!
+//! let dir = std::env::temp_dir();
+//! let tracker = MemTracker::builder().device(TrackedDevice::Cpu).log_dir(&dir).build()?;
+//! tracker.record_history(0)?;                   // before the model: its parameters are in it
+//! let vs = nn::VarStore::new(Device::Cpu);
+//! let net = nn::linear(vs.root(), 64, 10, Default::default());
+//! tracker.watch_varstore(&vs)?;                 // parameters (and later their grads) get tagged
+//! let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+//! let x = Tensor::randn([32, 64], (Kind::Float, Device::Cpu));
+//! tracker.tag_input(&x);
+//! net.forward(&x).sum(Kind::Float).backward();  // what autograd saves: activations
+//! tracker.optimizer_step(|| opt.step());        // what the step keeps: optimizer state
+//! tracker.stop_history()?;
+//!
+//! let trace = tracker.history().trace();
+//! let end = trace.timeline().pop().unwrap();
+//! let bytes = |c: Category| end.bytes.iter().find(|b| b.0 == c).unwrap().1;
+//! assert_eq!(bytes(Category::Parameter), (64 * 10 + 10) * 4);
+//! assert_eq!(bytes(Category::Gradient), (64 * 10 + 10) * 4);
+//! assert_eq!(bytes(Category::OptimizerState), 2 * (64 * 10 + 10) * 4); // Adam: exp_avg, exp_avg_sq
+//! tracker.dump_snapshot(dir.join("doc-history.pickle"))?;
+//! # std::fs::remove_file(dir.join("doc-history.pickle")).unwrap();
+//! # std::fs::remove_file(tracker.log_path()).unwrap();
+//! # Ok::<(), gpu_mem_track::Error>(())
+//! ```
+//!
 //! ## Without a GPU
 //!
 //! Everything works on CPU. Asking for `cuda:N` without a GPU is
