@@ -17,7 +17,7 @@ fn history(c: &mut Criterion) {
     tracker.record_history(100_000).unwrap();
     group.bench_function("history_on", |b| b.iter(step));
     tracker.stop_history().unwrap();
-    tracker.record_history_with(HistoryOptions { max_entries: 100_000, with_stacks: true }).unwrap();
+    tracker.record_history_with(HistoryOptions::new(100_000).with_stacks(true)).unwrap();
     group.bench_function("history_with_stacks", |b| b.iter(step));
     tracker.stop_history().unwrap();
     group.finish();

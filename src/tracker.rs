@@ -348,7 +348,7 @@ impl MemTracker {
     /// [`Error::CudaUnavailable`] on CUDA when there is no GPU or this build has no CUDA headers;
     /// [`Error::Libtorch`] when a recording is already running.
     pub fn record_history(&self, max_entries: usize) -> Result<()> {
-        self.record_history_with(HistoryOptions { max_entries, with_stacks: false })
+        self.record_history_with(HistoryOptions::new(max_entries))
     }
 
     /// [`record_history`](Self::record_history) with options (native stacks).

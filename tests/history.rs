@@ -94,7 +94,7 @@ fn allocate_here() -> Tensor {
 fn stacks_are_resolved_to_rust_functions() {
     let dir = tempfile::tempdir().unwrap();
     let t = cpu_tracker(dir.path());
-    t.record_history_with(HistoryOptions { max_entries: 100, with_stacks: true }).unwrap();
+    t.record_history_with(HistoryOptions::new(100).with_stacks(true)).unwrap();
     let x = allocate_here();
     t.stop_history().unwrap();
     let h = t.history();
