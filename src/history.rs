@@ -432,20 +432,21 @@ impl History {
             state: "active_allocated",
             frames: &[],
         };
-        let live: Vec<&HistoryEvent> = live.into_iter().flatten().collect();
+        let mut live: Vec<&HistoryEvent> = live.into_iter().flatten().collect();
+        live.sort_by_key(|e| e.addr);
         let mut placed = vec![false; live.len()];
         segments_live.sort_unstable();
         let mut segments: Vec<Segment<'_>> = segments_live
             .iter()
             .map(|&(address, size)| {
-                let mut blocks = Vec::new();
-                for (i, e) in live.iter().enumerate() {
-                    if !placed[i] && e.addr >= address && e.addr + e.size <= address + size {
-                        placed[i] = true;
-                        blocks.push(Block { frames: &e.frames, ..block(e) });
-                    }
-                }
-                blocks.sort_by_key(|b| b.address);
+                // Live blocks sorted by address: the ones inside this segment are one run.
+                let first = live.partition_point(|e| e.addr < address);
+                let inside = live[first..].iter().take_while(|e| e.addr + e.size <= address + size).count();
+                let blocks: Vec<Block<'_>> = live[first..first + inside]
+                    .iter()
+                    .map(|e| Block { frames: &e.frames, ..block(e) })
+                    .collect();
+                placed[first..first + inside].fill(true);
                 let allocated = blocks.iter().map(|b| b.size).sum();
                 // The CUDA caching allocator's small pool uses 2 MiB segments.
                 Segment::new(address, size, allocated, size <= 2 << 20, blocks)
@@ -540,4 +541,66 @@ pub fn read_snapshot_trace(path: &Path) -> Result<Trace> {
         return Err(fail("it records no allocation".into()));
     }
     Ok(Trace { events })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(action: Action, addr: u64, size: u64, category: Option<Category>) -> HistoryEvent {
+        HistoryEvent {
+            action,
+            addr,
+            size,
+            time_us: 0,
+            site: None,
+            op: String::new(),
+            phase: Phase::Unmarked,
+            category,
+            frames: Vec::new(),
+        }
+    }
+
+    /// A CUDA-like history: live blocks land in the segment that holds them, the rest (a block
+    /// of a segment reserved before the recording) get their own, and reading the file back
+    /// gives the same categories.
+    #[test]
+    fn cuda_segments_hold_their_live_blocks() {
+        let t = Some(Category::Temporary);
+        let p = Some(Category::Parameter);
+        let history = History {
+            events: vec![
+                event(Action::SegmentAlloc, 0x1000_0000, 2 << 20, None),
+                event(Action::Alloc, 0x1000_0000, 512, p),
+                event(Action::Alloc, 0x1000_0200, 1024, t),
+                event(Action::Free, 0x1000_0200, 1024, t),
+                event(Action::Alloc, 0x1000_0600, 4096, t),
+                event(Action::Alloc, 0x9000_0000, 8192, t),
+                event(Action::SegmentAlloc, 0x2000_0000, 20 << 20, None),
+                event(Action::SegmentFree, 0x2000_0000, 20 << 20, None),
+            ],
+            dropped: 0,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.pickle");
+        history.dump_snapshot(&path).unwrap();
+        let v: serde_pickle::Value =
+            serde_pickle::from_slice(&std::fs::read(&path).unwrap(), serde_pickle::DeOptions::new()).unwrap();
+        let text = format!("{v:?}");
+        assert!(text.contains("segment_alloc") && text.contains("segment_free"), "{text}");
+        let segments = match &v {
+            serde_pickle::Value::Dict(d) => d
+                .iter()
+                .find(|(k, _)| matches!(k, serde_pickle::HashableValue::String(s) if s == "segments"))
+                .map(|(_, v)| v.clone())
+                .unwrap(),
+            other => panic!("{other:?}"),
+        };
+        let serde_pickle::Value::List(segments) = segments else { panic!() };
+        assert_eq!(segments.len(), 2, "the 2 MiB segment with 2 live blocks, and the stray block");
+        let trace = read_snapshot_trace(&path).unwrap();
+        let peak = trace.peak().unwrap();
+        assert_eq!(peak.total, 512 + 1024 + 4096 + 8192 - 1024);
+        assert_eq!(peak.bytes.iter().find(|b| b.0 == Category::Parameter).unwrap().1, 512);
+    }
 }
