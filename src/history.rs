@@ -124,7 +124,6 @@ pub(crate) fn note_site(site: &Site) {
 pub(crate) fn start(device_kind: i32, options: HistoryOptions) -> Result<()> {
     ffi::install()?;
     ffi::history_start(device_kind, options.max_entries, options.with_stacks)?;
-    ffi::recorder_set_phase(tracker_sys::GMT_PHASE_NONE, 0);
     ffi::history_tag_saved(true)
 }
 
@@ -346,8 +345,9 @@ impl History {
                     live += e.size;
                     peak = peak.max(live);
                 }
-                Action::Free => live = live.saturating_sub(e.size),
-                Action::SegmentAlloc | Action::SegmentFree => {}
+                // Only frees of recorded allocations: CUDA also reports frees of older blocks.
+                Action::Free if e.category.is_some() => live = live.saturating_sub(e.size),
+                Action::Free | Action::SegmentAlloc | Action::SegmentFree => {}
             }
         }
         peak
@@ -420,7 +420,17 @@ impl History {
                     trace.push(entry("segment_alloc"));
                 }
                 Action::SegmentFree => {
-                    segments_live.retain(|&(a, _)| a != e.addr);
+                    // Also a partial unmap of an expandable segment: remove just that range.
+                    let (lo, hi) = (e.addr, e.addr + e.size);
+                    segments_live = segments_live
+                        .into_iter()
+                        .flat_map(|(a, s)| {
+                            let end = a + s;
+                            let left = (a < lo).then(|| (a, lo.min(end) - a));
+                            let right = (end > hi).then(|| (hi.max(a), end - hi.max(a)));
+                            left.into_iter().chain(right)
+                        })
+                        .collect();
                     trace.push(entry("segment_free"));
                 }
             }
@@ -442,11 +452,10 @@ impl History {
                 // Live blocks sorted by address: the ones inside this segment are one run.
                 let first = live.partition_point(|e| e.addr < address);
                 let inside = live[first..].iter().take_while(|e| e.addr + e.size <= address + size).count();
-                let blocks: Vec<Block<'_>> = live[first..first + inside]
-                    .iter()
-                    .map(|e| Block { frames: &e.frames, ..block(e) })
+                let blocks: Vec<Block<'_>> = (first..first + inside)
+                    .filter(|&i| !std::mem::replace(&mut placed[i], true))
+                    .map(|i| Block { frames: &live[i].frames, ..block(live[i]) })
                     .collect();
-                placed[first..first + inside].fill(true);
                 let allocated = blocks.iter().map(|b| b.size).sum();
                 // The CUDA caching allocator's small pool uses 2 MiB segments.
                 Segment::new(address, size, allocated, size <= 2 << 20, blocks)
@@ -468,6 +477,8 @@ struct ReadEntry {
     addr: u64,
     size: u64,
     #[serde(default)]
+    time_us: i64,
+    #[serde(default)]
     category: Option<String>,
 }
 
@@ -477,8 +488,9 @@ struct ReadSnapshot {
 }
 
 /// Reads the allocations and frees of a memory snapshot pickle (written by this crate, or by
-/// PyTorch's `torch.cuda.memory._dump_snapshot`) as a [`Trace`] over all its devices. Entries
-/// without a `category` (PyTorch's own) are temporaries when freed within the trace, else unknown.
+/// PyTorch's `torch.cuda.memory._dump_snapshot`) as a [`Trace`]; several devices' events are
+/// merged by time, so the peak is of memory live at once on all of them. Entries without a
+/// `category` (PyTorch's own) are temporaries when freed within the trace, else unknown.
 ///
 /// # Errors
 /// [`Error::SnapshotRead`](crate::Error::SnapshotRead) naming the file when it cannot be read or
@@ -525,22 +537,27 @@ pub fn read_snapshot_trace(path: &Path) -> Result<Trace> {
                 let Some(c) = category_of.remove(&e.addr) else { continue };
                 c
             };
-            events.push(TraceEvent {
-                alloc,
-                id: e.addr as i64,
-                size: e.size,
-                phase: Phase::Unmarked,
-                iteration: 0,
-                op: String::new(),
-                top_op: String::new(),
-                category,
-            });
+            events.push((
+                e.time_us,
+                TraceEvent {
+                    alloc,
+                    id: e.addr as i64,
+                    size: e.size,
+                    phase: Phase::Unmarked,
+                    iteration: 0,
+                    op: String::new(),
+                    top_op: String::new(),
+                    category,
+                },
+            ));
         }
     }
     if events.is_empty() {
         return Err(fail("it records no allocation".into()));
     }
-    Ok(Trace { events })
+    // A stable sort keeps each device's order among events of the same microsecond.
+    events.sort_by_key(|(time, _)| *time);
+    Ok(Trace { events: events.into_iter().map(|(_, e)| e).collect() })
 }
 
 #[cfg(test)]
@@ -578,6 +595,10 @@ mod tests {
                 event(Action::Alloc, 0x9000_0000, 8192, t),
                 event(Action::SegmentAlloc, 0x2000_0000, 20 << 20, None),
                 event(Action::SegmentFree, 0x2000_0000, 20 << 20, None),
+                // Expandable segments: map 4 MiB, unmap its first half, a block in the second.
+                event(Action::SegmentAlloc, 0x3000_0000, 4 << 20, None),
+                event(Action::SegmentFree, 0x3000_0000, 2 << 20, None),
+                event(Action::Alloc, 0x3020_0000, 1 << 20, t),
             ],
             dropped: 0,
         };
@@ -597,10 +618,15 @@ mod tests {
             other => panic!("{other:?}"),
         };
         let serde_pickle::Value::List(segments) = segments else { panic!() };
-        assert_eq!(segments.len(), 2, "the 2 MiB segment with 2 live blocks, and the stray block");
+        assert_eq!(
+            segments.len(),
+            3,
+            "the 2 MiB segment with 2 live blocks, the mapped half, the stray block"
+        );
+        assert!(text.contains(&format!("{}", 0x3020_0000u64)), "the remaining half keeps its address");
         let trace = read_snapshot_trace(&path).unwrap();
         let peak = trace.peak().unwrap();
-        assert_eq!(peak.total, 512 + 1024 + 4096 + 8192 - 1024);
+        assert_eq!(peak.total, 512 + 4096 + 8192 + (1 << 20));
         assert_eq!(peak.bytes.iter().find(|b| b.0 == Category::Parameter).unwrap().1, 512);
     }
 }

@@ -356,6 +356,13 @@ impl MemTracker {
     /// # Errors
     /// As [`record_history`](Self::record_history).
     pub fn record_history_with(&self, options: HistoryOptions) -> Result<()> {
+        // Before touching the CUDA hook, which a running recording may be using.
+        if ffi::history_active() {
+            return Err(Error::Libtorch {
+                call: "record history",
+                message: "an allocation recording is already running".into(),
+            });
+        }
         match self.device {
             TrackedDevice::Cpu => history::start(ffi::GMT_DEV_CPU, options)?,
             TrackedDevice::Cuda(i) => {
@@ -484,6 +491,7 @@ impl MemTracker {
         for (name, t) in &vars {
             ffi::register_tensor(t, name)?;
         }
+        ffi::history_tag_registered();
         Ok(vars.len())
     }
 
@@ -493,7 +501,9 @@ impl MemTracker {
     /// # Errors
     /// [`Error::Libtorch`] when the module cannot be walked.
     pub fn watch_module(&self, module: &tch::CModule) -> Result<usize> {
-        ffi::register_module(module, "")
+        let n = ffi::register_module(module, "")?;
+        ffi::history_tag_registered();
+        Ok(n)
     }
 
     /// Registers one tensor under a name.
@@ -501,7 +511,9 @@ impl MemTracker {
     /// # Errors
     /// [`Error::Libtorch`] when registration fails (e.g. a NUL byte in `name`).
     pub fn register(&self, tensor: &tch::Tensor, name: &str) -> Result<()> {
-        ffi::register_tensor(tensor, name)
+        ffi::register_tensor(tensor, name)?;
+        ffi::history_tag_registered();
+        Ok(())
     }
 
     /// Logs a failed track as a warning the first time, then at debug level.

@@ -276,3 +276,38 @@ fn snapshots_render_in_headless_chromium_without_script_errors() {
         _ => panic!("memory_viz pages failed in Chromium:\n{text}\n{}", String::from_utf8_lossy(&out.stderr)),
     }
 }
+
+#[test]
+fn registered_buffers_stay_buffers_when_autograd_saves_them() {
+    use gpu_mem_track::estimate::Category;
+    use tch::nn::{self, ModuleT};
+    let dir = tempfile::tempdir().unwrap();
+    let t = cpu_tracker(dir.path());
+    t.record_history(0).unwrap();
+    let vs = nn::VarStore::new(Device::Cpu);
+    let net = nn::seq_t()
+        .add(nn::conv2d(vs.root() / "conv", 3, 8, 3, Default::default()))
+        .add(nn::batch_norm2d(vs.root() / "bn", 8, Default::default()));
+    t.watch_varstore(&vs).unwrap();
+    let bytes = |trainable: bool| -> u64 {
+        vs.variables()
+            .values()
+            .filter(|v| v.requires_grad() == trainable)
+            .map(|v| v.numel() as u64 * v.kind().elt_size_in_bytes() as u64)
+            .sum()
+    };
+    let x = Tensor::randn([4, 3, 16, 16], (Kind::Float, Device::Cpu));
+    net.forward_t(&x, true).sum(Kind::Float).backward();
+    t.stop_history().unwrap();
+    let end = t.history().trace().timeline().pop().unwrap();
+    let at = |c: Category| end.bytes.iter().find(|b| b.0 == c).unwrap().1;
+    assert!(bytes(false) > 0, "batch norm has running statistics");
+    assert_eq!(
+        at(Category::Buffer),
+        bytes(false),
+        "batch norm saves its running stats, still buffers: {:?}",
+        end.bytes
+    );
+    assert_eq!(at(Category::Parameter), bytes(true));
+    assert_eq!(at(Category::Gradient), bytes(true));
+}

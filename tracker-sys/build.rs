@@ -29,12 +29,8 @@ fn cxx11_abi() -> String {
 /// the `crt/host_config.h` it includes), or `None`. Looks in `CUDA_HOME`/`CUDA_PATH`, the NVIDIA
 /// wheels beside the torch wheel, and `/usr/local/cuda`.
 fn cuda_include_dirs(libtorch_lib: &Path) -> Option<Vec<PathBuf>> {
-    let mut candidates: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
-        .iter()
-        .filter_map(env::var_os)
-        .map(|p| PathBuf::from(p).join("include"))
-        .collect();
-    // torch/lib -> site-packages/nvidia/<cu13|cuda_runtime|cuda_crt|cuda_nvcc|...>/include
+    // The wheels beside torch first: their headers match the CUDA libtorch was built with.
+    let mut candidates: Vec<PathBuf> = Vec::new();
     if let Some(site) = libtorch_lib.parent().and_then(Path::parent) {
         if let Ok(entries) = std::fs::read_dir(site.join("nvidia")) {
             let mut dirs: Vec<PathBuf> = entries.flatten().map(|e| e.path().join("include")).collect();
@@ -42,14 +38,18 @@ fn cuda_include_dirs(libtorch_lib: &Path) -> Option<Vec<PathBuf>> {
             candidates.extend(dirs);
         }
     }
+    candidates.extend(
+        ["CUDA_HOME", "CUDA_PATH"].iter().filter_map(env::var_os).map(|p| PathBuf::from(p).join("include")),
+    );
     candidates.push(PathBuf::from("/usr/local/cuda/include"));
-    let runtime = candidates.iter().find(|d| d.join("cuda_runtime_api.h").exists())?;
-    let crt = candidates.iter().find(|d| d.join("crt/host_config.h").exists())?;
-    let mut dirs = vec![runtime.clone()];
-    if crt != runtime {
-        dirs.push(crt.clone());
+    let has = |d: &PathBuf, f: &str| d.join(f).exists();
+    // One folder with both keeps runtime and crt of one release together.
+    if let Some(d) = candidates.iter().find(|d| has(d, "cuda_runtime_api.h") && has(d, "crt/host_config.h")) {
+        return Some(vec![d.clone()]);
     }
-    Some(dirs)
+    let runtime = candidates.iter().find(|d| has(d, "cuda_runtime_api.h"))?;
+    let crt = candidates.iter().find(|d| has(d, "crt/host_config.h"))?;
+    Some(vec![runtime.clone(), crt.clone()])
 }
 
 fn main() {
@@ -92,8 +92,14 @@ fn main() {
             "cargo:warning=no CUDA runtime headers or libc10_cuda found: CUDA memory history is left out of this build"
         ),
     }
-    cuda_build.file("csrc/cuda_history.cpp").compile("gpu_mem_track_cuda_history");
-    if cuda_dirs.is_some() {
+    // CUDA history is optional: headers that do not compile leave it out, not the whole build.
+    let mut with_cuda = cuda_dirs.is_some();
+    if let Err(e) = cuda_build.file("csrc/cuda_history.cpp").try_compile("gpu_mem_track_cuda_history") {
+        println!("cargo:warning=CUDA memory history left out: csrc/cuda_history.cpp failed with the CUDA headers found ({e})");
+        build.clone().file("csrc/cuda_history.cpp").compile("gpu_mem_track_cuda_history");
+        with_cuda = false;
+    }
+    if with_cuda {
         println!("cargo:rustc-link-lib=dylib=c10_cuda");
     }
     build

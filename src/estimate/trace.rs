@@ -103,12 +103,19 @@ pub struct Trace {
 /// Outside any declared phase, untagged allocations are temporaries when freed, else unknown.
 pub(crate) fn categorize(events: &[AllocEvent], parameter_ids: &[i64]) -> Vec<Option<Category>> {
     let params: HashSet<i64> = parameter_ids.iter().copied().collect();
-    // Last event index of each (iteration, phase) block, and each allocation's free index.
-    let mut block_end: HashMap<(u8, u8), usize> = HashMap::new();
+    // Blocks are runs of events with one (iteration, phase); the last event index of each event's
+    // block, and each allocation's free index.
+    let mut block_of: Vec<usize> = Vec::with_capacity(events.len());
+    let mut block_end: Vec<usize> = Vec::new();
     let mut freed_at: HashMap<usize, usize> = HashMap::new();
     let mut open: HashMap<i64, usize> = HashMap::new();
     for (i, e) in events.iter().enumerate() {
-        block_end.insert((e.iteration, e.phase), i);
+        let same_block = i > 0 && (events[i - 1].iteration, events[i - 1].phase) == (e.iteration, e.phase);
+        if !same_block {
+            block_end.push(i);
+        }
+        *block_end.last_mut().expect("a block was opened") = i;
+        block_of.push(block_end.len() - 1);
         match e.is_free {
             tracker_sys::GMT_EVENT_ALLOC => {
                 open.insert(e.id, i);
@@ -128,7 +135,7 @@ pub(crate) fn categorize(events: &[AllocEvent], parameter_ids: &[i64]) -> Vec<Op
         .map(|(i, e)| match e.is_free {
             tracker_sys::GMT_EVENT_ALLOC => {
                 let freed = freed_at.get(&i);
-                let outlives_phase = freed.is_none_or(|&f| f > block_end[&(e.iteration, e.phase)]);
+                let outlives_phase = freed.is_none_or(|&f| f > block_end[block_of[i]]);
                 let category = match (tag_category(e.category), Phase::from_code(e.phase)) {
                     (Some(tagged), _) => tagged,
                     _ if params.contains(&e.id) => Category::Parameter,

@@ -220,9 +220,13 @@ void tag_allocation(int64_t id, int32_t category) {
   std::lock_guard<std::mutex> lock(r.mu);
   auto it = r.open.find(id);
   if (it == r.open.end()) return;  // made before the recording started
-  // The first tag wins: an input autograd then saves stays the input.
+  // What the program declared outranks what autograd did with it: a registered buffer or an
+  // input that a layer saves for backward stays a buffer or an input.
+  const auto rank = [](int32_t c) {
+    return c == GMT_CAT_NONE ? 0 : c == GMT_CAT_ACTIVATION ? 1 : c == GMT_CAT_INPUT ? 2 : 3;
+  };
   gmt_alloc_event* e = event_at(r, it->second);
-  if (e && e->id == id && e->category == GMT_CAT_NONE) e->category = category;
+  if (e && e->id == id && rank(category) > rank(e->category)) e->category = category;
 }
 
 void tag_parameter(int64_t id) {
@@ -250,7 +254,9 @@ gmt_error gmt_meta_allocator_install(void) {
 
 int64_t gmt_meta_allocator_current(void) { return g_meta_current.load(); }
 
-gmt_error gmt_recorder_start_history(int32_t device_kind, size_t max_events, int with_stacks) {
+namespace {
+// The phase is set before the recorder turns on, so no event of another thread gets a stale one.
+gmt_error start_recording(int32_t device_kind, size_t max_events, int with_stacks, int32_t phase) {
   GMT_TRY({
     Recorder& r = recorder();
     {
@@ -270,7 +276,7 @@ gmt_error gmt_recorder_start_history(int32_t device_kind, size_t max_events, int
       }
       r.live = r.peak = 0;
       r.pushed = 0;
-      r.phase.store(0);
+      r.phase.store(phase);
       r.iteration.store(0);
       r.site.store(-1);
       r.start = std::chrono::steady_clock::now();
@@ -281,7 +287,14 @@ gmt_error gmt_recorder_start_history(int32_t device_kind, size_t max_events, int
   })
 }
 
-gmt_error gmt_recorder_start(int32_t device_kind) { return gmt_recorder_start_history(device_kind, 0, 0); }
+}  // namespace
+
+// A live program's history starts outside any phase; an estimate starts by loading the model.
+gmt_error gmt_recorder_start_history(int32_t device_kind, size_t max_events, int with_stacks) {
+  return start_recording(device_kind, max_events, with_stacks, GMT_PHASE_NONE);
+}
+
+gmt_error gmt_recorder_start(int32_t device_kind) { return start_recording(device_kind, 0, 0, GMT_PHASE_LOAD); }
 
 int gmt_recorder_active(void) { return recorder().active.load() ? 1 : 0; }
 

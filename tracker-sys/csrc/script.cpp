@@ -16,14 +16,20 @@
 #include "registry.h"
 
 // ---- eager lifetimes: keep values alive as CPython's reference counting would.
-TORCH_LIBRARY(gmt, m) {
-  // A use that the interpreter must keep (conservative alias analysis = side effects, so no pass
-  // removes it); running it does nothing.
-  m.def(torch::schema("keep_alive(Tensor[] values) -> ()", c10::AliasAnalysisKind::CONSERVATIVE),
-        [](const std::vector<at::Tensor>&) {});
+namespace {
+// gmt::keep_alive: a use that the interpreter must keep (conservative alias analysis = side
+// effects, so no pass removes it); running it does nothing. Registered on first use, and only if
+// no other copy of this shim in the process registered it already.
+void register_keep_alive() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (c10::Dispatcher::singleton().findSchema({"gmt::keep_alive", ""})) return;
+    static torch::Library library(torch::Library::FRAGMENT, "gmt", std::nullopt, __FILE__, __LINE__);
+    library.def(torch::schema("keep_alive(Tensor[] values) -> ()", c10::AliasAnalysisKind::CONSERVATIVE),
+                [](const std::vector<at::Tensor>&) {});
+  });
 }
 
-namespace {
 using torch::jit::Graph;
 using torch::jit::Node;
 using torch::jit::Value;
@@ -111,6 +117,7 @@ void apply_eager_lifetimes(Graph& g) {
 }
 
 void apply_eager_lifetimes(torch::jit::script::Module& module) {
+  register_keep_alive();
   std::unordered_set<const torch::jit::Function*> done;  // submodules of one class share methods
   for (const auto& m : module.modules())
     for (const auto& method : m.get_methods())
