@@ -173,25 +173,30 @@ fn live_tensors_at_the_peak_are_grouped_like_the_log() {
 fn eager_lifetimes_match_eager_pytorch_and_torchscript_lifetimes_free_earlier() {
     use gpu_mem_track::estimate::Lifetimes;
     let dir = tempfile::tempdir().unwrap();
-    let Some(models) = export(dir.path(), &["transformer"]) else { return };
-    let estimate = |lifetimes| {
-        let options = EstimateOptions {
-            input_shape: vec![4, 64],
-            input_is_index: true,
-            lifetimes,
-            ..EstimateOptions::default()
-        };
-        let e = estimate_torchscript(&models[0], &options).unwrap();
-        e.peak.bytes - e.param_bytes - e.buffer_bytes - e.input_bytes
-    };
-    let (script, eager) = (estimate(Lifetimes::TorchScript), estimate(Lifetimes::Eager));
-    // The same model run eagerly by PyTorch on this CPU (no CPU-only temporaries in this model).
+    let Some(models) = export(dir.path(), &["transformer", "loop"]) else { return };
     let python = python_with_torch().unwrap();
-    let probe = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/eager_peak.py");
-    let out = std::process::Command::new(python).args([probe, "transformer", "4x64"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let measured: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
-    println!("above parameters+input: torchscript {script} B, eager {eager} B, eager PyTorch measured {measured} B");
-    assert_eq!(eager, measured, "eager lifetimes reproduce eager PyTorch's peak");
-    assert!(script < eager, "the interpreter frees locals at their last use: {script} vs {eager}");
+    // (model, shape, token ids?) with no CPU-only temporaries in eager PyTorch.
+    for (model, shape, ids) in [(&models[0], vec![4i64, 64], true), (&models[1], vec![1024, 256], false)] {
+        let estimate = |lifetimes| {
+            let options = EstimateOptions {
+                input_shape: shape.clone(),
+                input_is_index: ids,
+                lifetimes,
+                ..EstimateOptions::default()
+            };
+            let e = estimate_torchscript(model, &options).unwrap();
+            e.peak.bytes - e.param_bytes - e.buffer_bytes - e.input_bytes
+        };
+        let (script, eager) = (estimate(Lifetimes::TorchScript), estimate(Lifetimes::Eager));
+        // The same model run eagerly by PyTorch on this CPU, measured by its profiler.
+        let name = model.file_stem().unwrap().to_str().unwrap();
+        let shape_arg = shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x");
+        let probe = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/eager_peak.py");
+        let out = std::process::Command::new(&python).args([probe, name, &shape_arg]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let measured: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        println!("{name}: above parameters+input: torchscript {script} B, eager {eager} B, eager PyTorch {measured} B");
+        assert_eq!(eager, measured, "{name}: eager lifetimes reproduce eager PyTorch's peak");
+        assert!(script <= eager, "{name}: the interpreter never holds longer: {script} vs {eager}");
+    }
 }

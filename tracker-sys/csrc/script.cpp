@@ -105,7 +105,11 @@ void apply_eager_lifetimes(Graph& g) {
       if (name.empty()) continue;
       auto [it, fresh] = bound.try_emplace(name, out);
       if (!fresh) {
-        release.push_back(it->second);
+        // A loop rebinding its carried value (`for ..: x = f(x)`) drops the old one in its first
+        // iteration, as the interpreter does: holding it to the loop's end would overstate.
+        const bool carried = n->kind() == c10::prim::Loop &&
+                             std::find(n->inputs().begin(), n->inputs().end(), it->second) != n->inputs().end();
+        if (!carried) release.push_back(it->second);
         it->second = out;
       }
     }
