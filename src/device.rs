@@ -67,10 +67,10 @@ impl TrackedDevice {
     }
 
     /// (shim device kind, index) used to filter registry snapshots.
-    pub(crate) fn shim_filter(self) -> (i32, i32) {
+    pub(crate) fn shim_filter(self) -> (ffi::DeviceKind, i32) {
         match self {
-            TrackedDevice::Cpu => (ffi::GMT_DEV_CPU, -1),
-            TrackedDevice::Cuda(i) => (ffi::GMT_DEV_CUDA, i as i32),
+            TrackedDevice::Cpu => (ffi::DeviceKind::Cpu, -1),
+            TrackedDevice::Cuda(i) => (ffi::DeviceKind::Cuda, i as i32),
         }
     }
 }
@@ -171,17 +171,17 @@ impl AllocatorCounters {
                     None => ffi::cpu_allocator_stats(),
                 };
                 Ok(AllocatorReading {
-                    allocated: s.current.max(0) as u64,
-                    peak_since_previous: s.peak.max(0) as u64,
+                    allocated: s.current,
+                    peak_since_previous: s.peak,
                     reserved: None,
                 })
             }
             AllocatorCounters::Cuda(i) => {
                 let s = ffi::cuda_stats(*i, true)?;
                 Ok(AllocatorReading {
-                    allocated: s.allocated_current.max(0) as u64,
-                    peak_since_previous: s.allocated_peak.max(0) as u64,
-                    reserved: Some(s.reserved_current.max(0) as u64),
+                    allocated: s.allocated_current,
+                    peak_since_previous: s.allocated_peak,
+                    reserved: Some(s.reserved_current),
                 })
             }
         }
@@ -208,9 +208,9 @@ pub fn cpu_allocator_stats() -> Option<CpuAllocatorStats> {
     }
     let s = ffi::cpu_allocator_stats();
     Some(CpuAllocatorStats {
-        current: s.current.max(0) as u64,
-        peak: s.total_peak.max(0) as u64,
-        allocations: s.allocations.max(0) as u64,
-        frees: s.frees.max(0) as u64,
+        current: s.current,
+        peak: s.total_peak,
+        allocations: s.allocations,
+        frees: s.frees,
     })
 }

@@ -6,10 +6,219 @@ use std::ptr::NonNull;
 
 use tracker_sys as sys;
 
+use tracker_log::{Category, DType, Phase};
+
 use crate::error::{Error, Result};
 
-pub(crate) use sys::{gmt_alloc_stats as AllocStats, gmt_cuda_stats as CudaStats};
-pub(crate) use sys::{gmt_tensor_record as TensorRecord, GMT_DEV_CPU, GMT_DEV_CUDA, GMT_DEV_META};
+/// The device kinds the shim can list, record and create tensors on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DeviceKind {
+    Cpu,
+    Cuda,
+    Meta,
+}
+
+impl DeviceKind {
+    fn code(self) -> i32 {
+        match self {
+            DeviceKind::Cpu => sys::GMT_DEV_CPU,
+            DeviceKind::Cuda => sys::GMT_DEV_CUDA,
+            DeviceKind::Meta => sys::GMT_DEV_META,
+        }
+    }
+}
+
+fn phase_code(phase: Option<Phase>) -> u8 {
+    match phase {
+        Some(Phase::Load) => sys::GMT_PHASE_LOAD,
+        Some(Phase::Input) => sys::GMT_PHASE_INPUT,
+        Some(Phase::Forward) => sys::GMT_PHASE_FORWARD,
+        Some(Phase::Backward) => sys::GMT_PHASE_BACKWARD,
+        Some(Phase::Optimizer) => sys::GMT_PHASE_OPTIMIZER,
+        Some(Phase::Unmarked) | None => sys::GMT_PHASE_NONE,
+    }
+}
+
+fn phase_from_code(code: u8) -> Phase {
+    match code {
+        sys::GMT_PHASE_LOAD => Phase::Load,
+        sys::GMT_PHASE_INPUT => Phase::Input,
+        sys::GMT_PHASE_FORWARD => Phase::Forward,
+        sys::GMT_PHASE_BACKWARD => Phase::Backward,
+        sys::GMT_PHASE_OPTIMIZER => Phase::Optimizer,
+        _ => Phase::Unmarked,
+    }
+}
+
+/// The categories the shim can tag an allocation with (the rest are inferred in Rust).
+fn category_code(category: Category) -> i32 {
+    match category {
+        Category::Parameter => sys::GMT_CAT_PARAMETER,
+        Category::Buffer => sys::GMT_CAT_BUFFER,
+        Category::Gradient => sys::GMT_CAT_GRADIENT,
+        Category::Activation => sys::GMT_CAT_ACTIVATION,
+        Category::Input => sys::GMT_CAT_INPUT,
+        Category::OptimizerState | Category::Temporary | Category::Unknown => sys::GMT_CAT_NONE,
+    }
+}
+
+fn category_from_code(code: i32) -> Option<Category> {
+    Some(match code {
+        sys::GMT_CAT_PARAMETER => Category::Parameter,
+        sys::GMT_CAT_BUFFER => Category::Buffer,
+        sys::GMT_CAT_GRADIENT => Category::Gradient,
+        sys::GMT_CAT_ACTIVATION => Category::Activation,
+        sys::GMT_CAT_INPUT => Category::Input,
+        _ => return None,
+    })
+}
+
+/// The optimizers the shim implements for tch-native estimates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OptimizerKind {
+    None,
+    Sgd,
+    SgdMomentum,
+    Adam,
+    AdamW,
+}
+
+impl OptimizerKind {
+    fn code(self) -> i32 {
+        match self {
+            OptimizerKind::None => sys::GMT_OPT_NONE,
+            OptimizerKind::Sgd => sys::GMT_OPT_SGD,
+            OptimizerKind::SgdMomentum => sys::GMT_OPT_SGD_MOMENTUM,
+            OptimizerKind::Adam => sys::GMT_OPT_ADAM,
+            OptimizerKind::AdamW => sys::GMT_OPT_ADAMW,
+        }
+    }
+}
+
+/// What a recorded event is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EventKind {
+    Alloc,
+    Free,
+    /// The CUDA caching allocator reserved (or mapped) a segment.
+    SegmentAlloc,
+    /// The CUDA caching allocator released (or unmapped) a segment.
+    SegmentFree,
+}
+
+/// One recorded allocation event, typed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AllocEvent {
+    pub kind: EventKind,
+    /// Address (CPU, CUDA) or allocation number (meta).
+    pub id: i64,
+    /// Bytes (0 on a CPU free).
+    pub size: u64,
+    pub phase: Phase,
+    pub iteration: u32,
+    /// Innermost op, an index into [`Recording::op_names`].
+    pub op: Option<usize>,
+    /// Outermost op, an index into [`Recording::op_names`].
+    pub top_op: Option<usize>,
+    pub time_ns: i64,
+    /// The track site noted before the event (see [`history_set_site`]).
+    pub site: Option<usize>,
+    /// A category the shim tagged the allocation with.
+    pub tag: Option<Category>,
+    nframes: usize,
+}
+
+impl From<&sys::gmt_alloc_event> for AllocEvent {
+    fn from(e: &sys::gmt_alloc_event) -> Self {
+        AllocEvent {
+            kind: match e.is_free {
+                sys::GMT_EVENT_ALLOC => EventKind::Alloc,
+                sys::GMT_EVENT_FREE => EventKind::Free,
+                sys::GMT_EVENT_SEGMENT_ALLOC => EventKind::SegmentAlloc,
+                _ => EventKind::SegmentFree,
+            },
+            id: e.id,
+            size: e.size.max(0) as u64,
+            phase: phase_from_code(e.phase),
+            iteration: e.iteration.into(),
+            op: usize::try_from(e.op).ok(),
+            top_op: usize::try_from(e.top_op).ok(),
+            time_ns: e.time_ns,
+            site: usize::try_from(e.site).ok(),
+            tag: category_from_code(e.category),
+            nframes: (e.nframes.max(0) as usize).min(sys::GMT_STACK_FRAMES),
+        }
+    }
+}
+
+/// Counters of the wrapped CPU allocator, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct AllocStats {
+    /// Live now.
+    pub current: u64,
+    /// Highest since the window opened or was last reset.
+    pub peak: u64,
+    /// Highest since installation.
+    pub total_peak: u64,
+    pub allocations: u64,
+    pub frees: u64,
+}
+
+/// Counters of the CUDA caching allocator on one device, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct CudaStats {
+    pub allocated_current: u64,
+    pub allocated_peak: u64,
+    pub reserved_current: u64,
+}
+
+fn bytes(v: i64) -> u64 {
+    v.max(0) as u64
+}
+
+/// One live tensor as the registry lists it: the C record, read only through these accessors.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct TensorRecord(sys::gmt_tensor_record);
+
+impl TensorRecord {
+    /// Identity of the storage while the tensor is alive (0: none).
+    pub(crate) fn storage_id(&self) -> u64 {
+        self.0.storage_id
+    }
+    /// Whether other live tensors share the storage.
+    pub(crate) fn storage_shared(&self) -> bool {
+        self.0.storage_shared != 0
+    }
+    pub(crate) fn storage_nbytes(&self) -> u64 {
+        bytes(self.0.storage_nbytes)
+    }
+    /// `numel * itemsize` of this tensor (a view's own extent).
+    pub(crate) fn nbytes(&self) -> u64 {
+        bytes(self.0.nbytes)
+    }
+    /// Registration order.
+    pub(crate) fn seq(&self) -> u64 {
+        self.0.seq
+    }
+    pub(crate) fn dtype(&self) -> DType {
+        DType::from_scalar_type(self.0.scalar_type)
+    }
+    /// A leaf tensor that requires grad: what Python prints as a Parameter.
+    pub(crate) fn is_parameter(&self) -> bool {
+        self.0.is_leaf != 0 && self.0.requires_grad != 0
+    }
+    /// The registration name's id, if it has one (see [`registry_name`]).
+    pub(crate) fn name_id(&self) -> Option<i32> {
+        (self.0.name_id >= 0).then_some(self.0.name_id)
+    }
+    /// Sizes, from the snapshot's shared dims buffer.
+    pub(crate) fn shape<'a>(&self, dims: &'a [i64]) -> &'a [i64] {
+        let start = usize::try_from(self.0.dims_offset).unwrap_or(0);
+        let n = usize::try_from(self.0.ndim).unwrap_or(0);
+        dims.get(start..start.saturating_add(n)).unwrap_or(&[])
+    }
+}
 
 /// Turns a shim error (owned C string or null) into a typed error.
 fn check(call: &'static str, err: sys::gmt_error) -> Result<()> {
@@ -88,7 +297,8 @@ pub(crate) fn registry_name(id: i32) -> Option<String> {
     (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 
-/// libtorch's name of a scalar type ("Float", "BFloat16", ...).
+/// libtorch's name of a scalar type ("Float", "BFloat16", ...), to check tracker-log's table.
+#[cfg(test)]
 pub(crate) fn scalar_type_name(scalar_type: i32) -> &'static str {
     // SAFETY: returns a pointer to a static string (c10::toString) or a literal.
     let p = unsafe { sys::gmt_scalar_type_name(scalar_type) };
@@ -114,14 +324,21 @@ impl RawSnapshot {
     }
 
     /// Lists live registered tensors on a device kind (`GMT_DEV_*`) and index (-1: any).
-    pub(crate) fn take(&mut self, device_kind: i32, device_index: i32) -> Result<(&[TensorRecord], &[i64])> {
+    pub(crate) fn take(
+        &mut self,
+        device_kind: DeviceKind,
+        device_index: i32,
+    ) -> Result<(&[TensorRecord], &[i64])> {
         // SAFETY: `self.ptr` is a live snapshot we own exclusively (&mut self).
-        check("snapshot", unsafe { sys::gmt_snapshot_take(self.ptr.as_ptr(), device_kind, device_index) })?;
+        check("snapshot", unsafe {
+            sys::gmt_snapshot_take(self.ptr.as_ptr(), device_kind.code(), device_index)
+        })?;
         // SAFETY: the returned arrays stay valid until the next `take` or drop, both of which
         // need `&mut self`, so the borrow checker enforces their lifetime.
         unsafe {
             let n = sys::gmt_snapshot_len(self.ptr.as_ptr());
-            let recs = sys::gmt_snapshot_records(self.ptr.as_ptr());
+            // TensorRecord is repr(transparent) over the C record.
+            let recs = sys::gmt_snapshot_records(self.ptr.as_ptr()).cast::<TensorRecord>();
             let mut dims_len = 0usize;
             let dims = sys::gmt_snapshot_dims(self.ptr.as_ptr(), &mut dims_len);
             let recs = if n == 0 { &[][..] } else { std::slice::from_raw_parts(recs, n) };
@@ -163,10 +380,16 @@ impl Drop for CpuPeakWindow {
 }
 
 fn cpu_allocator_stats_window(window: i32, reset_peak: bool) -> AllocStats {
-    let mut out = AllocStats::default();
+    let mut out = sys::gmt_alloc_stats::default();
     // SAFETY: `out` is a valid out-pointer; the call takes the allocator lock.
     unsafe { sys::gmt_cpu_allocator_stats(window, reset_peak as i32, &mut out) };
-    out
+    AllocStats {
+        current: bytes(out.current),
+        peak: bytes(out.peak),
+        total_peak: bytes(out.total_peak),
+        allocations: bytes(out.allocations),
+        frees: bytes(out.frees),
+    }
 }
 
 /// Global counters of the wrapped CPU allocator (peak = since installation; zeros before install).
@@ -186,12 +409,15 @@ pub(crate) fn cuda_device_count() -> usize {
 }
 
 pub(crate) fn cuda_stats(device: usize, reset_peak: bool) -> Result<CudaStats> {
-    let mut out = CudaStats::default();
+    let mut out = sys::gmt_cuda_stats::default();
+    let device = i32::try_from(device).unwrap_or(i32::MAX);
     // SAFETY: `out` is a valid out-pointer; the shim checks the device index.
-    check("CUDA memory stats", unsafe {
-        sys::gmt_cuda_stats_read(device as i32, reset_peak as i32, &mut out)
-    })?;
-    Ok(out)
+    check("CUDA memory stats", unsafe { sys::gmt_cuda_stats_read(device, reset_peak as i32, &mut out) })?;
+    Ok(CudaStats {
+        allocated_current: bytes(out.allocated_current),
+        allocated_peak: bytes(out.allocated_peak),
+        reserved_current: bytes(out.reserved_current),
+    })
 }
 
 pub(crate) fn cuda_empty_cache() -> Result<()> {
@@ -199,18 +425,27 @@ pub(crate) fn cuda_empty_cache() -> Result<()> {
     check("CUDA empty_cache", unsafe { sys::gmt_cuda_empty_cache() })
 }
 
-pub(crate) use sys::{gmt_alloc_event as AllocEvent, gmt_estimate_result as EstimateSizes};
+/// Sizes found by a TorchScript (or tch-native) estimate, in bytes and elements.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct EstimateSizes {
+    pub param_count: u64,
+    pub param_bytes: u64,
+    pub buffer_bytes: u64,
+    pub input_bytes: u64,
+    pub grad_bytes: u64,
+    pub optimizer_state_bytes: u64,
+}
 
 /// Options of a TorchScript estimate, owned on the Rust side.
 pub(crate) struct EstimateCall<'a> {
     pub path: &'a std::path::Path,
     pub input_shape: &'a [i64],
-    pub scalar_type: i32,
+    pub dtype: DType,
     pub input_is_index: bool,
     pub train: bool,
-    pub optimizer: i32,
+    pub optimizer: OptimizerKind,
     pub iterations: i32,
-    pub device_kind: i32,
+    pub device_kind: DeviceKind,
     pub eager_lifetimes: bool,
 }
 
@@ -224,18 +459,26 @@ pub(crate) fn estimate_torchscript(
         path: path.as_ptr(),
         input_shape: call.input_shape.as_ptr(),
         input_ndim: call.input_shape.len() as i32,
-        dtype: call.scalar_type,
+        dtype: call.dtype.scalar_type(),
         input_is_index: call.input_is_index as i32,
         train: call.train as i32,
-        optimizer: call.optimizer,
+        optimizer: call.optimizer.code(),
         iterations: call.iterations,
-        device_kind: call.device_kind,
+        device_kind: call.device_kind.code(),
         eager_lifetimes: call.eager_lifetimes as i32,
     };
-    let mut sizes = EstimateSizes::default();
-    // SAFETY: `opts` points at live buffers (`path`, `input_shape`) for the call; `sizes` is a
+    let mut raw = sys::gmt_estimate_result::default();
+    // SAFETY: `opts` points at live buffers (`path`, `input_shape`) for the call; `raw` is a
     // valid out-pointer.
-    check("estimate", unsafe { sys::gmt_estimate_torchscript(&opts, &mut sizes) })?;
+    check("estimate", unsafe { sys::gmt_estimate_torchscript(&opts, &mut raw) })?;
+    let sizes = EstimateSizes {
+        param_count: bytes(raw.param_count),
+        param_bytes: bytes(raw.param_bytes),
+        buffer_bytes: bytes(raw.buffer_bytes),
+        input_bytes: bytes(raw.input_bytes),
+        grad_bytes: bytes(raw.grad_bytes),
+        optimizer_state_bytes: bytes(raw.optimizer_state_bytes),
+    };
     let (events, names) = recorded_events();
     Ok((sizes, events, names))
 }
@@ -250,9 +493,28 @@ pub(crate) fn recorded_events() -> (Vec<AllocEvent>, Vec<String>) {
 pub(crate) struct Recording {
     pub events: Vec<AllocEvent>,
     /// `GMT_STACK_FRAMES` return addresses per event (empty without stacks).
-    pub stacks: Vec<u64>,
+    stacks: Vec<u64>,
     pub op_names: Vec<String>,
     pub dropped: u64,
+}
+
+impl Recording {
+    /// The native return addresses of event `i`, innermost first (empty without stacks).
+    pub(crate) fn stack(&self, i: usize) -> &[u64] {
+        let start = i * sys::GMT_STACK_FRAMES;
+        let n = self.events.get(i).map_or(0, |e| e.nframes);
+        self.stacks.get(start..start + n).unwrap_or(&[])
+    }
+
+    /// The name of an op index of an event (`""` when unknown).
+    pub(crate) fn op_name(&self, op: Option<usize>) -> &str {
+        op_name(&self.op_names, op)
+    }
+}
+
+/// The name of an op index in an op-name table (`""` when unknown).
+pub(crate) fn op_name(names: &[String], op: Option<usize>) -> &str {
+    op.and_then(|i| names.get(i)).map_or("", String::as_str)
 }
 
 /// Copies the recorder's events (in order), optionally their stacks, and the op names.
@@ -261,7 +523,7 @@ pub(crate) fn copy_recording(with_stacks: bool) -> Recording {
     // `n * GMT_STACK_FRAMES` addresses); the shim copies under its lock.
     let (events, stacks, dropped) = unsafe {
         let n = sys::gmt_recorder_len();
-        let mut events = vec![AllocEvent::default(); n];
+        let mut events = vec![sys::gmt_alloc_event::default(); n];
         let mut stacks = if with_stacks { vec![0u64; n * sys::GMT_STACK_FRAMES] } else { Vec::new() };
         let mut dropped = 0u64;
         let stack_ptr = if with_stacks { stacks.as_mut_ptr() } else { std::ptr::null_mut() };
@@ -271,6 +533,7 @@ pub(crate) fn copy_recording(with_stacks: bool) -> Recording {
         (events, stacks, dropped)
     };
     let max_op = events.iter().map(|e| e.op.max(e.top_op)).max().unwrap_or(-1);
+    let events: Vec<AllocEvent> = events.iter().map(AllocEvent::from).collect();
     let op_names = (0..=max_op)
         .map(|i| {
             // SAFETY: returns a pointer into the recorder's name table or a static literal.
@@ -295,10 +558,10 @@ pub(crate) fn recorded_parameter_ids() -> Vec<i64> {
 }
 
 /// Starts recording allocations of a device kind into a ring of `max_events` (0: unbounded).
-pub(crate) fn history_start(device_kind: i32, max_events: usize, with_stacks: bool) -> Result<()> {
+pub(crate) fn history_start(device_kind: DeviceKind, max_events: usize, with_stacks: bool) -> Result<()> {
     // SAFETY: starts the recorder; fails cleanly if one is running.
     check("record history", unsafe {
-        sys::gmt_recorder_start_history(device_kind, max_events, with_stacks as i32)
+        sys::gmt_recorder_start_history(device_kind.code(), max_events, with_stacks as i32)
     })
 }
 
@@ -322,9 +585,9 @@ pub(crate) fn cuda_history_detach() {
 }
 
 /// Tags the recorded allocation holding `t`'s storage with a `GMT_CAT_*` category.
-pub(crate) fn history_tag_tensor(t: &tch::Tensor, category: i32) {
+pub(crate) fn history_tag_tensor(t: &tch::Tensor, category: Category) {
     // SAFETY: `t` is a live tensor; the shim reads its storage under the recorder lock.
-    unsafe { sys::gmt_recorder_tag_tensor(t.as_ptr() as *const c_void, category) }
+    unsafe { sys::gmt_recorder_tag_tensor(t.as_ptr() as *const c_void, category_code(category)) }
 }
 
 /// Tags the storages of the explicitly registered tensors (parameters, their grads, buffers).
@@ -351,11 +614,11 @@ pub(crate) fn history_active() -> bool {
 }
 
 /// The recorder's current (phase, iteration), for progress display.
-pub(crate) fn recorder_progress() -> (i32, i32) {
+pub(crate) fn recorder_progress() -> (Phase, u32) {
     let (mut phase, mut iteration) = (0, 0);
     // SAFETY: two valid out-pointers; atomic reads.
     unsafe { sys::gmt_recorder_progress(&mut phase, &mut iteration) };
-    (phase, iteration)
+    (phase_from_code(phase.clamp(0, 255) as u8), iteration.max(0) as u32)
 }
 
 /// Tags the next recorded events with a track site.
@@ -402,50 +665,68 @@ pub(crate) fn saved_entries() -> (Vec<(u64, String)>, u64) {
 }
 
 /// Live bytes on the meta device (tracking meta allocator).
-pub(crate) fn meta_allocator_current() -> i64 {
+pub(crate) fn meta_allocator_current() -> u64 {
     // SAFETY: reads an atomic counter.
-    unsafe { sys::gmt_meta_allocator_current() }
+    bytes(unsafe { sys::gmt_meta_allocator_current() })
 }
 
-pub(crate) use sys::gmt_static_result as StaticResult;
 
 /// Static TorchScript estimate (shape propagation + liveness).
 pub(crate) fn estimate_static(
     path: &std::path::Path,
     shape: &[i64],
-    scalar_type: i32,
+    dtype: DType,
     is_index: bool,
 ) -> Result<StaticResult> {
     let path = c_string("static estimate", &path.to_string_lossy())?;
     // SAFETY: all-zero is a valid value of this plain C struct.
-    let mut out: StaticResult = unsafe { std::mem::zeroed() };
+    let mut out: sys::gmt_static_result = unsafe { std::mem::zeroed() };
     // SAFETY: `path` and `shape` are live for the call; `out` is a valid out-pointer.
     check("static estimate", unsafe {
         sys::gmt_estimate_static(
             path.as_ptr(),
             shape.as_ptr(),
             shape.len() as i32,
-            scalar_type,
+            dtype.scalar_type(),
             is_index as i32,
             &mut out,
         )
     })?;
-    Ok(out)
+    Ok(StaticResult {
+        activation_peak: bytes(out.activation_peak),
+        param_bytes: bytes(out.param_bytes),
+        nodes: bytes(out.nodes),
+        unknown_shapes: bytes(out.unknown_shapes),
+        peak_op: fixed_c_str(&out.peak_op),
+        seconds: out.seconds,
+    })
+}
+
+/// What the static (TorchScript IR) analysis found.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StaticResult {
+    pub activation_peak: u64,
+    pub param_bytes: u64,
+    pub nodes: u64,
+    pub unknown_shapes: u64,
+    pub peak_op: String,
+    pub seconds: f64,
 }
 
 /// A fixed-size C string field as text.
-pub(crate) fn fixed_c_str(field: &[std::os::raw::c_char]) -> String {
+fn fixed_c_str(field: &[std::os::raw::c_char]) -> String {
     let bytes: Vec<u8> = field.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// Moves a tch variable's data to the meta device or the CPU in place (same variable, new
 /// storage), converting floating dtypes to `scalar_type` (-1 keeps them).
-pub(crate) fn tensor_to_device_in_place(t: &tch::Tensor, device_kind: i32, scalar_type: i32) -> Result<()> {
+pub(crate) fn tensor_to_device_in_place(t: &tch::Tensor, device_kind: DeviceKind, dtype: Option<DType>) -> Result<()> {
+    let scalar_type = dtype.map_or(-1, DType::scalar_type);
     // SAFETY: `as_ptr` is tch's live at::Tensor*; set_data mutates the TensorImpl behind it, which
     // is what every handle on this variable shares (the intent: the VarStore sees the new data).
     check("move to device", unsafe {
-        sys::gmt_tensor_to_device_in_place(t.as_ptr() as *mut c_void, device_kind, scalar_type)
+        sys::gmt_tensor_to_device_in_place(t.as_ptr() as *mut c_void, device_kind.code(), scalar_type)
     })
 }
 
@@ -456,7 +737,8 @@ pub(crate) fn tag_parameter_tensor(t: &tch::Tensor) -> Result<()> {
 }
 
 /// A new tensor on the meta device or the CPU (random floats, zero integers).
-pub(crate) fn make_tensor(shape: &[i64], scalar_type: i32, device_kind: i32) -> Result<tch::Tensor> {
+pub(crate) fn make_tensor(shape: &[i64], dtype: DType, device_kind: DeviceKind) -> Result<tch::Tensor> {
+    let (scalar_type, device_kind) = (dtype.scalar_type(), device_kind.code());
     let mut out: *mut c_void = std::ptr::null_mut();
     // SAFETY: `shape` lives for the call; `out` receives a new at::Tensor* we take ownership of.
     check("make tensor", unsafe {
@@ -470,9 +752,9 @@ pub(crate) fn make_tensor(shape: &[i64], scalar_type: i32, device_kind: i32) -> 
 pub(crate) struct ShimOptimizer(NonNull<c_void>);
 
 impl ShimOptimizer {
-    pub(crate) fn new(kind: i32) -> Result<Self> {
+    pub(crate) fn new(kind: OptimizerKind) -> Result<Self> {
         // SAFETY: allocation; null on failure.
-        NonNull::new(unsafe { sys::gmt_optimizer_new(kind) })
+        NonNull::new(unsafe { sys::gmt_optimizer_new(kind.code()) })
             .map(ShimOptimizer)
             .ok_or(Error::Libtorch { call: "optimizer", message: "out of memory".into() })
     }
@@ -508,14 +790,16 @@ pub(crate) fn grads_set_to_none(params: &[tch::Tensor]) -> Result<u64> {
 }
 
 /// Starts the estimate recorder on a device kind (phase tags via `set_phase`).
-pub(crate) fn recorder_start(device_kind: i32) -> Result<()> {
+pub(crate) fn recorder_start(device_kind: DeviceKind) -> Result<()> {
     // SAFETY: starts the recorder; fails cleanly if one runs.
-    check("record", unsafe { sys::gmt_recorder_start(device_kind) })
+    check("record", unsafe { sys::gmt_recorder_start(device_kind.code()) })
 }
 
-pub(crate) fn recorder_set_phase(phase: u8, iteration: i32) {
+/// Tags the events recorded from now on with a phase (`None`: outside any) and an iteration.
+pub(crate) fn recorder_set_phase(phase: Option<Phase>, iteration: u32) {
+    let iteration = i32::try_from(iteration).unwrap_or(i32::MAX);
     // SAFETY: stores two integers.
-    unsafe { sys::gmt_recorder_set_phase(phase as i32, iteration) }
+    unsafe { sys::gmt_recorder_set_phase(phase_code(phase).into(), iteration) }
 }
 
 pub(crate) fn meta_allocator_install() -> Result<()> {
@@ -536,7 +820,7 @@ pub(crate) fn peak_snapshot_records() -> (Vec<TensorRecord>, Vec<i64>) {
     unsafe {
         let s = sys::gmt_peak_snapshot();
         let n = sys::gmt_snapshot_len(s);
-        let recs = sys::gmt_snapshot_records(s);
+        let recs = sys::gmt_snapshot_records(s).cast::<TensorRecord>();
         let mut dims_len = 0usize;
         let dims = sys::gmt_snapshot_dims(s, &mut dims_len);
         let recs =
@@ -547,5 +831,18 @@ pub(crate) fn peak_snapshot_records() -> (Vec<TensorRecord>, Vec<i64>) {
             std::slice::from_raw_parts(dims, dims_len).to_vec()
         };
         (recs, dims)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tracker_log::DType;
+
+    /// tracker-log names dtypes without libtorch: its table must match libtorch's own.
+    #[test]
+    fn dtype_table_matches_libtorch() {
+        for n in 0..46 {
+            assert_eq!(DType::from_scalar_type(n).c10_name(), super::scalar_type_name(n), "scalar type {n}");
+        }
     }
 }

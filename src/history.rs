@@ -10,13 +10,15 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
-use serde::Serialize;
+
+pub use tracker_log::memviz::{read_snapshot_trace, Frame};
+use tracker_log::memviz::{self, Block, Segment, Snapshot, TraceEntry};
+use tracker_log::{Category, Phase, Replay, Trace, TraceEvent};
 
 use crate::error::Result;
-use crate::estimate::categorize;
-use crate::estimate::{Category, Phase, Trace, TraceEvent};
-use crate::ffi;
+use crate::ffi::{self, EventKind};
 use crate::site::Site;
+use crate::trace::categorize;
 
 /// What to record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,17 +39,6 @@ impl HistoryOptions {
     pub fn with_stacks(self, with_stacks: bool) -> Self {
         HistoryOptions { with_stacks, ..self }
     }
-}
-
-/// One stack frame, as memory_viz shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Frame {
-    /// Source file (`??` when unknown).
-    pub filename: String,
-    /// Line (0 when unknown).
-    pub line: u32,
-    /// Function.
-    pub name: String,
 }
 
 /// Allocation or free.
@@ -121,7 +112,7 @@ pub(crate) fn note_site(site: &Site) {
 }
 
 /// Starts recording allocations on a device kind, outside any phase, tagging saved tensors.
-pub(crate) fn start(device_kind: i32, options: HistoryOptions) -> Result<()> {
+pub(crate) fn start(device_kind: ffi::DeviceKind, options: HistoryOptions) -> Result<()> {
     ffi::install()?;
     ffi::history_start(device_kind, options.max_entries, options.with_stacks)?;
     ffi::history_tag_saved(true)
@@ -165,31 +156,25 @@ pub(crate) fn read(with_stacks: bool) -> History {
     let sites = SITES.lock().clone();
     let mut sizes: HashMap<i64, u64> = HashMap::new();
     let mut cache = FxHashMap::default();
-    let frames_per = tracker_sys::GMT_STACK_FRAMES;
     let events = rec
         .events
         .iter()
         .zip(categories)
         .enumerate()
         .map(|(i, (e, category))| {
-            let reported = e.size.max(0) as u64;
-            let (action, size) = match e.is_free {
-                tracker_sys::GMT_EVENT_ALLOC => {
-                    sizes.insert(e.id, reported);
-                    (Action::Alloc, reported)
+            let (action, size) = match e.kind {
+                EventKind::Alloc => {
+                    sizes.insert(e.id, e.size);
+                    (Action::Alloc, e.size)
                 }
                 // CPU frees carry no size; CUDA's do (also for blocks allocated before recording).
-                tracker_sys::GMT_EVENT_FREE => (Action::Free, sizes.remove(&e.id).unwrap_or(reported)),
-                tracker_sys::GMT_EVENT_SEGMENT_ALLOC => (Action::SegmentAlloc, reported),
-                _ => (Action::SegmentFree, reported),
+                EventKind::Free => (Action::Free, sizes.remove(&e.id).unwrap_or(e.size)),
+                EventKind::SegmentAlloc => (Action::SegmentAlloc, e.size),
+                EventKind::SegmentFree => (Action::SegmentFree, e.size),
             };
-            let site = usize::try_from(e.site).ok().and_then(|s| sites.get(s).cloned());
-            let mut frames: Vec<Frame> = if with_stacks && !rec.stacks.is_empty() {
-                let n = (e.nframes.max(0) as usize).min(frames_per);
-                rec.stacks[i * frames_per..i * frames_per + n]
-                    .iter()
-                    .map(|&ip| resolve_frame(ip, &mut cache))
-                    .collect()
+            let site = e.site.and_then(|s| sites.get(s).cloned());
+            let mut frames: Vec<Frame> = if with_stacks {
+                rec.stack(i).iter().map(|&ip| resolve_frame(ip, &mut cache)).collect()
             } else {
                 Vec::new()
             };
@@ -206,127 +191,14 @@ pub(crate) fn read(with_stacks: bool) -> History {
                 size,
                 time_us: e.time_ns / 1000,
                 site,
-                op: rec.op_names.get(e.op.max(0) as usize).cloned().unwrap_or_default(),
-                phase: Phase::from_code(e.phase),
+                op: rec.op_name(e.op).to_owned(),
+                phase: e.phase,
                 category,
                 frames,
             }
         })
         .collect();
     History { events, dropped: rec.dropped }
-}
-
-/// The structure of PyTorch's `torch.cuda.memory._snapshot()`, as memory_viz reads it.
-pub(crate) mod pickle {
-    use std::io::Write;
-    use std::path::Path;
-
-    use serde::Serialize;
-
-    use super::Frame;
-    use crate::error::{Error, Result};
-
-    /// One `device_traces` entry.
-    #[derive(Serialize)]
-    pub(crate) struct TraceEntry<'a> {
-        pub action: &'static str,
-        pub addr: u64,
-        pub size: u64,
-        pub stream: i64,
-        pub time_us: i64,
-        pub frames: &'a [Frame],
-        #[serde(skip_serializing_if = "Option::is_none")]
-        pub category: Option<&'static str>,
-    }
-
-    /// One block of a segment.
-    #[derive(Serialize)]
-    pub(crate) struct Block<'a> {
-        pub address: u64,
-        pub size: u64,
-        pub requested_size: u64,
-        pub state: &'static str,
-        pub frames: &'a [Frame],
-    }
-
-    /// One segment (a `cudaMalloc`).
-    #[derive(Serialize)]
-    pub(crate) struct Segment<'a> {
-        pub device: i64,
-        pub address: u64,
-        pub total_size: u64,
-        pub allocated_size: u64,
-        pub active_size: u64,
-        pub requested_size: u64,
-        pub stream: i64,
-        pub segment_type: &'static str,
-        pub segment_pool_id: (i64, i64),
-        pub is_expandable: bool,
-        pub frames: Vec<Frame>,
-        pub blocks: Vec<Block<'a>>,
-    }
-
-    impl<'a> Segment<'a> {
-        /// A segment on device 0, stream 0.
-        pub(crate) fn new(
-            address: u64,
-            total_size: u64,
-            allocated: u64,
-            small: bool,
-            blocks: Vec<Block<'a>>,
-        ) -> Self {
-            Segment {
-                device: 0,
-                address,
-                total_size,
-                allocated_size: allocated,
-                active_size: allocated,
-                requested_size: allocated,
-                stream: 0,
-                segment_type: if small { "small" } else { "large" },
-                segment_pool_id: (0, 0),
-                is_expandable: false,
-                frames: Vec::new(),
-                blocks,
-            }
-        }
-    }
-
-    /// The whole snapshot.
-    #[derive(Serialize)]
-    pub(crate) struct Snapshot<'a> {
-        pub segments: Vec<Segment<'a>>,
-        pub device_traces: Vec<Vec<TraceEntry<'a>>>,
-    }
-
-    /// Writes a snapshot pickle. A trace with categories ends with a `snapshot` entry (PyTorch
-    /// marks where a snapshot was taken the same way) in category `unknown`: memory_viz's
-    /// MemoryViz.js crashes on categorised traces without an `unknown` category (it appends one
-    /// through a misspelt `snapshot.categores`).
-    pub(crate) fn write(path: &Path, mut snapshot: Snapshot<'_>) -> Result<()> {
-        for trace in &mut snapshot.device_traces {
-            if trace.iter().any(|e| e.category.is_some())
-                && !trace.iter().any(|e| e.category == Some("unknown"))
-            {
-                let time_us = trace.last().map_or(0, |e| e.time_us);
-                trace.push(TraceEntry {
-                    action: "snapshot",
-                    addr: 0,
-                    size: 0,
-                    stream: 0,
-                    time_us,
-                    frames: &[],
-                    category: Some("unknown"),
-                });
-            }
-        }
-        let snapshot = &snapshot;
-        let io = |source| Error::LogWrite { path: path.to_owned(), source };
-        let mut file = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
-        serde_pickle::to_writer(&mut file, snapshot, serde_pickle::SerOptions::new())
-            .map_err(|e| io(std::io::Error::other(e.to_string())))?;
-        file.flush().map_err(io)
-    }
 }
 
 impl History {
@@ -338,24 +210,26 @@ impl History {
 
     /// Highest bytes live at once among the recorded allocations.
     pub fn peak_bytes(&self) -> u64 {
-        let (mut live, mut peak) = (0u64, 0u64);
+        let mut replay = Replay::new();
         for e in &self.events {
             match e.action {
                 Action::Alloc => {
-                    live += e.size;
-                    peak = peak.max(live);
+                    replay.alloc(e.addr as i64, e.size, e.category.unwrap_or(Category::Unknown));
                 }
-                // Only frees of recorded allocations: CUDA also reports frees of older blocks.
-                Action::Free if e.category.is_some() => live = live.saturating_sub(e.size),
-                Action::Free | Action::SegmentAlloc | Action::SegmentFree => {}
+                // Only frees of recorded allocations count: CUDA also reports frees of older
+                // blocks, which the replay never saw.
+                Action::Free => {
+                    replay.free(e.addr as i64);
+                }
+                Action::SegmentAlloc | Action::SegmentFree => {}
             }
         }
-        peak
+        replay.peak()
     }
 
     /// The categorised allocations and frees, as an estimate's [`Trace`]: its
     /// [`timeline`](Trace::timeline) and [`peak`](Trace::peak) give the bytes of each category
-    /// over time, and [`plot_timeline`](crate::plot::plot_timeline) draws them. Frees of memory
+    /// over time, and `plot::plot_timeline` (feature `plot`) draws them. Frees of memory
     /// allocated before the recording are left out.
     pub fn trace(&self) -> Trace {
         let events = self
@@ -385,9 +259,9 @@ impl History {
     /// (host memory has no caching segments).
     ///
     /// # Errors
-    /// [`Error::LogWrite`](crate::Error::LogWrite) naming the file when it cannot be written.
+    /// [`LogError::SnapshotWrite`](crate::LogError::SnapshotWrite) naming the file when it cannot be
+    /// written.
     pub fn dump_snapshot(&self, path: &Path) -> Result<()> {
-        use pickle::{Block, Segment, Snapshot, TraceEntry};
         let mut trace = Vec::with_capacity(self.events.len() * 2);
         let mut live: Vec<Option<&HistoryEvent>> = Vec::new();
         let mut live_at: HashMap<u64, usize> = HashMap::new();
@@ -466,98 +340,8 @@ impl History {
         segments.extend(live.iter().zip(&placed).filter(|(_, &p)| !p).map(|(e, _)| {
             Segment::new(e.addr, e.size, e.size, false, vec![Block { frames: &e.frames, ..block(e) }])
         }));
-        pickle::write(path, Snapshot { segments, device_traces: vec![trace] })
+        Ok(memviz::write(path, Snapshot { segments, device_traces: vec![trace] })?)
     }
-}
-
-/// One `device_traces` entry as read back (other keys ignored).
-#[derive(serde::Deserialize)]
-struct ReadEntry {
-    action: String,
-    addr: u64,
-    size: u64,
-    #[serde(default)]
-    time_us: i64,
-    #[serde(default)]
-    category: Option<String>,
-}
-
-#[derive(serde::Deserialize)]
-struct ReadSnapshot {
-    device_traces: Vec<Vec<ReadEntry>>,
-}
-
-/// Reads the allocations and frees of a memory snapshot pickle (written by this crate, or by
-/// PyTorch's `torch.cuda.memory._dump_snapshot`) as a [`Trace`]; several devices' events are
-/// merged by time, so the peak is of memory live at once on all of them. Entries without a
-/// `category` (PyTorch's own) are temporaries when freed within the trace, else unknown.
-///
-/// # Errors
-/// [`Error::SnapshotRead`](crate::Error::SnapshotRead) naming the file when it cannot be read or
-/// has no `device_traces`.
-pub fn read_snapshot_trace(path: &Path) -> Result<Trace> {
-    let fail = |reason: String| crate::Error::SnapshotRead { path: path.to_owned(), reason };
-    let bytes = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
-    let snapshot: ReadSnapshot = serde_pickle::from_slice(&bytes, serde_pickle::DeOptions::new())
-        .map_err(|e| fail(format!("not a memory snapshot pickle ({e})")))?;
-    let mut events = Vec::new();
-    for entries in &snapshot.device_traces {
-        let mut open: HashMap<u64, usize> = HashMap::new();
-        let mut freed = vec![false; entries.len()];
-        for (i, e) in entries.iter().enumerate() {
-            match e.action.as_str() {
-                "alloc" => {
-                    open.insert(e.addr, i);
-                }
-                "free_completed" => {
-                    if let Some(a) = open.remove(&e.addr) {
-                        freed[a] = true;
-                    }
-                }
-                _ => {}
-            }
-        }
-        let mut category_of: HashMap<u64, Category> = HashMap::new();
-        for (i, e) in entries.iter().enumerate() {
-            let alloc = match e.action.as_str() {
-                "alloc" => true,
-                "free_completed" => false,
-                _ => continue,
-            };
-            let category = if alloc {
-                let c = e.category.as_deref().and_then(Category::from_name).unwrap_or(if freed[i] {
-                    Category::Temporary
-                } else {
-                    Category::Unknown
-                });
-                category_of.insert(e.addr, c);
-                c
-            } else {
-                // A free of memory allocated before the trace began: nothing to subtract.
-                let Some(c) = category_of.remove(&e.addr) else { continue };
-                c
-            };
-            events.push((
-                e.time_us,
-                TraceEvent {
-                    alloc,
-                    id: e.addr as i64,
-                    size: e.size,
-                    phase: Phase::Unmarked,
-                    iteration: 0,
-                    op: String::new(),
-                    top_op: String::new(),
-                    category,
-                },
-            ));
-        }
-    }
-    if events.is_empty() {
-        return Err(fail("it records no allocation".into()));
-    }
-    // A stable sort keeps each device's order among events of the same microsecond.
-    events.sort_by_key(|(time, _)| *time);
-    Ok(Trace { events: events.into_iter().map(|(_, e)| e).collect() })
 }
 
 #[cfg(test)]

@@ -101,24 +101,27 @@
 #![warn(missing_docs)]
 
 pub mod device;
-pub mod diff;
 mod error;
 pub mod estimate;
 mod ffi;
 pub mod history;
-pub mod log;
-pub mod nvml;
-pub mod plot;
-pub mod report;
 pub mod sampler;
 pub mod site;
 pub mod snapshot;
+mod trace;
 mod tracker;
-pub mod watch;
+
+/// The libtorch-free layer, re-exported: the log format, reports, NVML, traces, snapshots.
+pub use tracker_log::{diff, log, memviz, nvml, report, watch};
+/// SVG/PNG charts of logs and timelines (feature `plot`).
+#[cfg(feature = "plot")]
+pub use tracker_log::plot;
 
 pub use device::{cpu_allocator_stats, cuda_device_count, empty_cuda_cache, AllocatorReading, TrackedDevice};
-pub use diff::{GroupChange, Sign};
 pub use error::{Error, Result};
+/// The error of the libtorch-free layer, inside [`Error::Log`].
+pub use tracker_log::Error as LogError;
+pub use tracker_log::{GroupChange, Sign};
 pub use site::Site;
 pub use snapshot::{DType, GroupKey, TensorClass, TensorInfo};
 pub use tracker::{

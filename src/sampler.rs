@@ -60,11 +60,11 @@ impl SampleSource for DeviceSource {
     fn sample(&mut self) -> Sample {
         match self.device {
             TrackedDevice::Cpu => Sample {
-                allocated: Some(ffi::cpu_allocator_stats().current.max(0) as u64),
+                allocated: Some(ffi::cpu_allocator_stats().current),
                 ..Sample::default()
             },
             TrackedDevice::Cuda(i) => {
-                let allocated = ffi::cuda_stats(i, false).ok().map(|s| s.allocated_current.max(0) as u64);
+                let allocated = ffi::cuda_stats(i, false).ok().map(|s| s.allocated_current);
                 let reading = self.nvml.as_ref().and_then(|n| n.read(i, self.pid).ok());
                 Sample {
                     allocated,

@@ -1,135 +1,38 @@
 //! A snapshot of the live tensors on one device, grouped the way the log prints them:
 //! by (shape, dtype, class), with each storage's bytes counted once.
-use std::fmt;
 use std::hash::{Hash, Hasher};
 
 use rustc_hash::FxHashMap;
+pub use tracker_log::group::{DType, GroupKey, GroupTotals, TensorClass};
 
 use crate::ffi::{self, TensorRecord};
 
-/// A tensor's element type, by libtorch's `c10::ScalarType` number.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DType(pub(crate) i32);
-
-impl DType {
-    /// The `c10::ScalarType` number.
-    pub fn scalar_type(self) -> i32 {
-        self.0
-    }
-}
-
-impl DType {
-    /// The name Python prints: `torch.float32`, `torch.int64`, `torch.bfloat16`, ...
-    pub fn torch_name(self) -> String {
-        format!("torch.{}", python_dtype(ffi::scalar_type_name(self.0)))
-    }
-}
-
-impl From<tch::Kind> for DType {
-    fn from(kind: tch::Kind) -> Self {
-        use tch::Kind as K;
-        // c10::ScalarType numbering (tch keeps its own mapping private).
-        DType(match kind {
-            K::Uint8 => 0,
-            K::Int8 => 1,
-            K::Int16 => 2,
-            K::Int => 3,
-            K::Int64 => 4,
-            K::Half => 5,
-            K::Float => 6,
-            K::Double => 7,
-            K::ComplexHalf => 8,
-            K::ComplexFloat => 9,
-            K::ComplexDouble => 10,
-            K::Bool => 11,
-            K::QInt8 => 12,
-            K::QUInt8 => 13,
-            K::QInt32 => 14,
-            K::BFloat16 => 15,
-            K::Float8e5m2 => 23,
-            K::Float8e4m3fn => 24,
-            K::Float8e5m2fnuz => 25,
-            K::Float8e4m3fnuz => 26,
-        })
-    }
-}
-
-/// Python's dtype name for a c10 scalar type name (`Float` -> `float32`).
-fn python_dtype(c10_name: &str) -> String {
-    let fixed = match c10_name {
-        "Byte" => "uint8",
-        "Char" => "int8",
-        "Short" => "int16",
-        "Int" => "int32",
-        "Long" => "int64",
-        "Half" => "float16",
-        "Float" => "float32",
-        "Double" => "float64",
-        "ComplexHalf" => "complex32",
-        "ComplexFloat" => "complex64",
-        "ComplexDouble" => "complex128",
-        // Bool, BFloat16, QInt8, UInt16, Float8_e4m3fn, ...: Python's name is the lower-cased one.
-        other => return other.to_ascii_lowercase(),
-    };
-    fixed.to_owned()
-}
-
-/// The class column of the log: Python prints a parameter's class differently.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum TensorClass {
-    /// A leaf tensor that requires grad: `<class 'torch.nn.parameter.Parameter'>`.
-    Parameter,
-    /// Any other tensor: `<class 'torch.Tensor'>`.
-    Tensor,
-    /// Another class, as read from a log written by another tool (the text between the quotes).
-    Other(String),
-}
-
-impl TensorClass {
-    /// The dotted Python class name.
-    pub fn python_name(&self) -> &str {
-        match self {
-            TensorClass::Parameter => "torch.nn.parameter.Parameter",
-            TensorClass::Tensor => "torch.Tensor",
-            TensorClass::Other(s) => s,
-        }
-    }
-
-    /// Parses a dotted Python class name.
-    pub fn from_python_name(name: &str) -> Self {
-        match name {
-            "torch.nn.parameter.Parameter" => TensorClass::Parameter,
-            "torch.Tensor" => TensorClass::Tensor,
-            other => TensorClass::Other(other.to_owned()),
-        }
-    }
-}
-
-impl fmt::Display for TensorClass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "<class '{}'>", self.python_name())
-    }
-}
-
-/// What identifies a group of tensors in the log.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct GroupKey {
-    /// Sizes, outermost first.
-    pub shape: Box<[i64]>,
-    /// Element type.
-    pub dtype: DType,
-    /// Parameter or plain tensor.
-    pub class: TensorClass,
-}
-
-/// Count and bytes of one group. Bytes are the storages this group owns: a storage shared by
-/// several tensors (views) is owned by its largest, then oldest, tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct GroupTotals {
-    /// Live tensors in the group.
-    pub count: u64,
-    /// Storage bytes attributed to the group.
-    pub bytes: u64,
+/// The dtype of a tch `Kind`, by its `c10::ScalarType` number (tch keeps its own mapping
+/// private).
+pub fn dtype_of(kind: tch::Kind) -> DType {
+    use tch::Kind as K;
+    DType::from_scalar_type(match kind {
+        K::Uint8 => 0,
+        K::Int8 => 1,
+        K::Int16 => 2,
+        K::Int => 3,
+        K::Int64 => 4,
+        K::Half => 5,
+        K::Float => 6,
+        K::Double => 7,
+        K::ComplexHalf => 8,
+        K::ComplexFloat => 9,
+        K::ComplexDouble => 10,
+        K::Bool => 11,
+        K::QInt8 => 12,
+        K::QUInt8 => 13,
+        K::QInt32 => 14,
+        K::BFloat16 => 15,
+        K::Float8e5m2 => 23,
+        K::Float8e4m3fn => 24,
+        K::Float8e5m2fnuz => 25,
+        K::Float8e4m3fnuz => 26,
+    })
 }
 
 /// The grouped live tensors on a device at one moment.
@@ -150,14 +53,14 @@ pub struct Snapshot {
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct BorrowedKey<'a> {
     shape: &'a [i64],
-    scalar_type: i32,
+    dtype: DType,
     parameter: bool,
 }
 
 impl Hash for BorrowedKey<'_> {
     fn hash<H: Hasher>(&self, h: &mut H) {
         self.shape.hash(h);
-        h.write_i32(self.scalar_type);
+        h.write_i32(self.dtype.scalar_type());
         h.write_u8(self.parameter as u8);
     }
 }
@@ -167,14 +70,14 @@ impl Hash for BorrowedKey<'_> {
 fn shared_storage_owners(records: &[TensorRecord]) -> FxHashMap<u64, usize> {
     let mut owners: FxHashMap<u64, usize> = FxHashMap::default();
     for (i, r) in records.iter().enumerate() {
-        if r.storage_id == 0 || r.storage_shared == 0 {
+        if r.storage_id() == 0 || !r.storage_shared() {
             continue;
         }
         owners
-            .entry(r.storage_id)
+            .entry(r.storage_id())
             .and_modify(|o| {
                 let cur = &records[*o];
-                if r.nbytes > cur.nbytes || (r.nbytes == cur.nbytes && r.seq < cur.seq) {
+                if r.nbytes() > cur.nbytes() || (r.nbytes() == cur.nbytes() && r.seq() < cur.seq()) {
                     *o = i;
                 }
             })
@@ -186,16 +89,7 @@ fn shared_storage_owners(records: &[TensorRecord]) -> FxHashMap<u64, usize> {
 /// Whether record `i` is the one its storage's bytes are attributed to.
 fn owns_storage(records: &[TensorRecord], owners: &FxHashMap<u64, usize>, i: usize) -> bool {
     let r = &records[i];
-    r.storage_id != 0 && (r.storage_shared == 0 || owners.get(&r.storage_id) == Some(&i))
-}
-
-pub(crate) fn is_parameter(r: &TensorRecord) -> bool {
-    r.is_leaf != 0 && r.requires_grad != 0
-}
-
-pub(crate) fn shape_of<'a>(r: &TensorRecord, dims: &'a [i64]) -> &'a [i64] {
-    let start = r.dims_offset as usize;
-    &dims[start..start + r.ndim as usize]
+    r.storage_id() != 0 && (!r.storage_shared() || owners.get(&r.storage_id()) == Some(&i))
 }
 
 impl Snapshot {
@@ -207,27 +101,27 @@ impl Snapshot {
         for (i, r) in records.iter().enumerate() {
             let owned = owns_storage(records, &owners, i);
             if owned {
-                snap.tensor_bytes += r.storage_nbytes.max(0) as u64;
+                snap.tensor_bytes += r.storage_nbytes();
                 snap.storage_count += 1;
             }
             if !detail {
                 continue;
             }
             let key = BorrowedKey {
-                shape: shape_of(r, dims),
-                scalar_type: r.scalar_type,
-                parameter: is_parameter(r),
+                shape: r.shape(dims),
+                dtype: r.dtype(),
+                parameter: r.is_parameter(),
             };
             let g = grouped.entry(key).or_default();
             g.count += 1;
             if owned {
-                g.bytes += r.storage_nbytes.max(0) as u64;
+                g.bytes += r.storage_nbytes();
             }
         }
         snap.groups.reserve(grouped.len());
         for (k, v) in grouped {
             let class = if k.parameter { TensorClass::Parameter } else { TensorClass::Tensor };
-            snap.groups.insert(GroupKey { shape: k.shape.into(), dtype: DType(k.scalar_type), class }, v);
+            snap.groups.insert(GroupKey { shape: k.shape.into(), dtype: k.dtype, class }, v);
         }
         snap
     }
@@ -260,13 +154,13 @@ pub(crate) fn tensor_infos(records: &[TensorRecord], dims: &[i64]) -> Vec<Tensor
         .iter()
         .enumerate()
         .map(|(i, r)| TensorInfo {
-            name: if r.name_id >= 0 { ffi::registry_name(r.name_id) } else { None },
-            shape: shape_of(r, dims).to_vec(),
-            dtype: DType(r.scalar_type),
-            class: if is_parameter(r) { TensorClass::Parameter } else { TensorClass::Tensor },
-            nbytes: r.nbytes.max(0) as u64,
-            storage_nbytes: r.storage_nbytes.max(0) as u64,
-            storage_id: r.storage_id,
+            name: r.name_id().and_then(ffi::registry_name),
+            shape: r.shape(dims).to_vec(),
+            dtype: r.dtype(),
+            class: if r.is_parameter() { TensorClass::Parameter } else { TensorClass::Tensor },
+            nbytes: r.nbytes(),
+            storage_nbytes: r.storage_nbytes(),
+            storage_id: r.storage_id(),
             owns_storage: owns_storage(records, &owners, i),
         })
         .collect();

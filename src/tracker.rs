@@ -1,7 +1,7 @@
 //! [`MemTracker`]: snapshot, diff, log line, per track point.
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -95,9 +95,10 @@ impl MemTrackerBuilder {
     /// `RANK`, `SLURM_PROCID` or `LOCAL_RANK` when a launcher set them.
     ///
     /// # Errors
-    /// [`Error::InvalidPrefix`]; [`Error::CudaUnavailable`] / [`Error::NoSuchCudaDevice`] for a
-    /// CUDA device this process cannot use; [`Error::LogDirMissing`],
-    /// [`Error::LogDirNotADirectory`], [`Error::LogDirUnwritable`] for the log folder;
+    /// [`LogError::InvalidPrefix`](crate::LogError::InvalidPrefix) (inside [`Error::Log`]);
+    /// [`Error::CudaUnavailable`] / [`Error::NoSuchCudaDevice`] for a CUDA device this process
+    /// cannot use; [`LogError::LogDirMissing`](crate::LogError::LogDirMissing),
+    /// `LogDirNotADirectory`, `LogDirUnwritable` for the log folder;
     /// [`Error::Libtorch`] if the hooks cannot be installed.
     pub fn build(self) -> Result<MemTracker> {
         validate_prefix(&self.prefix)?;
@@ -109,7 +110,7 @@ impl MemTrackerBuilder {
             None => {
                 let d = PathBuf::from(DEFAULT_LOG_DIR);
                 std::fs::create_dir_all(&d)
-                    .map_err(|source| Error::LogDirUnwritable { path: d.clone(), source })?;
+                    .map_err(|source| tracker_log::Error::LogDirUnwritable { path: d.clone(), source })?;
                 d
             }
         };
@@ -149,7 +150,7 @@ impl MemTrackerBuilder {
             warned: AtomicBool::new(false),
             sampler,
             history_stacks: Mutex::new(false),
-            optimizer_steps: AtomicI32::new(0),
+            optimizer_steps: AtomicU32::new(0),
             state: Mutex::new(State { raw, previous: FxHashMap::default(), writer, allocator, nvml }),
         })
     }
@@ -236,7 +237,7 @@ pub struct MemTracker {
     warned: AtomicBool,
     sampler: Option<Sampler>,
     history_stacks: Mutex<bool>,
-    optimizer_steps: AtomicI32,
+    optimizer_steps: AtomicU32,
     state: Mutex<State>,
 }
 
@@ -276,7 +277,7 @@ impl MemTracker {
     /// Prefer [`track!`](crate::track), which knows the function at compile time.
     ///
     /// # Errors
-    /// [`Error::LogWrite`] when the block cannot be appended; [`Error::Libtorch`] when the
+    /// [`LogError::LogWrite`](crate::LogError::LogWrite) when the block cannot be appended; [`Error::Libtorch`] when the
     /// snapshot or the allocator counters cannot be read.
     #[track_caller]
     pub fn track(&self) -> Result<TrackPoint> {
@@ -364,12 +365,12 @@ impl MemTracker {
             });
         }
         match self.device {
-            TrackedDevice::Cpu => history::start(ffi::GMT_DEV_CPU, options)?,
+            TrackedDevice::Cpu => history::start(ffi::DeviceKind::Cpu, options)?,
             TrackedDevice::Cuda(i) => {
                 ffi::cuda_history_attach(i).map_err(|e| Error::CudaUnavailable {
                     reason: format!("cannot record the memory history of {}: {e}", self.device),
                 })?;
-                if let Err(e) = history::start(ffi::GMT_DEV_CUDA, options) {
+                if let Err(e) = history::start(ffi::DeviceKind::Cuda, options) {
                     ffi::cuda_history_detach();
                     return Err(e);
                 }
@@ -383,7 +384,7 @@ impl MemTracker {
     /// Marks `tensor` as the input batch in the recorded history (no-op when nothing records, or
     /// when its memory was allocated before the recording started).
     pub fn tag_input(&self, tensor: &tch::Tensor) {
-        ffi::history_tag_tensor(tensor, tracker_sys::GMT_CAT_INPUT);
+        ffi::history_tag_tensor(tensor, tracker_log::Category::Input);
     }
 
     /// Runs an optimizer step (`|| opt.step()`) as a phase of the recorded history: memory it
@@ -396,9 +397,9 @@ impl MemTracker {
         // Gradients live now are tagged before the step can drop them.
         ffi::history_tag_registered();
         let n = self.optimizer_steps.fetch_add(1, Ordering::Relaxed) + 1;
-        ffi::recorder_set_phase(tracker_sys::GMT_PHASE_OPTIMIZER, n);
+        ffi::recorder_set_phase(Some(tracker_log::Phase::Optimizer), n);
         let out = step();
-        ffi::recorder_set_phase(tracker_sys::GMT_PHASE_NONE, n);
+        ffi::recorder_set_phase(None, n);
         out
     }
 
@@ -418,7 +419,7 @@ impl MemTracker {
     /// Writes the recorded history as a PyTorch memory snapshot pickle (open it in memory_viz).
     ///
     /// # Errors
-    /// [`Error::LogWrite`] naming the file.
+    /// [`LogError::LogWrite`](crate::LogError::LogWrite) naming the file.
     pub fn dump_snapshot(&self, path: impl AsRef<Path>) -> Result<()> {
         self.history().dump_snapshot(path.as_ref())
     }
@@ -458,7 +459,7 @@ impl MemTracker {
     /// I/O errors of `out`; [`Error::Libtorch`] when the registry cannot be read.
     pub fn print_all_tensors(&self, mut out: impl Write) -> Result<()> {
         let tensors = self.live_tensors()?;
-        let io = |source| Error::LogWrite { path: PathBuf::from("<print_all_tensors writer>"), source };
+        let io = |source| tracker_log::Error::LogWrite { path: PathBuf::from("<print_all_tensors writer>"), source };
         let mut total = 0u64;
         for t in &tensors {
             if t.owns_storage {
@@ -478,7 +479,8 @@ impl MemTracker {
             .map_err(io)?;
         }
         writeln!(out, "{} tensors on {}, {} bytes in unique storages", tensors.len(), self.device, total)
-            .map_err(io)
+            .map_err(io)?;
+        Ok(())
     }
 
     /// Registers every variable of a `VarStore` by name, so parameters show up even if they were

@@ -2,7 +2,7 @@
 mod common;
 
 use gpu_mem_track::nvml::NvmlReader;
-use gpu_mem_track::{cuda_device_count, empty_cuda_cache, track, Error, MemTracker, TrackedDevice};
+use gpu_mem_track::{cuda_device_count, empty_cuda_cache, track, Error, LogError, MemTracker, TrackedDevice};
 
 fn cpu() -> gpu_mem_track::MemTrackerBuilder {
     MemTracker::builder().device(TrackedDevice::Cpu)
@@ -13,7 +13,7 @@ fn missing_log_folder_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("no-such-folder");
     let e = cpu().log_dir(&missing).build().unwrap_err();
-    assert!(matches!(e, Error::LogDirMissing { .. }), "{e:?}");
+    assert!(matches!(e, Error::Log(LogError::LogDirMissing { .. })), "{e:?}");
     assert!(e.to_string().contains("no-such-folder"), "{e}");
 }
 
@@ -23,7 +23,7 @@ fn a_file_given_as_log_folder_is_named() {
     let file = dir.path().join("plain.txt");
     std::fs::write(&file, "x").unwrap();
     let e = cpu().log_dir(&file).build().unwrap_err();
-    assert!(matches!(e, Error::LogDirNotADirectory { .. }), "{e:?}");
+    assert!(matches!(e, Error::Log(LogError::LogDirNotADirectory { .. })), "{e:?}");
     assert!(e.to_string().contains("plain.txt"));
 }
 
@@ -31,7 +31,7 @@ fn a_file_given_as_log_folder_is_named() {
 fn unwritable_log_folder_is_named() {
     // /proc refuses new files even for root, unlike a chmod'ed temp folder.
     let e = cpu().log_dir("/proc").build().unwrap_err();
-    assert!(matches!(e, Error::LogDirUnwritable { .. }), "{e:?}");
+    assert!(matches!(e, Error::Log(LogError::LogDirUnwritable { .. })), "{e:?}");
     assert!(e.to_string().contains("/proc"), "{e}");
 }
 
@@ -40,7 +40,7 @@ fn invalid_prefixes_are_refused_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     for bad in ["../escape", "a/b", "with space", ".hidden", "tab\t", "ünï"] {
         let e = cpu().log_dir(dir.path()).prefix(bad).build().unwrap_err();
-        assert!(matches!(e, Error::InvalidPrefix { .. }), "{bad}: {e:?}");
+        assert!(matches!(e, Error::Log(LogError::InvalidPrefix { .. })), "{bad}: {e:?}");
         assert!(e.to_string().contains(&format!("{bad:?}")), "{e}");
     }
     let ok = cpu().log_dir(dir.path()).prefix("rank0_gpu-1.").build().unwrap();
@@ -89,7 +89,7 @@ fn missing_nvml_is_an_error_from_the_reader_and_tracking_goes_on() {
     match NvmlReader::open() {
         Ok(_) => println!("skipped: NVML is present on this machine"),
         Err(e) => {
-            assert!(matches!(e, Error::NvmlUnavailable(_)), "{e:?}");
+            assert!(matches!(e, LogError::NvmlUnavailable(_)), "{e:?}");
             assert!(e.to_string().starts_with("NVML is not available"), "{e}");
             // A CPU tracker never needs NVML and keeps working.
             let dir = tempfile::tempdir().unwrap();

@@ -8,7 +8,7 @@ use gpu_mem_track::log::{
     parse_log, parse_log_bytes, parse_log_file, parse_log_lenient, AtLine, GroupLine, LogBlock, LogHeader,
     MemoryField, ParsedLog, SourceLocation, ALLOCATED, TENSOR_USED,
 };
-use gpu_mem_track::{track, Error, Sign, TensorClass};
+use gpu_mem_track::{track, Sign, TensorClass};
 use proptest::prelude::*;
 use tch::{Device, Kind, Tensor};
 
@@ -75,7 +75,7 @@ fn file_errors_name_the_file_and_line() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("nope.txt");
     let e = parse_log_file(&missing).unwrap_err();
-    assert!(matches!(e, Error::LogRead { .. }));
+    assert!(matches!(e, gpu_mem_track::LogError::LogRead { .. }));
     assert!(e.to_string().contains("nope.txt"), "{e}");
 
     let bad = dir.path().join("bad.txt");

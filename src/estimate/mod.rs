@@ -1,18 +1,16 @@
 //! Estimating memory without a GPU: a whole TorchScript model run on the meta device (exact
 //! tensor sizes, no data, no compute) with every allocation recorded, replayed through a model of
 //! the CUDA caching allocator to predict `memory_allocated` and `memory_reserved`.
-pub mod caching_allocator;
+pub use tracker_log::caching_allocator;
 mod native;
 pub mod profile;
 mod saved;
 mod size;
-mod trace;
-pub(crate) use trace::categorize;
 
 pub use native::{training_step, NativeStepOptions};
 pub use saved::{memory_for_backward, memory_for_backward_excluding, SavedByOp, SavedReport};
 pub use size::{optimizer_state_bytes, torchscript_size, varstore_size, Activations, ModelSize};
-pub use trace::{Category, TimelinePoint, Trace, TraceEvent};
+pub use tracker_log::{Category, Phase, TimelinePoint, Trace, TraceEvent};
 
 use std::collections::HashMap;
 use std::fmt;
@@ -22,11 +20,14 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::ffi::{self, AllocEvent};
-use caching_allocator::{BlockId, CachingAllocatorModel, CachingStats};
+use tracker_log::caching_allocator::{BlockId, CachingAllocatorModel, CachingStats};
+use tracker_log::{DType, Replay};
+
+use crate::ffi::{self, AllocEvent, DeviceKind, EventKind, OptimizerKind};
 
 /// Element type of parameters and float inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     /// float32
@@ -38,12 +39,13 @@ pub enum Precision {
 }
 
 impl Precision {
-    fn scalar_type(self) -> i32 {
-        match self {
+    /// The dtype of parameters and float inputs.
+    pub fn dtype(self) -> DType {
+        DType::from_scalar_type(match self {
             Precision::F32 => 6,
             Precision::F16 => 5,
             Precision::Bf16 => 15,
-        }
+        })
     }
 }
 
@@ -72,25 +74,28 @@ impl std::str::FromStr for Lifetimes {
 
 /// Optimizer whose state a training step allocates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Optimizer {
     /// Plain SGD: no state.
     Sgd,
     /// SGD with momentum: one buffer per parameter.
+    #[cfg_attr(feature = "cli", value(name = "momentum", alias = "sgd-momentum"))]
     SgdMomentum,
     /// Adam: two buffers per parameter, plus a parameter-sized temporary per step.
     Adam,
     /// AdamW: as Adam.
+    #[cfg_attr(feature = "cli", value(name = "adamw"))]
     AdamW,
 }
 
 impl Optimizer {
-    fn code(self) -> i32 {
+    pub(crate) fn kind(self) -> OptimizerKind {
         match self {
-            Optimizer::Sgd => tracker_sys::GMT_OPT_SGD,
-            Optimizer::SgdMomentum => tracker_sys::GMT_OPT_SGD_MOMENTUM,
-            Optimizer::Adam => tracker_sys::GMT_OPT_ADAM,
-            Optimizer::AdamW => tracker_sys::GMT_OPT_ADAMW,
+            Optimizer::Sgd => OptimizerKind::Sgd,
+            Optimizer::SgdMomentum => OptimizerKind::SgdMomentum,
+            Optimizer::Adam => OptimizerKind::Adam,
+            Optimizer::AdamW => OptimizerKind::AdamW,
         }
     }
 }
@@ -147,11 +152,13 @@ pub struct EstimateOptions {
 
 /// When a run frees the tensors a model computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Lifetimes {
     /// The TorchScript interpreter's: each value is freed right after its last use. What a tch
     /// program running the model as a `CModule` gets.
     #[default]
+    #[cfg_attr(feature = "cli", value(name = "torchscript", alias = "ts"))]
     TorchScript,
     /// Eager PyTorch's (CPython reference counting), read from the graph's variable names: a local
     /// variable lives until it is rebound or its `forward` returns, and a module call's inputs
@@ -173,56 +180,11 @@ impl Default for EstimateOptions {
     }
 }
 
-/// A phase of the estimated run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Phase {
-    /// Loading the module (parameters, buffers).
-    Load,
-    /// Creating the input.
-    Input,
-    /// The forward pass.
-    Forward,
-    /// Loss and backward pass.
-    Backward,
-    /// The optimizer step.
-    Optimizer,
-    /// A live program (memory history) outside any phase it declared.
-    Unmarked,
-}
-
-impl Phase {
-    pub(crate) fn from_code(c: u8) -> Phase {
-        match c {
-            tracker_sys::GMT_PHASE_LOAD => Phase::Load,
-            tracker_sys::GMT_PHASE_INPUT => Phase::Input,
-            tracker_sys::GMT_PHASE_FORWARD => Phase::Forward,
-            tracker_sys::GMT_PHASE_BACKWARD => Phase::Backward,
-            tracker_sys::GMT_PHASE_OPTIMIZER => Phase::Optimizer,
-            _ => Phase::Unmarked,
-        }
-    }
-}
-
-impl fmt::Display for Phase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Phase::Load => "load",
-            Phase::Input => "input",
-            Phase::Forward => "forward",
-            Phase::Backward => "backward",
-            Phase::Optimizer => "optimizer step",
-            Phase::Unmarked => "run",
-        })
-    }
-}
-
 /// How far a running estimate is: (steps done, total steps, what runs now). Steps are load,
 /// input, then forward (, backward and optimizer step) per iteration. Meant to be polled from
 /// another thread while [`estimate_torchscript`] runs.
 pub fn estimate_progress(mode: Mode) -> (u64, u64, String) {
     let (phase, iteration) = ffi::recorder_progress();
-    let phase = Phase::from_code(phase.clamp(0, 255) as u8);
     let per_iteration = if matches!(mode, Mode::Inference) { 1 } else { 3 };
     let total = 2 + per_iteration * if matches!(mode, Mode::Inference) { 1 } else { 2 };
     let done = match phase {
@@ -326,20 +288,20 @@ pub fn estimate_torchscript_traced(path: &Path, options: &EstimateOptions) -> Re
     crate::ffi::install()?;
     let start = Instant::now();
     let (train, optimizer) = match options.mode {
-        Mode::Inference => (false, tracker_sys::GMT_OPT_NONE),
-        Mode::Train(o) => (true, o.code()),
+        Mode::Inference => (false, OptimizerKind::None),
+        Mode::Train(o) => (true, o.kind()),
     };
     let call = ffi::EstimateCall {
         path,
         input_shape: &options.input_shape,
-        scalar_type: options.precision.scalar_type(),
+        dtype: options.precision.dtype(),
         input_is_index: options.input_is_index,
         train,
         optimizer,
         iterations: 2,
         device_kind: match options.device {
-            EstimateDevice::Meta => ffi::GMT_DEV_META,
-            EstimateDevice::Cpu => ffi::GMT_DEV_CPU,
+            EstimateDevice::Meta => DeviceKind::Meta,
+            EstimateDevice::Cpu => DeviceKind::Cpu,
         },
         eager_lifetimes: options.lifetimes == Lifetimes::Eager,
     };
@@ -360,22 +322,22 @@ pub(crate) fn finish_estimate(
     start: Instant,
 ) -> (Estimate, Trace) {
     let timeline = Timeline::replay(events, names, options.device == EstimateDevice::Cpu);
-    let trace = Trace::classify(events, names, parameter_ids);
+    let trace = crate::trace::classify(events, names, parameter_ids);
     let estimate = Estimate {
         options: options.clone(),
-        param_count: sizes.param_count.max(0) as u64,
-        param_bytes: sizes.param_bytes.max(0) as u64,
-        buffer_bytes: sizes.buffer_bytes.max(0) as u64,
-        input_bytes: sizes.input_bytes.max(0) as u64,
-        grad_bytes: sizes.grad_bytes.max(0) as u64,
-        optimizer_state_bytes: sizes.optimizer_state_bytes.max(0) as u64,
+        param_count: sizes.param_count,
+        param_bytes: sizes.param_bytes,
+        buffer_bytes: sizes.buffer_bytes,
+        input_bytes: sizes.input_bytes,
+        grad_bytes: sizes.grad_bytes,
+        optimizer_state_bytes: sizes.optimizer_state_bytes,
         live_after_forward: timeline.live_after_forward,
         forward_peak: timeline.forward_peak,
         peak: timeline.peak,
         phases: timeline.phases,
         cuda: timeline.cuda,
         cpu_only_temporaries: timeline.cpu_only_peak,
-        allocations: events.iter().filter(|e| e.is_free == 0).count() as u64,
+        allocations: events.iter().filter(|e| e.kind == EventKind::Alloc).count() as u64,
         seconds: start.elapsed().as_secs_f64(),
     };
     (estimate, trace)
@@ -414,75 +376,95 @@ fn cpu_only_op(name: &str) -> bool {
 }
 
 impl Timeline {
+    /// Replays the recorded events: live and peak bytes (one [`Replay`]), the peak of each
+    /// phase, the last forward's figures, and the CUDA caching allocator model over the same
+    /// sequence. On a CPU run, allocations oneDNN makes directly are kept apart (see
+    /// [`Estimate::cpu_only_temporaries`]).
     fn replay(events: &[AllocEvent], names: &[String], cpu: bool) -> Timeline {
-        let last_iter = events.iter().map(|e| e.iteration).max().unwrap_or(0);
-        let mut sizes: HashMap<i64, u64> = HashMap::new();
-        let mut blocks: HashMap<i64, BlockId> = HashMap::new();
-        let mut cuda = CachingAllocatorModel::new();
-        let mut live = 0u64;
-        let mut peak = PeakPlace { bytes: 0, phase: Phase::Load, iteration: 0, op: String::new(), event: 0 };
-        let mut phases: Vec<PhasePeak> = Vec::new();
-        let mut live_after_forward = None;
-        let mut forward_peak = 0;
-        let (mut cpu_only, mut cpu_only_live, mut cpu_only_peak) = (HashMap::new(), 0u64, 0u64);
+        let mut run = TimelineRun {
+            last_iteration: events.iter().map(|e| e.iteration).max().unwrap_or(0),
+            replay: Replay::new(),
+            cuda: CachingAllocatorModel::new(),
+            blocks: HashMap::new(),
+            peak: PeakPlace { bytes: 0, phase: Phase::Load, iteration: 0, op: String::new(), event: 0 },
+            phases: Vec::new(),
+            live_after_forward: None,
+            forward_peak: 0,
+            cpu_only: Replay::new(),
+        };
         for (index, e) in events.iter().enumerate() {
-            let phase = Phase::from_code(e.phase);
-            let iteration = u32::from(e.iteration);
-            if live_after_forward.is_none() && iteration == u32::from(last_iter) && phase > Phase::Forward {
-                live_after_forward = Some(live);
-            }
-            let op_name = || names.get(e.op.max(0) as usize).map(String::as_str).unwrap_or("");
-            if e.is_free == 0 && cpu && cpu_only_op(op_name()) {
-                cpu_only.insert(e.id, e.size.max(0) as u64);
-                cpu_only_live += e.size.max(0) as u64;
-                cpu_only_peak = cpu_only_peak.max(cpu_only_live);
-                continue;
-            }
-            if e.is_free != 0 {
-                if let Some(size) = cpu_only.remove(&e.id) {
-                    cpu_only_live -= size;
-                    continue;
-                }
-            }
-            if e.is_free == 0 {
-                let size = e.size.max(0) as u64;
-                live += size;
-                sizes.insert(e.id, size);
-                if let Ok(b) = cuda.malloc(size) {
-                    blocks.insert(e.id, b);
-                }
-                if live > peak.bytes {
-                    peak = PeakPlace {
-                        bytes: live,
-                        phase,
-                        iteration,
-                        op: op_name().to_owned(),
-                        event: index as u64,
-                    };
-                }
-            } else {
-                live -= sizes.remove(&e.id).unwrap_or(0);
-                if let Some(b) = blocks.remove(&e.id) {
-                    cuda.free(b);
-                }
-            }
-            match phases.last_mut() {
-                Some(p) if p.phase == phase && p.iteration == iteration => {
-                    p.peak_bytes = p.peak_bytes.max(live)
-                }
-                _ => phases.push(PhasePeak { iteration, phase, peak_bytes: live }),
-            }
-            if phase == Phase::Forward && iteration == u32::from(last_iter) {
-                forward_peak = forward_peak.max(live);
+            let op = ffi::op_name(names, e.op);
+            if !(cpu && run.cpu_only(e, op)) {
+                run.event(index, e, op);
             }
         }
         Timeline {
-            live_after_forward: live_after_forward.unwrap_or(live),
-            forward_peak,
-            peak,
-            phases,
-            cuda: cuda.stats(),
-            cpu_only_peak,
+            live_after_forward: run.live_after_forward.unwrap_or(run.replay.live()),
+            forward_peak: run.forward_peak,
+            peak: run.peak,
+            phases: run.phases,
+            cuda: run.cuda.stats(),
+            cpu_only_peak: run.cpu_only.peak(),
+        }
+    }
+}
+
+/// The state of [`Timeline::replay`].
+struct TimelineRun {
+    last_iteration: u32,
+    replay: Replay,
+    cuda: CachingAllocatorModel,
+    blocks: HashMap<i64, BlockId>,
+    peak: PeakPlace,
+    phases: Vec<PhasePeak>,
+    live_after_forward: Option<u64>,
+    forward_peak: u64,
+    cpu_only: Replay,
+}
+
+impl TimelineRun {
+    /// Accounts an event of a oneDNN kernel's own allocation (CPU only); false for the rest.
+    fn cpu_only(&mut self, e: &AllocEvent, op: &str) -> bool {
+        match e.kind {
+            EventKind::Alloc if cpu_only_op(op) => {
+                self.cpu_only.alloc(e.id, e.size, Category::Temporary);
+                true
+            }
+            EventKind::Free => self.cpu_only.free(e.id).is_some(),
+            _ => false,
+        }
+    }
+
+    fn event(&mut self, index: usize, e: &AllocEvent, op: &str) {
+        let (phase, iteration) = (e.phase, e.iteration);
+        if self.live_after_forward.is_none() && iteration == self.last_iteration && phase > Phase::Forward {
+            self.live_after_forward = Some(self.replay.live());
+        }
+        match e.kind {
+            EventKind::Alloc => {
+                if self.replay.alloc(e.id, e.size, Category::Unknown) {
+                    self.peak =
+                        PeakPlace { bytes: self.replay.live(), phase, iteration, op: op.to_owned(), event: index as u64 };
+                }
+                if let Ok(b) = self.cuda.malloc(e.size) {
+                    self.blocks.insert(e.id, b);
+                }
+            }
+            EventKind::Free => {
+                self.replay.free(e.id);
+                if let Some(b) = self.blocks.remove(&e.id) {
+                    self.cuda.free(b);
+                }
+            }
+            EventKind::SegmentAlloc | EventKind::SegmentFree => {}
+        }
+        let live = self.replay.live();
+        match self.phases.last_mut() {
+            Some(p) if p.phase == phase && p.iteration == iteration => p.peak_bytes = p.peak_bytes.max(live),
+            _ => self.phases.push(PhasePeak { iteration, phase, peak_bytes: live }),
+        }
+        if phase == Phase::Forward && iteration == self.last_iteration {
+            self.forward_peak = self.forward_peak.max(live);
         }
     }
 }
@@ -502,6 +484,75 @@ pub struct StaticEstimate {
     pub peak_op: String,
     /// Seconds the analysis took.
     pub seconds: f64,
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / 1048576.0)
+}
+
+/// The command line's text: what was run, the sizes, the peak and where, each phase's peak, and
+/// the CUDA caching allocator model's figures.
+///
+/// ```no_run
+/// # use gpu_mem_track::estimate::*;
+/// let e = estimate_torchscript("model.pt".as_ref(), &EstimateOptions::default())?;
+/// println!("{e}");
+/// # Ok::<(), gpu_mem_track::Error>(())
+/// ```
+impl fmt::Display for Estimate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let o = &self.options;
+        let mode = match o.mode {
+            Mode::Inference => "inference".to_owned(),
+            Mode::Train(opt) => format!("train ({opt:?})"),
+        };
+        writeln!(
+            f,
+            "input {:?} {:?}, {mode}, on {:?} in {:.2} s",
+            o.input_shape, o.precision, o.device, self.seconds
+        )?;
+        writeln!(
+            f,
+            "  parameters   {} ({} elements); buffers {}; input {}",
+            mib(self.param_bytes),
+            self.param_count,
+            mib(self.buffer_bytes),
+            mib(self.input_bytes)
+        )?;
+        if matches!(o.mode, Mode::Train(_)) {
+            writeln!(
+                f,
+                "  gradients    {}; optimizer state {}",
+                mib(self.grad_bytes),
+                mib(self.optimizer_state_bytes)
+            )?;
+        }
+        writeln!(
+            f,
+            "  live after forward {}; forward peak {}",
+            mib(self.live_after_forward),
+            mib(self.forward_peak)
+        )?;
+        writeln!(
+            f,
+            "  peak         {} ({} bytes) in {} (iteration {}) at {}",
+            mib(self.peak.bytes),
+            self.peak.bytes,
+            self.peak.phase,
+            self.peak.iteration,
+            self.peak.op
+        )?;
+        for p in &self.phases {
+            writeln!(f, "    iteration {} {:<15} peak {}", p.iteration, p.phase.to_string(), mib(p.peak_bytes))?;
+        }
+        write!(
+            f,
+            "  CUDA caching allocator model: peak allocated {}, peak reserved {} ({} segments)",
+            mib(self.cuda.peak_allocated),
+            mib(self.cuda.peak_reserved),
+            self.cuda.segment_allocs
+        )
+    }
 }
 
 impl Estimate {
@@ -526,7 +577,7 @@ pub fn estimate_static(path: &Path, options: &EstimateOptions) -> Result<StaticE
     let r = ffi::estimate_static(
         path,
         &options.input_shape,
-        options.precision.scalar_type(),
+        options.precision.dtype(),
         options.input_is_index,
     )
     .map_err(|e| match e {
@@ -534,11 +585,11 @@ pub fn estimate_static(path: &Path, options: &EstimateOptions) -> Result<StaticE
         other => other,
     })?;
     Ok(StaticEstimate {
-        activation_peak: r.activation_peak.max(0) as u64,
-        param_bytes: r.param_bytes.max(0) as u64,
-        nodes: r.nodes.max(0) as u64,
-        unknown_shapes: r.unknown_shapes.max(0) as u64,
-        peak_op: ffi::fixed_c_str(&r.peak_op),
+        activation_peak: r.activation_peak,
+        param_bytes: r.param_bytes,
+        nodes: r.nodes,
+        unknown_shapes: r.unknown_shapes,
+        peak_op: r.peak_op,
         seconds: r.seconds,
     })
 }
@@ -559,7 +610,7 @@ pub fn peak_tensors(path: &Path, estimate: &Estimate) -> Result<Vec<crate::log::
     Ok(groups
         .into_iter()
         .map(|(key, totals)| crate::log::GroupLine {
-            sign: crate::diff::Sign::Plus,
+            sign: tracker_log::Sign::Plus,
             count: totals.count,
             shape: key.shape.to_vec(),
             memory_mib: totals.bytes as f64 / crate::log::format::MIB,

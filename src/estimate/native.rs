@@ -11,10 +11,11 @@ use std::time::Instant;
 use tch::nn;
 use tch::{Device, Kind, Tensor};
 
-use super::{finish_estimate, EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Precision, Trace};
+use super::{finish_estimate, EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Phase, Precision, Trace};
 use crate::error::{Error, Result};
 use crate::estimate::Estimate;
-use crate::ffi;
+use crate::ffi::{self, DeviceKind};
+use crate::snapshot::dtype_of;
 
 /// What a tch-native training step is estimated with.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,18 +73,18 @@ pub fn training_step<M>(
     if meta {
         ffi::meta_allocator_install()?;
     }
-    let kind = if meta { ffi::GMT_DEV_META } else { ffi::GMT_DEV_CPU };
-    let scalar = options.precision.scalar_type();
+    let kind = if meta { DeviceKind::Meta } else { DeviceKind::Cpu };
+    let dtype = options.precision.dtype();
     let start = Instant::now();
     ffi::recorder_start(kind)?;
     let guard = RecorderGuard;
-    ffi::recorder_set_phase(tracker_sys::GMT_PHASE_LOAD, 0);
+    ffi::recorder_set_phase(Some(Phase::Load), 0);
     let vs = nn::VarStore::new(Device::Cpu);
     let model = guarded("building the model", || build(&vs.root()))?;
     let variables = vs.variables();
     if meta || options.precision != Precision::F32 {
         for t in variables.values() {
-            ffi::tensor_to_device_in_place(t, kind, scalar)?;
+            ffi::tensor_to_device_in_place(t, kind, Some(dtype))?;
         }
     }
     let params = vs.trainable_variables();
@@ -95,27 +96,27 @@ pub fn training_step<M>(
     let buffer_bytes: u64 = variables.values().filter(|t| !t.requires_grad()).map(bytes).sum();
     let param_count: u64 = params.iter().map(|t| t.numel() as u64).sum();
 
-    ffi::recorder_set_phase(tracker_sys::GMT_PHASE_INPUT, 0);
+    ffi::recorder_set_phase(Some(Phase::Input), 0);
     let input = ffi::make_tensor(
         &options.input_shape,
-        if options.input_is_index { Kind::Int64.into_scalar_type() } else { scalar },
+        if options.input_is_index { dtype_of(Kind::Int64) } else { dtype },
         kind,
     )?;
     let target = if options.target_shape.is_empty() {
         Tensor::new()
     } else {
-        ffi::make_tensor(&options.target_shape, Kind::Int64.into_scalar_type(), kind)?
+        ffi::make_tensor(&options.target_shape, dtype_of(Kind::Int64), kind)?
     };
     let input_bytes = bytes(&input);
-    let mut optimizer = ffi::ShimOptimizer::new(options.optimizer.code())?;
+    let mut optimizer = ffi::ShimOptimizer::new(options.optimizer.kind())?;
     let mut grad_bytes = 0;
     for it in 1..=2 {
-        ffi::recorder_set_phase(tracker_sys::GMT_PHASE_FORWARD, it);
+        ffi::recorder_set_phase(Some(Phase::Forward), it);
         let loss = guarded("the step", || step(&model, &input, &target))?;
-        ffi::recorder_set_phase(tracker_sys::GMT_PHASE_BACKWARD, it);
+        ffi::recorder_set_phase(Some(Phase::Backward), it);
         loss.f_backward().map_err(|e| Error::EstimateInput(format!("backward failed: {e}")))?;
         drop(loss);
-        ffi::recorder_set_phase(tracker_sys::GMT_PHASE_OPTIMIZER, it);
+        ffi::recorder_set_phase(Some(Phase::Optimizer), it);
         optimizer.step(&params)?;
         if it < 2 {
             grad_bytes = ffi::grads_set_to_none(&params)?;
@@ -134,25 +135,14 @@ pub fn training_step<M>(
         lifetimes: Lifetimes::Eager,
     };
     let sizes = ffi::EstimateSizes {
-        param_count: param_count as i64,
-        param_bytes: param_bytes as i64,
-        buffer_bytes: buffer_bytes as i64,
-        input_bytes: input_bytes as i64,
-        grad_bytes: grad_bytes as i64,
-        optimizer_state_bytes: optimizer_state_bytes as i64,
-        output_numel: 0,
+        param_count,
+        param_bytes,
+        buffer_bytes,
+        input_bytes,
+        grad_bytes,
+        optimizer_state_bytes,
     };
     let parameter_ids = ffi::recorded_parameter_ids();
     drop((model, vs, optimizer, input, target));
     Ok(finish_estimate(&options, &sizes, &events, &names, &parameter_ids, start))
-}
-
-trait ScalarType {
-    fn into_scalar_type(self) -> i32;
-}
-
-impl ScalarType for Kind {
-    fn into_scalar_type(self) -> i32 {
-        crate::snapshot::DType::from(self).0
-    }
 }

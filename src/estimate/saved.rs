@@ -43,7 +43,7 @@ impl Drop for CaptureGuard {
     }
 }
 
-fn live_bytes() -> i64 {
+fn live_bytes() -> u64 {
     ffi::cpu_allocator_stats().current + ffi::meta_allocator_current()
 }
 
@@ -72,7 +72,7 @@ pub fn memory_for_backward_excluding<T>(
         let _guard = CaptureGuard;
         forward()
     };
-    let allocator_delta = live_bytes() - before;
+    let allocator_delta = live_bytes() as i64 - before as i64;
     let (entries, parameter_bytes) = ffi::saved_entries();
     let mut by_op: BTreeMap<String, (u64, usize)> = BTreeMap::new();
     for (bytes, op) in entries {

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{estimate_torchscript, EstimateOptions, Mode, Optimizer};
 use crate::error::Result;
-use crate::snapshot::DType;
+use crate::snapshot::dtype_of;
 
 /// Activation bytes of one forward pass of a given input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -64,7 +64,7 @@ pub fn varstore_size(vs: &tch::nn::VarStore, optimizer: Optimizer) -> ModelSize 
             count += t.numel() as u64;
             params += bytes;
             trainable += bytes;
-            *by_dtype.entry(DType::from(t.kind()).torch_name()).or_default() += bytes;
+            *by_dtype.entry(dtype_of(t.kind()).torch_name()).or_default() += bytes;
         } else {
             buffers += bytes;
         }

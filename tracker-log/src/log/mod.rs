@@ -16,7 +16,7 @@ pub use parse::{parse_log, parse_log_bytes, parse_log_file, parse_log_lenient, L
 pub use writer::LogWriter;
 
 use crate::diff::Sign;
-use crate::snapshot::TensorClass;
+use crate::group::TensorClass;
 
 /// Label of the `At` line's first field: bytes of live tensor storages.
 pub const TENSOR_USED: &str = "Total Tensor Used Memory";

@@ -8,7 +8,7 @@ use super::{
 };
 use crate::diff::Sign;
 use crate::error::{Error, Result};
-use crate::snapshot::TensorClass;
+use crate::group::TensorClass;
 
 /// A line that is not in the log format.
 #[derive(Debug, Clone, PartialEq, Eq)]

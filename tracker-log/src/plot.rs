@@ -234,7 +234,7 @@ where
 ///
 /// # Errors
 /// [`PlotError`] naming the output.
-pub fn plot_timeline(trace: &crate::estimate::Trace, title: &str, out: &Path) -> Result<(), PlotError> {
+pub fn plot_timeline(trace: &crate::trace::Trace, title: &str, out: &Path) -> Result<(), PlotError> {
     let points = trace.timeline();
     if points.is_empty() {
         return Err(PlotError::EmptyLog);
@@ -245,13 +245,13 @@ pub fn plot_timeline(trace: &crate::estimate::Trace, title: &str, out: &Path) ->
 
 fn draw_timeline<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
-    points: &[crate::estimate::TimelinePoint],
+    points: &[crate::trace::TimelinePoint],
     title: &str,
 ) -> Result<(), String>
 where
     DB::ErrorType: 'static,
 {
-    use crate::estimate::Category;
+    use crate::trace::Category;
     let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
     let mib = |b: u64| b as f64 / 1048576.0;
     root.fill(&WHITE).map_err(e)?;
@@ -276,7 +276,7 @@ where
     // Stack: draw cumulative tops from the last category down so each band shows.
     for (ci, cat) in Category::ALL.iter().enumerate().rev() {
         let color = Palette99::pick(ci).to_rgba();
-        let top = move |p: &crate::estimate::TimelinePoint| -> f64 {
+        let top = move |p: &crate::trace::TimelinePoint| -> f64 {
             p.bytes[..=ci].iter().map(|b| mib(b.1)).sum()
         };
         chart
@@ -290,7 +290,7 @@ where
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], color.filled()));
     }
     if let Some(peak) =
-        points.iter().fold(None, |best: Option<&crate::estimate::TimelinePoint>, p| match best {
+        points.iter().fold(None, |best: Option<&crate::trace::TimelinePoint>, p| match best {
             Some(b) if b.total >= p.total => Some(b),
             _ => Some(p),
         })

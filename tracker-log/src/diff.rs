@@ -2,7 +2,7 @@
 //! delta (a group going from 1 to 2 tensors is `+1`, not a `+2` line and a `-1` line).
 use rustc_hash::FxHashMap;
 
-use crate::snapshot::{GroupKey, GroupTotals};
+use crate::group::{GroupKey, GroupTotals};
 
 /// Whether a group grew or shrank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -79,10 +79,10 @@ pub fn diff_groups(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::{DType, TensorClass};
+    use crate::group::{DType, TensorClass};
 
     fn key(shape: &[i64]) -> GroupKey {
-        GroupKey { shape: shape.into(), dtype: DType(6), class: TensorClass::Tensor }
+        GroupKey { shape: shape.into(), dtype: DType::FLOAT32, class: TensorClass::Tensor }
     }
 
     fn table(entries: &[(&[i64], u64, u64)]) -> FxHashMap<GroupKey, GroupTotals> {

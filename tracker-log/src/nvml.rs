@@ -70,7 +70,7 @@ fn nvml_index(cuda_index: usize) -> u32 {
 }
 
 /// Logs the first NVML failure of the process as a warning; later ones at debug level.
-pub(crate) fn warn_once(err: &Error) {
+pub fn warn_once(err: &Error) {
     static WARNED: Once = Once::new();
     let mut first = false;
     WARNED.call_once(|| first = true);

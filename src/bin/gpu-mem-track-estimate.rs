@@ -1,0 +1,441 @@
+//! `gpu-mem-track-estimate`: the half of the `gpu-mem-track` command line that runs models and
+//! so links libtorch: `estimate` and `timeline` of a model. `gpu-mem-track` runs it for those
+//! subcommands; it can also be called directly.
+//!
+//! Exit codes: 0 success, 1 error (one line on stderr naming the file or option), 2 usage.
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use gpu_mem_track::estimate::profile::{predict, DeviceProfile, GpuPrediction};
+use gpu_mem_track::estimate::{
+    estimate_progress, estimate_static, estimate_torchscript_traced, peak_tensors, Estimate, EstimateDevice,
+    EstimateOptions, Lifetimes, Mode, Optimizer, Precision, StaticEstimate, Trace,
+};
+use gpu_mem_track::history::read_snapshot_trace;
+use gpu_mem_track::plot::plot_timeline;
+use gpu_mem_track::Error;
+
+#[derive(Parser)]
+#[command(name = "gpu-mem-track", version, about = "Where does the GPU memory of a tch program go? (the commands that run models)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Inference (no grad) or training steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ModeArg {
+    /// A no-grad forward.
+    Inference,
+    /// Forward, backward, optimizer step; twice.
+    Train,
+}
+
+/// How the estimate is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Method {
+    /// Run the model on the meta device.
+    Meta,
+    /// Analyse the TorchScript graph (inference only).
+    Static,
+    /// Run both and compare.
+    Both,
+}
+
+/// Where the model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum RunOn {
+    /// Shapes only, fast.
+    Meta,
+    /// Real compute, to check an estimate.
+    Cpu,
+}
+
+impl From<RunOn> for EstimateDevice {
+    fn from(r: RunOn) -> Self {
+        match r {
+            RunOn::Meta => EstimateDevice::Meta,
+            RunOn::Cpu => EstimateDevice::Cpu,
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Estimate the memory of a TorchScript model without a GPU (runs it on the meta device).
+    Estimate {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// inference (no grad) or train (forward, backward, optimizer step; twice).
+        #[arg(long, value_enum, default_value_t = ModeArg::Inference)]
+        mode: ModeArg,
+        /// Show the CUDA caching-allocator prediction (`cuda`), a GPU's figures (a preset such as
+        /// `a100-80g`, `h100-80g`, `rtx4090`, `l4`, `t4`, or a profile `.json`), or only tensor
+        /// bytes (`none`).
+        #[arg(long, default_value = "cuda")]
+        device_profile: String,
+        /// Run on the CPU when an op has no meta kernel (slow: real compute).
+        #[arg(long)]
+        allow_cpu: bool,
+        /// meta: run the model on the meta device; static: analyse the TorchScript graph (inference
+        /// only); both: run both and compare.
+        #[arg(long, value_enum, default_value_t = Method::Meta)]
+        method: Method,
+        /// Where to run: meta (shapes only, fast) or cpu (real compute, to check an estimate).
+        #[arg(long, value_enum, default_value_t = RunOn::Meta)]
+        run_on: RunOn,
+        /// Also write the simulated trace as a PyTorch memory snapshot (open it in memory_viz).
+        #[arg(long)]
+        snapshot: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Memory over an estimated run by category (parameters, gradients, optimizer state, input,
+    /// activations, temporaries): a stacked-area `.svg`/`.png`, or `.json`. Given a snapshot
+    /// `.pickle` (`MemTracker::dump_snapshot`, `estimate --snapshot`, or PyTorch's own) instead
+    /// of a model, draws its recorded allocations.
+    Timeline {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// inference or train.
+        #[arg(long, value_enum, default_value_t = ModeArg::Train)]
+        mode: ModeArg,
+        /// Output: `.svg`, `.png` or `.json`.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+}
+
+/// The model and run shared by `estimate` and `timeline`.
+#[derive(clap::Args)]
+struct ModelArgs {
+    /// TorchScript model file (`torch.jit.script(model).save(...)`).
+    model: PathBuf,
+    /// Input shape, batch first: `16x3x224x224` (required to run a model).
+    #[arg(long, value_parser = parse_shape)]
+    input: Option<Shape>,
+    /// The input is integer token ids (int64), e.g. for language models.
+    #[arg(long)]
+    ids: bool,
+    /// Precision of parameters and input: f32, f16 or bf16.
+    #[arg(long, value_enum, default_value_t = Precision::F32)]
+    dtype: Precision,
+    /// Optimizer for --mode train: sgd, momentum, adam or adamw.
+    #[arg(long, value_enum, default_value_t = Optimizer::Adam)]
+    optimizer: Optimizer,
+    /// When values are freed: torchscript (after their last use, as a tch `CModule` runs the
+    /// model) or eager (as eager Python PyTorch: locals until rebound or `forward` returns, call
+    /// inputs until the call returns).
+    #[arg(long, value_enum, default_value_t = Lifetimes::TorchScript)]
+    lifetimes: Lifetimes,
+}
+
+impl ModelArgs {
+    fn options(&self, mode: ModeArg, device: EstimateDevice) -> EstimateOptions {
+        let Some(input) = &self.input else {
+            use clap::CommandFactory;
+            Cli::command()
+                .error(
+                    clap::error::ErrorKind::MissingRequiredArgument,
+                    "running a model needs --input <SHAPE>",
+                )
+                .exit()
+        };
+        EstimateOptions {
+            input_shape: input.0.clone(),
+            input_is_index: self.ids,
+            precision: self.dtype,
+            mode: match mode {
+                ModeArg::Train => Mode::Train(self.optimizer),
+                ModeArg::Inference => Mode::Inference,
+            },
+            device,
+            lifetimes: self.lifetimes,
+        }
+    }
+}
+
+/// An input shape from the command line.
+#[derive(Debug, Clone)]
+struct Shape(Vec<i64>);
+
+/// `16x3x224x224` (also `16,3,224,224`).
+fn parse_shape(s: &str) -> Result<Shape, String> {
+    let dims: Result<Vec<i64>, _> = s.split(['x', 'X', ',']).map(|d| d.trim().parse::<i64>()).collect();
+    match dims {
+        Ok(d) if !d.is_empty() && d.iter().all(|&x| x > 0) => Ok(Shape(d)),
+        _ => Err(format!("{s:?} is not a shape like 16x3x224x224")),
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / 1048576.0)
+}
+
+fn print_estimate(e: &Estimate, model: &Path, cuda: bool) {
+    let text = e.to_string();
+    // The CUDA model's line is the last; `--device-profile none` asks for tensor bytes only.
+    let text = if cuda { text.as_str() } else { text.rsplit_once('\n').map_or(text.as_str(), |(a, _)| a) };
+    println!("{}: {text}", model.display());
+}
+
+/// What the peak is made of: categories of the live tensors, then what a GPU adds.
+fn print_peak_breakdown(e: &Estimate, trace: &Trace, gpu: Option<&GpuPrediction>) {
+    let Some(peak) = trace.peak() else { return };
+    let parts: Vec<String> =
+        peak.bytes.iter().filter(|(_, b)| *b > 0).map(|(c, b)| format!("{} {}", c.name(), mib(*b))).collect();
+    println!("  at the peak: {}", parts.join(", "));
+    let rounding = e.cuda.peak_allocated.saturating_sub(e.peak.bytes);
+    let cached = e.cuda.peak_reserved.saturating_sub(e.cuda.peak_allocated);
+    let workspace = gpu.map_or(String::new(), |g| format!("cuBLAS workspace {}, ", mib(g.cublas_workspace)));
+    println!(
+        "  on a GPU add: {workspace}allocator rounding {}, cached/fragmented segments {}",
+        mib(rounding),
+        mib(cached)
+    );
+}
+
+fn print_gpu(g: &GpuPrediction) {
+    let range = |r: gpu_mem_track::estimate::profile::Range| {
+        if r.low == r.high {
+            mib(r.low)
+        } else {
+            format!("{} - {}", mib(r.low), mib(r.high))
+        }
+    };
+    let p = &g.profile;
+    println!(
+        "  on {} ({:.0} GiB, sm {}.{}; cuBLAS workspace {}; range = without / with the largest plausible cuDNN workspace):",
+        p.name,
+        p.memory_bytes as f64 / (1u64 << 30) as f64,
+        p.compute_capability.0,
+        p.compute_capability.1,
+        mib(g.cublas_workspace)
+    );
+    println!("    peak allocated   {}", range(g.peak_allocated));
+    println!("    peak reserved    {}", range(g.peak_reserved));
+    println!(
+        "    nvidia-smi       {}  (reserved + {} CUDA context and libraries, a per-GPU constant){}",
+        range(g.nvidia_smi),
+        mib(p.context_bytes),
+        if g.fits { "" } else { "  -> does NOT fit" }
+    );
+}
+
+fn print_static(s: &StaticEstimate, model: &Path) {
+    println!(
+        "{} (static, {} graph nodes, {:.3} s): activation peak {} at {}; parameters {}{}",
+        model.display(),
+        s.nodes,
+        s.seconds,
+        mib(s.activation_peak),
+        s.peak_op,
+        mib(s.param_bytes),
+        if s.unknown_shapes > 0 {
+            format!("; {} tensors of unknown shape left out", s.unknown_shapes)
+        } else {
+            String::new()
+        }
+    );
+}
+
+/// Runs an estimate with a progress bar of its phases on stderr when it is a terminal.
+fn with_progress<T: Send>(message: String, mode: Mode, f: impl FnOnce() -> T + Send) -> T {
+    if !std::io::stderr().is_terminal() {
+        return f();
+    }
+    let (_, total, _) = estimate_progress(mode);
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} {prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar.set_prefix(message);
+    bar.enable_steady_tick(Duration::from_millis(100));
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let out = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let (pos, _, what) = estimate_progress(mode);
+                bar.set_position(pos);
+                bar.set_message(what);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let out = f();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        out
+    });
+    bar.finish_and_clear();
+    out
+}
+
+/// The `estimate` subcommand's options.
+struct EstimateArgs {
+    model: ModelArgs,
+    mode: ModeArg,
+    device_profile: String,
+    allow_cpu: bool,
+    method: Method,
+    run_on: RunOn,
+    snapshot: Option<PathBuf>,
+    json: bool,
+}
+
+/// Runs the meta (or CPU) estimate with a progress bar, retrying on the CPU when asked to.
+fn run_model(args: &EstimateArgs, options: &mut EstimateOptions) -> Result<(Estimate, Trace)> {
+    let model = &args.model.model;
+    let label = format!("estimating {} on {:?}", model.display(), args.run_on).to_lowercase();
+    let mut result = with_progress(label, options.mode, || estimate_torchscript_traced(model, options));
+    if let (Err(Error::MissingMetaKernel { op }), true) = (&result, args.allow_cpu) {
+        eprintln!("warning: {op} has no meta kernel; estimating on the CPU instead");
+        options.device = EstimateDevice::Cpu;
+        result = with_progress(format!("estimating {} on the CPU", model.display()), options.mode, || {
+            estimate_torchscript_traced(model, options)
+        });
+    }
+    Ok(result?)
+}
+
+/// The figures of a GPU profile, unless the user asked for the plain model (`cuda`) or none.
+fn gpu_prediction(device_profile: &str, e: &Estimate, trace: &Trace) -> Result<Option<GpuPrediction>> {
+    Ok(match device_profile {
+        "cuda" | "none" => None,
+        name => {
+            let profile = DeviceProfile::find(name)?;
+            let config = std::env::var("CUBLAS_WORKSPACE_CONFIG").ok();
+            Some(predict(
+                &profile,
+                e.cuda.peak_allocated,
+                e.cuda.peak_reserved,
+                trace.uses_cublas(),
+                trace.largest_convolution_allocation(),
+                config.as_deref(),
+            ))
+        }
+    })
+}
+
+/// The live tensors at the peak, grouped as in the log (meta runs only).
+fn print_peak_tensors(model: &Path, e: &Estimate) -> Result<()> {
+    let groups = peak_tensors(model, e)?;
+    println!("  live tensors at the peak, grouped as in the log ({} groups, largest 12):", groups.len());
+    for g in groups.iter().take(12) {
+        print!("    {}", gpu_mem_track::log::format::group_line(g));
+    }
+    let seen: f64 = groups.iter().map(|g| g.memory_mib).sum();
+    let unseen = e.peak.bytes as f64 / 1048576.0 - seen;
+    if unseen > 0.05 {
+        println!(
+            "    (+ {unseen:.1} MiB in storages no op-returned tensor holds any more: outputs autograd saved through its own handles)"
+        );
+    }
+    Ok(())
+}
+
+fn estimate(args: EstimateArgs) -> Result<()> {
+    let mut options = args.model.options(args.mode, args.run_on.into());
+    let model = args.model.model.clone();
+    if args.method != Method::Meta && matches!(options.mode, Mode::Train(_)) {
+        bail!("--method {:?} estimates inference only; use --mode inference or --method meta", args.method);
+    }
+    let static_estimate = if args.method == Method::Meta { None } else { Some(estimate_static(&model, &options)?) };
+    if let (Method::Static, Some(s)) = (args.method, &static_estimate) {
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(s)?);
+        } else {
+            print_static(s, &model);
+        }
+        return Ok(());
+    }
+    let (e, trace) = run_model(&args, &mut options)?;
+    let gpu = gpu_prediction(&args.device_profile, &e, &trace)?;
+    if let Some(path) = &args.snapshot {
+        trace.dump_snapshot(path)?;
+    }
+    if args.json {
+        let mut v = serde_json::to_value(&e)?;
+        if let Some(g) = &gpu {
+            v["gpu"] = serde_json::to_value(g)?;
+        }
+        if let Some(s) = &static_estimate {
+            v["static"] = serde_json::to_value(s)?;
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    print_estimate(&e, &model, args.device_profile != "none");
+    print_peak_breakdown(&e, &trace, gpu.as_ref());
+    if e.options.device == EstimateDevice::Meta {
+        print_peak_tensors(&model, &e)?;
+    }
+    if let Some(g) = &gpu {
+        print_gpu(g);
+    }
+    if let Some(s) = &static_estimate {
+        print_static(s, &model);
+        let (a, b) = (e.activation_peak() as f64, s.activation_peak as f64);
+        println!(
+            "  comparison: activation peak meta {} vs static {} ({:+.1} %)",
+            mib(e.activation_peak()),
+            mib(s.activation_peak),
+            if a > 0.0 { (b - a) / a * 100.0 } else { 0.0 }
+        );
+    }
+    Ok(())
+}
+
+fn timeline(args: ModelArgs, mode: ModeArg, output: &Path) -> Result<()> {
+    let model = args.model.clone();
+    let name = model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let (estimate, trace, title) = if model.extension().is_some_and(|x| x == "pickle") {
+        (None, read_snapshot_trace(&model)?, name)
+    } else {
+        let options = args.options(mode, EstimateDevice::Meta);
+        let (e, trace) = with_progress(format!("estimating {}", model.display()), options.mode, || {
+            estimate_torchscript_traced(&model, &options)
+        })?;
+        let title = format!("{name} {:?}", e.options.input_shape);
+        (Some(e), trace, title)
+    };
+    let is_json = output.extension().is_some_and(|x| x.eq_ignore_ascii_case("json"));
+    if is_json {
+        let points = trace.timeline();
+        let step = (points.len() / 2000).max(1);
+        let sampled: Vec<_> = points.iter().step_by(step).collect();
+        let v = serde_json::json!({ "estimate": estimate, "peak": trace.peak(), "points": sampled });
+        std::fs::write(output, serde_json::to_string_pretty(&v)?)
+            .with_context(|| format!("cannot write {}", output.display()))?;
+    } else {
+        plot_timeline(&trace, &title, output)?;
+    }
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Estimate { model, mode, device_profile, allow_cpu, method, run_on, snapshot, json } => {
+            estimate(EstimateArgs { model, mode, device_profile, allow_cpu, method, run_on, snapshot, json })
+        }
+        Command::Timeline { model, mode, output } => timeline(model, mode, &output),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse(); // usage errors exit with 2
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! What a `+`/`-` line is about: a group of tensors with one shape, dtype and class.
+use std::fmt;
+
+/// A tensor's element type, by libtorch's `c10::ScalarType` number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DType(i32);
+
+/// `c10::ScalarType` names by number (`torch/headeronly/core/ScalarType.h`, libtorch 2.13). The
+/// main crate checks this table against libtorch's own `toString` in a test.
+const C10_NAMES: [&str; 46] = [
+    "Byte",
+    "Char",
+    "Short",
+    "Int",
+    "Long",
+    "Half",
+    "Float",
+    "Double",
+    "ComplexHalf",
+    "ComplexFloat",
+    "ComplexDouble",
+    "Bool",
+    "QInt8",
+    "QUInt8",
+    "QInt32",
+    "BFloat16",
+    "QUInt4x2",
+    "QUInt2x4",
+    "Bits1x8",
+    "Bits2x4",
+    "Bits4x2",
+    "Bits8",
+    "Bits16",
+    "Float8_e5m2",
+    "Float8_e4m3fn",
+    "Float8_e5m2fnuz",
+    "Float8_e4m3fnuz",
+    "UInt16",
+    "UInt32",
+    "UInt64",
+    "UInt1",
+    "UInt2",
+    "UInt3",
+    "UInt4",
+    "UInt5",
+    "UInt6",
+    "UInt7",
+    "Int1",
+    "Int2",
+    "Int3",
+    "Int4",
+    "Int5",
+    "Int6",
+    "Int7",
+    "Float8_e8m0fnu",
+    "Float4_e2m1fn_x2",
+];
+
+impl DType {
+    /// `torch.float32`.
+    pub const FLOAT32: DType = DType(6);
+
+    /// The dtype with `c10::ScalarType` number `scalar_type`.
+    pub const fn from_scalar_type(scalar_type: i32) -> Self {
+        DType(scalar_type)
+    }
+
+    /// The `c10::ScalarType` number.
+    pub fn scalar_type(self) -> i32 {
+        self.0
+    }
+
+    /// libtorch's name (`Float`, `Long`, ...); `Undefined` for a number it does not have.
+    pub fn c10_name(self) -> &'static str {
+        usize::try_from(self.0).ok().and_then(|i| C10_NAMES.get(i)).copied().unwrap_or("Undefined")
+    }
+
+    /// The name Python prints: `torch.float32`, `torch.int64`, `torch.bfloat16`, ...
+    pub fn torch_name(self) -> String {
+        format!("torch.{}", python_dtype(self.c10_name()))
+    }
+}
+
+/// Python's dtype name for a c10 scalar type name (`Float` -> `float32`).
+fn python_dtype(c10_name: &str) -> String {
+    let fixed = match c10_name {
+        "Byte" => "uint8",
+        "Char" => "int8",
+        "Short" => "int16",
+        "Int" => "int32",
+        "Long" => "int64",
+        "Half" => "float16",
+        "Float" => "float32",
+        "Double" => "float64",
+        "ComplexHalf" => "complex32",
+        "ComplexFloat" => "complex64",
+        "ComplexDouble" => "complex128",
+        // Bool, BFloat16, QInt8, UInt16, Float8_e4m3fn, ...: Python's name is the lower-cased one.
+        other => return other.to_ascii_lowercase(),
+    };
+    fixed.to_owned()
+}
+
+/// The class column of the log: Python prints a parameter's class differently.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TensorClass {
+    /// A leaf tensor that requires grad: `<class 'torch.nn.parameter.Parameter'>`.
+    Parameter,
+    /// Any other tensor: `<class 'torch.Tensor'>`.
+    Tensor,
+    /// Another class, as read from a log written by another tool (the text between the quotes).
+    Other(String),
+}
+
+impl TensorClass {
+    /// The dotted Python class name.
+    pub fn python_name(&self) -> &str {
+        match self {
+            TensorClass::Parameter => "torch.nn.parameter.Parameter",
+            TensorClass::Tensor => "torch.Tensor",
+            TensorClass::Other(s) => s,
+        }
+    }
+
+    /// Parses a dotted Python class name.
+    pub fn from_python_name(name: &str) -> Self {
+        match name {
+            "torch.nn.parameter.Parameter" => TensorClass::Parameter,
+            "torch.Tensor" => TensorClass::Tensor,
+            other => TensorClass::Other(other.to_owned()),
+        }
+    }
+}
+
+impl fmt::Display for TensorClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "<class '{}'>", self.python_name())
+    }
+}
+
+/// What identifies a group of tensors in the log.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GroupKey {
+    /// Sizes, outermost first.
+    pub shape: Box<[i64]>,
+    /// Element type.
+    pub dtype: DType,
+    /// Parameter or plain tensor.
+    pub class: TensorClass,
+}
+
+/// Count and bytes of one group. Bytes are the storages this group owns: a storage shared by
+/// several tensors (views) is owned by its largest, then oldest, tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GroupTotals {
+    /// Live tensors in the group.
+    pub count: u64,
+    /// Storage bytes attributed to the group.
+    pub bytes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtype_names_are_pythons() {
+        assert_eq!(DType::FLOAT32.torch_name(), "torch.float32");
+        assert_eq!(DType::from_scalar_type(4).torch_name(), "torch.int64");
+        assert_eq!(DType::from_scalar_type(15).torch_name(), "torch.bfloat16");
+        assert_eq!(DType::from_scalar_type(24).torch_name(), "torch.float8_e4m3fn");
+        assert_eq!(DType::from_scalar_type(-1).c10_name(), "Undefined");
+        assert_eq!(DType::from_scalar_type(1000).c10_name(), "Undefined");
+    }
+}

@@ -1,0 +1,223 @@
+//! PyTorch memory-snapshot pickles, the structure of `torch.cuda.memory._snapshot()` that
+//! PyTorch's `torch.cuda._memory_viz` tools and the memory_viz page read: writing them, and
+//! reading one (ours or PyTorch's) back as a [`Trace`].
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::trace::{Category, Phase, Trace, TraceEvent};
+
+/// One stack frame, as memory_viz shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Frame {
+    /// Source file (`??` when unknown).
+    pub filename: String,
+    /// Line (0 when unknown).
+    pub line: u32,
+    /// Function.
+    pub name: String,
+}
+
+/// One `device_traces` entry.
+#[derive(Debug, Serialize)]
+pub struct TraceEntry<'a> {
+    /// `alloc`, `free_requested`, `free_completed`, `segment_alloc`, `segment_free`, `snapshot`.
+    pub action: &'static str,
+    /// Address.
+    pub addr: u64,
+    /// Bytes.
+    pub size: u64,
+    /// CUDA stream.
+    pub stream: i64,
+    /// Microseconds.
+    pub time_us: i64,
+    /// Call stack, innermost first.
+    pub frames: &'a [Frame],
+    /// Category name (see [`Category::name`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub category: Option<&'static str>,
+}
+
+/// One block of a segment.
+#[derive(Debug, Serialize)]
+pub struct Block<'a> {
+    /// Address.
+    pub address: u64,
+    /// Bytes.
+    pub size: u64,
+    /// Bytes asked for.
+    pub requested_size: u64,
+    /// `active_allocated` or `inactive`.
+    pub state: &'static str,
+    /// Call stack of its allocation.
+    pub frames: &'a [Frame],
+}
+
+/// One segment (a `cudaMalloc`).
+#[allow(missing_docs)] // PyTorch's field names.
+#[derive(Debug, Serialize)]
+pub struct Segment<'a> {
+    pub device: i64,
+    pub address: u64,
+    pub total_size: u64,
+    pub allocated_size: u64,
+    pub active_size: u64,
+    pub requested_size: u64,
+    pub stream: i64,
+    pub segment_type: &'static str,
+    pub segment_pool_id: (i64, i64),
+    pub is_expandable: bool,
+    pub frames: Vec<Frame>,
+    pub blocks: Vec<Block<'a>>,
+}
+
+impl<'a> Segment<'a> {
+    /// A segment on device 0, stream 0.
+    pub fn new(address: u64, total_size: u64, allocated: u64, small: bool, blocks: Vec<Block<'a>>) -> Self {
+        Segment {
+            device: 0,
+            address,
+            total_size,
+            allocated_size: allocated,
+            active_size: allocated,
+            requested_size: allocated,
+            stream: 0,
+            segment_type: if small { "small" } else { "large" },
+            segment_pool_id: (0, 0),
+            is_expandable: false,
+            frames: Vec::new(),
+            blocks,
+        }
+    }
+}
+
+/// The whole snapshot.
+#[derive(Debug, Serialize)]
+pub struct Snapshot<'a> {
+    /// Segments at the end, with their blocks.
+    pub segments: Vec<Segment<'a>>,
+    /// One trace per device.
+    pub device_traces: Vec<Vec<TraceEntry<'a>>>,
+}
+
+/// Writes a snapshot pickle. A trace with categories ends with a `snapshot` entry (PyTorch marks
+/// where a snapshot was taken the same way) in category `unknown`: memory_viz's MemoryViz.js
+/// crashes on categorised traces without an `unknown` category (it appends one through a
+/// misspelt `snapshot.categores`).
+///
+/// # Errors
+/// [`Error::SnapshotWrite`] naming the file.
+pub fn write(path: &Path, mut snapshot: Snapshot<'_>) -> Result<()> {
+    for trace in &mut snapshot.device_traces {
+        if trace.iter().any(|e| e.category.is_some()) && !trace.iter().any(|e| e.category == Some("unknown")) {
+            let time_us = trace.last().map_or(0, |e| e.time_us);
+            trace.push(TraceEntry {
+                action: "snapshot",
+                addr: 0,
+                size: 0,
+                stream: 0,
+                time_us,
+                frames: &[],
+                category: Some("unknown"),
+            });
+        }
+    }
+    let snapshot = &snapshot;
+    let io = |source| Error::SnapshotWrite { path: path.to_owned(), source };
+    let mut file = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+    serde_pickle::to_writer(&mut file, snapshot, serde_pickle::SerOptions::new())
+        .map_err(|e| io(std::io::Error::other(e.to_string())))?;
+    file.flush().map_err(io)
+}
+
+/// One `device_traces` entry as read back (other keys ignored).
+#[derive(serde::Deserialize)]
+struct ReadEntry {
+    action: String,
+    addr: u64,
+    size: u64,
+    #[serde(default)]
+    time_us: i64,
+    #[serde(default)]
+    category: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct ReadSnapshot {
+    device_traces: Vec<Vec<ReadEntry>>,
+}
+
+/// Reads the allocations and frees of a memory snapshot pickle (written by this crate, or by
+/// PyTorch's `torch.cuda.memory._dump_snapshot`) as a [`Trace`]; several devices' events are
+/// merged by time, so the peak is of memory live at once on all of them. Entries without a
+/// `category` (PyTorch's own) are temporaries when freed within the trace, else unknown.
+///
+/// # Errors
+/// [`Error::SnapshotRead`] naming the file when it cannot be read or has no `device_traces`.
+pub fn read_snapshot_trace(path: &Path) -> Result<Trace> {
+    let fail = |reason: String| Error::SnapshotRead { path: path.to_owned(), reason };
+    let bytes = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
+    let snapshot: ReadSnapshot = serde_pickle::from_slice(&bytes, serde_pickle::DeOptions::new())
+        .map_err(|e| fail(format!("not a memory snapshot pickle ({e})")))?;
+    let mut events = Vec::new();
+    for entries in &snapshot.device_traces {
+        let mut open: HashMap<u64, usize> = HashMap::new();
+        let mut freed = vec![false; entries.len()];
+        for (i, e) in entries.iter().enumerate() {
+            match e.action.as_str() {
+                "alloc" => {
+                    open.insert(e.addr, i);
+                }
+                "free_completed" => {
+                    if let Some(a) = open.remove(&e.addr) {
+                        freed[a] = true;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut category_of: HashMap<u64, Category> = HashMap::new();
+        for (i, e) in entries.iter().enumerate() {
+            let alloc = match e.action.as_str() {
+                "alloc" => true,
+                "free_completed" => false,
+                _ => continue,
+            };
+            let category = if alloc {
+                let c = e.category.as_deref().and_then(Category::from_name).unwrap_or(if freed[i] {
+                    Category::Temporary
+                } else {
+                    Category::Unknown
+                });
+                category_of.insert(e.addr, c);
+                c
+            } else {
+                // A free of memory allocated before the trace began: nothing to subtract.
+                let Some(c) = category_of.remove(&e.addr) else { continue };
+                c
+            };
+            events.push((
+                e.time_us,
+                TraceEvent {
+                    alloc,
+                    id: e.addr as i64,
+                    size: e.size,
+                    phase: Phase::Unmarked,
+                    iteration: 0,
+                    op: String::new(),
+                    top_op: String::new(),
+                    category,
+                },
+            ));
+        }
+    }
+    if events.is_empty() {
+        return Err(fail("it records no allocation".into()));
+    }
+    // A stable sort keeps each device's order among events of the same microsecond.
+    events.sort_by_key(|(time, _)| *time);
+    Ok(Trace { events: events.into_iter().map(|(_, e)| e).collect() })
+}

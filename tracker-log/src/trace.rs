@@ -1,0 +1,424 @@
+//! Allocation traces: each allocation tagged with a category (parameter, gradient, optimizer
+//! state, input, activation, temporary) and the phase of the run that made it; the one replay of
+//! live and peak bytes ([`Replay`]) that live history, estimates and snapshot readers share; and a
+//! trace as a PyTorch memory snapshot laid out by the CUDA caching allocator model.
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::caching_allocator::{BlockId, CachingAllocatorModel};
+use crate::error::Result;
+use crate::memviz::{self, Block, Frame, Segment, Snapshot, TraceEntry};
+
+/// What an allocation holds, judged from the phase that made it and how long it lived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Category {
+    /// A model parameter.
+    Parameter,
+    /// A module buffer (batch-norm statistics, ...).
+    Buffer,
+    /// The input batch.
+    Input,
+    /// Made by the forward pass and alive at its end: saved for backward, or the output.
+    Activation,
+    /// Made by backward and alive at its end: a gradient.
+    Gradient,
+    /// Made by the optimizer step and kept: its state.
+    OptimizerState,
+    /// Freed within the phase that made it.
+    Temporary,
+    /// Made outside any declared phase, untagged, and still live at the end.
+    Unknown,
+}
+
+impl Category {
+    /// Every category, in stacking order.
+    pub const ALL: [Category; 8] = [
+        Category::Parameter,
+        Category::Buffer,
+        Category::OptimizerState,
+        Category::Gradient,
+        Category::Input,
+        Category::Activation,
+        Category::Temporary,
+        Category::Unknown,
+    ];
+
+    /// The category a snapshot or JSON names (the inverse of [`name`](Self::name)).
+    pub fn from_name(name: &str) -> Option<Category> {
+        Category::ALL.into_iter().find(|c| c.name() == name)
+    }
+
+    /// The name used in snapshots and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Category::Parameter => "parameter",
+            Category::Buffer => "buffer",
+            Category::Input => "input",
+            Category::Activation => "activation",
+            Category::Gradient => "gradient",
+            Category::OptimizerState => "optimizer_state",
+            Category::Temporary => "temporary",
+            Category::Unknown => "unknown",
+        }
+    }
+
+    /// Position in [`ALL`](Self::ALL).
+    fn slot(self) -> usize {
+        Category::ALL.iter().position(|c| *c == self).expect("ALL lists every category")
+    }
+}
+
+/// A phase of a run: an estimate's, or what a live program declared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// Loading the module (parameters, buffers).
+    Load,
+    /// Creating the input.
+    Input,
+    /// The forward pass.
+    Forward,
+    /// Loss and backward pass.
+    Backward,
+    /// The optimizer step.
+    Optimizer,
+    /// A live program (memory history) outside any phase it declared.
+    Unmarked,
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Phase::Load => "load",
+            Phase::Input => "input",
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::Optimizer => "optimizer step",
+            Phase::Unmarked => "run",
+        })
+    }
+}
+
+/// One allocation or free of a trace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TraceEvent {
+    /// Allocation (true) or free.
+    pub alloc: bool,
+    /// Allocation identity.
+    pub id: i64,
+    /// Bytes (of the allocation, also on its free).
+    pub size: u64,
+    /// Phase.
+    pub phase: Phase,
+    /// Iteration.
+    pub iteration: u32,
+    /// Innermost op.
+    pub op: String,
+    /// Outermost op (the call the program made, e.g. `aten::conv2d`).
+    pub top_op: String,
+    /// Category of the allocation.
+    pub category: Category,
+}
+
+/// A categorised allocation trace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+pub struct Trace {
+    /// Events in order.
+    pub events: Vec<TraceEvent>,
+}
+
+/// Live bytes per category after one event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TimelinePoint {
+    /// Event index.
+    pub event: usize,
+    /// Phase.
+    pub phase: Phase,
+    /// Iteration.
+    pub iteration: u32,
+    /// Bytes by category name.
+    pub bytes: Vec<(Category, u64)>,
+    /// Sum.
+    pub total: u64,
+}
+
+/// Live and peak bytes over a sequence of allocations and frees, by category. Frees of
+/// allocations it did not see (made before a recording began) change nothing; sums saturate
+/// rather than wrap, so absurd sizes from a damaged file cannot turn a peak into 0.
+#[derive(Debug, Clone, Default)]
+pub struct Replay {
+    open: HashMap<i64, (u64, Category)>,
+    live: u64,
+    peak: u64,
+    by_category: [u64; Category::ALL.len()],
+}
+
+impl Replay {
+    /// An empty replay.
+    pub fn new() -> Self {
+        Replay::default()
+    }
+
+    /// Allocation `id` of `size` bytes; returns whether live bytes reached a new peak.
+    pub fn alloc(&mut self, id: i64, size: u64, category: Category) -> bool {
+        if let Some((old, c)) = self.open.insert(id, (size, category)) {
+            // An id allocated twice without a free (a dropped event): forget the old one.
+            self.release(old, c);
+        }
+        self.live = self.live.saturating_add(size);
+        let slot = &mut self.by_category[category.slot()];
+        *slot = slot.saturating_add(size);
+        let new_peak = self.live > self.peak;
+        self.peak = self.peak.max(self.live);
+        new_peak
+    }
+
+    /// Frees allocation `id`; returns its size, `None` if the replay never saw it.
+    pub fn free(&mut self, id: i64) -> Option<u64> {
+        let (size, category) = self.open.remove(&id)?;
+        self.release(size, category);
+        Some(size)
+    }
+
+    fn release(&mut self, size: u64, category: Category) {
+        self.live = self.live.saturating_sub(size);
+        let slot = &mut self.by_category[category.slot()];
+        *slot = slot.saturating_sub(size);
+    }
+
+    /// Applies one trace event.
+    pub fn apply(&mut self, e: &TraceEvent) -> bool {
+        if e.alloc {
+            self.alloc(e.id, e.size, e.category)
+        } else {
+            self.free(e.id);
+            false
+        }
+    }
+
+    /// Bytes live now.
+    pub fn live(&self) -> u64 {
+        self.live
+    }
+
+    /// Highest live bytes so far.
+    pub fn peak(&self) -> u64 {
+        self.peak
+    }
+
+    /// Bytes live now in each category, in [`Category::ALL`] order.
+    pub fn by_category(&self) -> Vec<(Category, u64)> {
+        Category::ALL.iter().copied().zip(self.by_category).collect()
+    }
+}
+
+impl Trace {
+    /// Whether the run called a cuBLAS-backed op (matrix products).
+    pub fn uses_cublas(&self) -> bool {
+        const CUBLAS_OPS: [&str; 7] = [
+            "aten::mm",
+            "aten::addmm",
+            "aten::bmm",
+            "aten::baddbmm",
+            "aten::matmul",
+            "aten::linear",
+            "aten::addmv",
+        ];
+        self.events.iter().any(|e| {
+            CUBLAS_OPS.iter().any(|op| e.op.strip_prefix(op).is_some_and(|rest| rest.is_empty() || rest.starts_with('.')))
+        })
+    }
+
+    /// The largest allocation made inside a convolution (forward or backward): the bound this
+    /// crate uses for a cuDNN workspace, which only the GPU's heuristics decide.
+    pub fn largest_convolution_allocation(&self) -> u64 {
+        self.events
+            .iter()
+            .filter(|e| e.alloc && (e.top_op.contains("conv") || e.op.contains("convolution")))
+            .map(|e| e.size)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Live bytes by category after every event.
+    pub fn timeline(&self) -> Vec<TimelinePoint> {
+        let mut replay = Replay::new();
+        self.events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                replay.apply(e);
+                TimelinePoint {
+                    event: i,
+                    phase: e.phase,
+                    iteration: e.iteration,
+                    bytes: replay.by_category(),
+                    total: replay.live(),
+                }
+            })
+            .collect()
+    }
+
+    /// Highest bytes live at once.
+    pub fn peak_bytes(&self) -> u64 {
+        let mut replay = Replay::new();
+        self.events.iter().for_each(|e| {
+            replay.apply(e);
+        });
+        replay.peak()
+    }
+
+    /// The timeline point with the most live bytes (the first, if several).
+    pub fn peak(&self) -> Option<TimelinePoint> {
+        let mut replay = Replay::new();
+        let mut best: Option<TimelinePoint> = None;
+        for (i, e) in self.events.iter().enumerate() {
+            if replay.apply(e) || best.is_none() {
+                best = Some(TimelinePoint {
+                    event: i,
+                    phase: e.phase,
+                    iteration: e.iteration,
+                    bytes: replay.by_category(),
+                    total: replay.live(),
+                });
+            }
+        }
+        best
+    }
+
+    /// Writes the trace as a PyTorch memory snapshot, laid out by the CUDA caching allocator
+    /// model: `segment_alloc` when the model reserves a segment, `alloc` / `free_requested` /
+    /// `free_completed` with block addresses, and the segments left at the end with their blocks.
+    /// Each entry carries its `category`.
+    ///
+    /// # Errors
+    /// [`Error::SnapshotWrite`](crate::Error::SnapshotWrite) naming the file.
+    pub fn dump_snapshot(&self, path: &Path) -> Result<()> {
+        let mut model = CachingAllocatorModel::new();
+        let mut blocks: HashMap<i64, BlockId> = HashMap::new();
+        let mut trace = Vec::new();
+        // One frame per event: the op, labelled with the phase.
+        let frames: Vec<Vec<Frame>> = self
+            .events
+            .iter()
+            .map(|e| {
+                vec![Frame {
+                    filename: format!("{} (iteration {})", e.phase, e.iteration),
+                    line: 0,
+                    name: e.op.clone(),
+                }]
+            })
+            .collect();
+        for (t, e) in self.events.iter().enumerate() {
+            let entry = |action, addr, size| TraceEntry {
+                action,
+                addr,
+                size,
+                stream: 0,
+                time_us: t as i64,
+                frames: &frames[t],
+                category: Some(e.category.name()),
+            };
+            if e.alloc {
+                let before = model.segments();
+                let Ok(b) = model.malloc(e.size) else { continue };
+                for (addr, size, _) in model.segments().into_iter().filter(|s| !before.contains(s)) {
+                    trace.push(entry("segment_alloc", addr, size));
+                }
+                let (addr, size) = model.block(b).expect("just allocated");
+                blocks.insert(e.id, b);
+                trace.push(entry("alloc", addr, size));
+            } else if let Some(b) = blocks.remove(&e.id) {
+                let (addr, size) = model.block(b).expect("live block");
+                model.free(b);
+                trace.push(entry("free_requested", addr, size));
+                trace.push(entry("free_completed", addr, size));
+            }
+        }
+        let segments = model
+            .segment_blocks()
+            .into_iter()
+            .map(|s| {
+                let allocated: u64 = s.blocks.iter().filter(|b| b.2).map(|b| b.1).sum();
+                let blocks = s
+                    .blocks
+                    .iter()
+                    .map(|&(address, size, allocated)| Block {
+                        address,
+                        size,
+                        requested_size: if allocated { size } else { 0 },
+                        state: if allocated { "active_allocated" } else { "inactive" },
+                        frames: &[],
+                    })
+                    .collect();
+                Segment::new(s.address, s.size, allocated, s.small, blocks)
+            })
+            .collect();
+        memviz::write(path, Snapshot { segments, device_traces: vec![trace] })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(alloc: bool, id: i64, size: u64, category: Category) -> TraceEvent {
+        TraceEvent {
+            alloc,
+            id,
+            size,
+            phase: Phase::Unmarked,
+            iteration: 0,
+            op: String::new(),
+            top_op: String::new(),
+            category,
+        }
+    }
+
+    #[test]
+    fn replay_ignores_unseen_frees_and_saturates() {
+        let mut r = Replay::new();
+        assert!(r.alloc(1, 100, Category::Parameter));
+        assert_eq!(r.free(7), None, "a free of memory allocated before the recording");
+        assert!(r.alloc(2, 50, Category::Temporary));
+        assert_eq!(r.free(2), Some(50));
+        assert!(!r.alloc(3, 20, Category::Temporary), "below the peak of 150");
+        assert_eq!((r.live(), r.peak()), (120, 150));
+        for id in 10..14 {
+            r.alloc(id, 1 << 62, Category::Activation);
+        }
+        assert_eq!(r.peak(), u64::MAX, "four 2^62-byte allocations saturate instead of wrapping to 0");
+    }
+
+    #[test]
+    fn timeline_and_peak_agree() {
+        let t = Trace {
+            events: vec![
+                ev(true, 1, 10, Category::Parameter),
+                ev(true, 2, 30, Category::Activation),
+                ev(false, 2, 30, Category::Activation),
+                ev(true, 3, 25, Category::Temporary),
+            ],
+        };
+        let peak = t.peak().unwrap();
+        assert_eq!((peak.event, peak.total), (1, 40));
+        assert_eq!(t.peak_bytes(), 40);
+        assert_eq!(t.timeline().last().unwrap().total, 35);
+        assert_eq!(t.timeline()[3].bytes[0], (Category::Parameter, 10));
+    }
+
+    #[test]
+    fn cublas_ops_are_matched_by_name_not_prefix() {
+        let mut t = Trace { events: vec![ev(true, 1, 1, Category::Temporary)] };
+        t.events[0].op = "aten::mm".into();
+        assert!(t.uses_cublas());
+        t.events[0].op = "aten::mmx".into();
+        assert!(!t.uses_cublas());
+        t.events[0].op = "aten::addmm.out".into();
+        assert!(t.uses_cublas());
+    }
+}
