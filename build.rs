@@ -2,9 +2,58 @@
 //! they run without LD_LIBRARY_PATH, and libtorch_cuda kept as a dependency even though no symbol of
 //! it is referenced (otherwise `--as-needed` drops it and CUDA is silently unavailable).
 use std::env;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// What this machine offers the tests, as cfgs: tests that need a GPU, Python with torch or a
+/// browser are `#[cfg_attr(not(..), ignore = "why")]`, so a run without them reports them as
+/// ignored (with the reason) instead of passing, and a run with them runs them.
+fn probe_test_environment() {
+    for name in CFGS {
+        println!("cargo::rustc-check-cfg=cfg({name})");
+    }
+    for var in ["VIRTUAL_ENV", "PATH", "GMT_MEMORY_VIZ_JS"] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+    // An NVIDIA driver with a device: its control node and the per-GPU entries in /proc.
+    let gpu = Path::new("/dev/nvidiactl").exists()
+        && std::fs::read_dir("/proc/driver/nvidia/gpus").is_ok_and(|mut d| d.next().is_some());
+    let python = python_with(&["torch"]);
+    let torchvision = python && python_with(&["torch", "torchvision"]);
+    let memory_viz = env::var_os("GMT_MEMORY_VIZ_JS").is_some_and(|p| Path::new(&p).is_file())
+        && Path::new("/usr/share/nodejs/d3").exists()
+        && env::var_os("PATH").is_some_and(|p| env::split_paths(&p).any(|d| d.join("chromium").is_file()));
+    for (name, on) in [
+        ("gmt_gpu", gpu),
+        ("gmt_python_torch", python),
+        ("gmt_torchvision", torchvision),
+        ("gmt_memory_viz", memory_viz),
+    ] {
+        if on {
+            println!("cargo:rustc-cfg={name}");
+        }
+    }
+}
+
+const CFGS: [&str; 4] = ["gmt_gpu", "gmt_python_torch", "gmt_torchvision", "gmt_memory_viz"];
+
+/// Whether the Python the tests use (the virtualenv's, the project's `.venv`, or `python3`) can
+/// import these modules.
+fn python_with(modules: &[&str]) -> bool {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(venv) = env::var_os("VIRTUAL_ENV") {
+        candidates.push(Path::new(&venv).join("bin/python"));
+    }
+    if let Some(dir) = env::var_os("CARGO_MANIFEST_DIR") {
+        candidates.push(Path::new(&dir).join(".venv/bin/python"));
+    }
+    candidates.push("python3".into());
+    let code = format!("import {}", modules.join(", "));
+    candidates.iter().any(|p| Command::new(p).args(["-c", &code]).output().is_ok_and(|o| o.status.success()))
+}
 
 fn main() {
+    probe_test_environment();
     let Ok(lib) = env::var("DEP_GPU_MEM_TRACK_SHIM_LIBTORCH_LIB") else {
         return;
     };

@@ -170,11 +170,7 @@ impl AllocatorCounters {
                     Some(w) => w.read(true),
                     None => ffi::cpu_allocator_stats(),
                 };
-                Ok(AllocatorReading {
-                    allocated: s.current,
-                    peak_since_previous: s.peak,
-                    reserved: None,
-                })
+                Ok(AllocatorReading { allocated: s.current, peak_since_previous: s.peak, reserved: None })
             }
             AllocatorCounters::Cuda(i) => {
                 let s = ffi::cuda_stats(*i, true)?;

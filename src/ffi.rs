@@ -670,7 +670,6 @@ pub(crate) fn meta_allocator_current() -> u64 {
     bytes(unsafe { sys::gmt_meta_allocator_current() })
 }
 
-
 /// Static TorchScript estimate (shape propagation + liveness).
 pub(crate) fn estimate_static(
     path: &std::path::Path,
@@ -721,7 +720,11 @@ fn fixed_c_str(field: &[std::os::raw::c_char]) -> String {
 
 /// Moves a tch variable's data to the meta device or the CPU in place (same variable, new
 /// storage), converting floating dtypes to `scalar_type` (-1 keeps them).
-pub(crate) fn tensor_to_device_in_place(t: &tch::Tensor, device_kind: DeviceKind, dtype: Option<DType>) -> Result<()> {
+pub(crate) fn tensor_to_device_in_place(
+    t: &tch::Tensor,
+    device_kind: DeviceKind,
+    dtype: Option<DType>,
+) -> Result<()> {
     let scalar_type = dtype.map_or(-1, DType::scalar_type);
     // SAFETY: `as_ptr` is tch's live at::Tensor*; set_data mutates the TensorImpl behind it, which
     // is what every handle on this variable shares (the intent: the VarStore sees the new data).

@@ -111,23 +111,23 @@ pub mod snapshot;
 mod trace;
 mod tracker;
 
-/// The libtorch-free layer, re-exported: the log format, reports, NVML, traces, snapshots.
-pub use tracker_log::{diff, log, memviz, nvml, report, watch};
 /// SVG/PNG charts of logs and timelines (feature `plot`).
 #[cfg(feature = "plot")]
 pub use tracker_log::plot;
+/// The libtorch-free layer, re-exported: the log format, reports, NVML, traces, snapshots.
+pub use tracker_log::{diff, log, memviz, nvml, report, watch};
 
 pub use device::{cpu_allocator_stats, cuda_device_count, empty_cuda_cache, AllocatorReading, TrackedDevice};
 pub use error::{Error, Result};
-/// The error of the libtorch-free layer, inside [`Error::Log`].
-pub use tracker_log::Error as LogError;
-pub use tracker_log::{GroupChange, Sign};
 pub use site::Site;
 pub use snapshot::{DType, GroupKey, TensorClass, TensorInfo};
 pub use tracker::{
     default_tracker, install, is_installed, registry_callbacks, registry_entries, set_default_tracker,
     set_registry_enabled, MemTracker, MemTrackerBuilder, TrackPoint, DEFAULT_LOG_DIR,
 };
+/// The error of the libtorch-free layer, inside [`Error::Log`].
+pub use tracker_log::Error as LogError;
+pub use tracker_log::{GroupChange, Sign};
 /// Tracks on entry to a function and on every exit (`return`, `?`, end of body, unwinding).
 ///
 /// `#[track_memory]` uses the default tracker; `#[track_memory(tracker = expr)]` any expression

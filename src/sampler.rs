@@ -59,10 +59,9 @@ impl DeviceSource {
 impl SampleSource for DeviceSource {
     fn sample(&mut self) -> Sample {
         match self.device {
-            TrackedDevice::Cpu => Sample {
-                allocated: Some(ffi::cpu_allocator_stats().current),
-                ..Sample::default()
-            },
+            TrackedDevice::Cpu => {
+                Sample { allocated: Some(ffi::cpu_allocator_stats().current), ..Sample::default() }
+            }
             TrackedDevice::Cuda(i) => {
                 let allocated = ffi::cuda_stats(i, false).ok().map(|s| s.allocated_current);
                 let reading = self.nvml.as_ref().and_then(|n| n.read(i, self.pid).ok());

@@ -107,11 +107,7 @@ impl Snapshot {
             if !detail {
                 continue;
             }
-            let key = BorrowedKey {
-                shape: r.shape(dims),
-                dtype: r.dtype(),
-                parameter: r.is_parameter(),
-            };
+            let key = BorrowedKey { shape: r.shape(dims), dtype: r.dtype(), parameter: r.is_parameter() };
             let g = grouped.entry(key).or_default();
             g.count += 1;
             if owned {

@@ -436,7 +436,7 @@ impl MemTracker {
                 let before = ffi::cuda_stats(i, false)?.reserved_current;
                 ffi::cuda_empty_cache()?;
                 let after = ffi::cuda_stats(i, false)?.reserved_current;
-                Ok((before - after).max(0) as u64)
+                Ok(before.saturating_sub(after))
             }
         }
     }
@@ -459,7 +459,10 @@ impl MemTracker {
     /// I/O errors of `out`; [`Error::Libtorch`] when the registry cannot be read.
     pub fn print_all_tensors(&self, mut out: impl Write) -> Result<()> {
         let tensors = self.live_tensors()?;
-        let io = |source| tracker_log::Error::LogWrite { path: PathBuf::from("<print_all_tensors writer>"), source };
+        let io = |source| tracker_log::Error::LogWrite {
+            path: PathBuf::from("<print_all_tensors writer>"),
+            source,
+        };
         let mut total = 0u64;
         for t in &tensors {
             if t.owns_storage {

@@ -103,12 +103,9 @@ fn plot_writes_a_valid_svg_and_png() {
     }
 }
 
+#[cfg_attr(gmt_gpu, ignore = "tests the path without NVML; this machine has an NVIDIA driver")]
 #[test]
 fn watch_without_nvml_fails_cleanly() {
-    if gpu_mem_track::nvml::NvmlReader::open().is_ok() {
-        println!("skipped: NVML is present on this machine");
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let o = run(&["watch", "--samples", "1", "--log-dir", dir.path().to_str().unwrap()]);
     one_line_error(&o, "NVML");
@@ -139,13 +136,14 @@ fn estimate_errors_are_one_line() {
     );
 }
 
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
 #[test]
 fn estimate_names_an_op_without_meta_kernel_and_falls_back_to_cpu_when_allowed() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(model) = export_model(dir.path(), "nonzero") else {
-        println!("skipped: no Python with torch to export the model");
-        return;
-    };
+    let model = export_model(dir.path(), "nonzero").expect("exporting the model needs Python with torch");
     let m = model.to_str().unwrap();
     one_line_error(&run(&["estimate", m, "--input", "4x8"]), "aten::nonzero has no meta kernel");
     let o = run(&["estimate", m, "--input", "4x8", "--allow-cpu", "--json"]);
@@ -156,24 +154,26 @@ fn estimate_names_an_op_without_meta_kernel_and_falls_back_to_cpu_when_allowed()
     assert_eq!(v["param_count"], 72);
 }
 
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
 #[test]
 fn estimate_with_an_input_of_the_wrong_rank_names_the_shape() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(model) = export_model(dir.path(), "cnn") else {
-        println!("skipped: no Python with torch to export the model");
-        return;
-    };
+    let model = export_model(dir.path(), "cnn").expect("exporting the model needs Python with torch");
     let o = run(&["estimate", model.to_str().unwrap(), "--input", "32x64"]);
     one_line_error(&o, "forward failed for input [32, 64]");
 }
 
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
 #[test]
 fn timeline_reads_a_snapshot_and_its_peak_is_the_caching_allocator_models() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(model) = export_model(dir.path(), "cnn") else {
-        println!("skipped: no Python with torch to export the model");
-        return;
-    };
+    let model = export_model(dir.path(), "cnn").expect("exporting the model needs Python with torch");
     let (m, pickle, json) =
         (model.to_str().unwrap(), dir.path().join("cnn.pickle"), dir.path().join("t.json"));
     let o = run(&[

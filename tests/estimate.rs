@@ -10,15 +10,14 @@ use gpu_mem_track::estimate::{
 };
 use gpu_mem_track::Error;
 
-fn export(dir: &Path, names: &[&str]) -> Option<Vec<PathBuf>> {
-    let Some(python) = python_with_torch() else {
-        println!("skipped: no Python with torch to export TorchScript models (run through scripts/dev test)");
-        return None;
-    };
+/// Exports models of `tests/fixtures/export_models.py`; the tests calling it are ignored where no
+/// Python with torch was found at build time.
+fn export(dir: &Path, names: &[&str]) -> Vec<PathBuf> {
+    let python = python_with_torch().expect("a Python with torch");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/export_models.py");
     let out = std::process::Command::new(python).arg(script).arg(dir).args(names).output().unwrap();
     assert!(out.status.success(), "export failed: {}", String::from_utf8_lossy(&out.stderr));
-    Some(names.iter().map(|n| dir.join(format!("{n}.pt"))).collect())
+    names.iter().map(|n| dir.join(format!("{n}.pt"))).collect()
 }
 
 fn run(model: &Path, shape: &[i64], ids: bool, mode: Mode, device: EstimateDevice) -> Estimate {
@@ -39,10 +38,14 @@ fn within(meta: u64, cpu: u64, pct: f64, what: &str) {
     assert!(diff <= pct, "{what}: meta {meta} vs cpu {cpu} differ by {diff:.2} %");
 }
 
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
 #[test]
 fn meta_matches_the_cpu_allocator_within_2_percent() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(models) = export(dir.path(), &["mlp", "cnn", "resnetlike", "transformer"]) else { return };
+    let models = export(dir.path(), &["mlp", "cnn", "resnetlike", "transformer"]);
     let shapes: [(&[i64], bool); 4] =
         [(&[256, 256], false), (&[32, 3, 64, 64], false), (&[16, 3, 32, 32], false), (&[8, 64], true)];
     for (model, (shape, ids)) in models.iter().zip(shapes) {
@@ -68,10 +71,14 @@ fn meta_matches_the_cpu_allocator_within_2_percent() {
     }
 }
 
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
 #[test]
 fn transposed_grouped_convolution_and_group_norm_run_on_meta() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(models) = export(dir.path(), &["decoder"]) else { return };
+    let models = export(dir.path(), &["decoder"]);
     let train = Mode::Train(Optimizer::SgdMomentum);
     let meta = run(&models[0], &[8, 32, 16, 16], false, train, EstimateDevice::Meta);
     let cpu = run(&models[0], &[8, 32, 16, 16], false, train, EstimateDevice::Cpu);
@@ -83,6 +90,10 @@ fn transposed_grouped_convolution_and_group_norm_run_on_meta() {
     assert!(meta.forward_peak <= cpu.forward_peak);
 }
 
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
 #[test]
 fn bad_models_and_inputs_are_one_line_errors() {
     let dir = tempfile::tempdir().unwrap();
@@ -94,7 +105,7 @@ fn bad_models_and_inputs_are_one_line_errors() {
     let e = estimate_torchscript(&junk, &opts).unwrap_err();
     assert!(e.to_string().starts_with("cannot load") && e.to_string().contains("junk.pt"), "{e}");
     assert_eq!(e.to_string().lines().count(), 1);
-    let Some(models) = export(dir.path(), &["mlp"]) else { return };
+    let models = export(dir.path(), &["mlp"]);
     let wrong = EstimateOptions { input_shape: vec![4, 100], ..EstimateOptions::default() };
     let e = estimate_torchscript(&models[0], &wrong).unwrap_err();
     let msg = e.to_string();
@@ -102,10 +113,14 @@ fn bad_models_and_inputs_are_one_line_errors() {
     assert_eq!(msg.lines().count(), 1, "{msg}");
 }
 
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
 #[test]
 fn static_ir_estimate_agrees_with_meta_for_inference() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(models) = export(dir.path(), &["cnn", "resnetlike", "transformer"]) else { return };
+    let models = export(dir.path(), &["cnn", "resnetlike", "transformer"]);
     for (model, shape) in models[..2].iter().zip([[32i64, 3, 64, 64], [16, 3, 32, 32]]) {
         let options = EstimateOptions { input_shape: shape.to_vec(), ..EstimateOptions::default() };
         let meta = estimate_torchscript(model, &options).unwrap();
@@ -122,6 +137,10 @@ fn static_ir_estimate_agrees_with_meta_for_inference() {
     assert!(st.unknown_shapes > 0);
 }
 
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
 #[test]
 fn model_size_of_a_varstore_and_of_a_torchscript_model() {
     use gpu_mem_track::estimate::{torchscript_size, varstore_size};
@@ -136,7 +155,7 @@ fn model_size_of_a_varstore_and_of_a_torchscript_model() {
     assert_eq!((s.grad_bytes, s.optimizer_state_bytes), (s.param_bytes, 2 * s.param_bytes));
 
     let dir = tempfile::tempdir().unwrap();
-    let Some(models) = export(dir.path(), &["mlp"]) else { return };
+    let models = export(dir.path(), &["mlp"]);
     let options = EstimateOptions { input_shape: vec![64, 256], ..EstimateOptions::default() };
     let s = torchscript_size(&models[0], &options, Optimizer::SgdMomentum).unwrap();
     assert_eq!(s.param_count, 256 * 512 + 512 + 512 * 10 + 10);
@@ -150,12 +169,16 @@ fn model_size_of_a_varstore_and_of_a_torchscript_model() {
     assert_eq!(a.with_backward, 64 * 512 * 4 + 64 * 10 * 4);
 }
 
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
 #[test]
 fn live_tensors_at_the_peak_are_grouped_like_the_log() {
     use gpu_mem_track::estimate::peak_tensors;
     use gpu_mem_track::TensorClass;
     let dir = tempfile::tempdir().unwrap();
-    let Some(models) = export(dir.path(), &["cnn"]) else { return };
+    let models = export(dir.path(), &["cnn"]);
     let e = run(&models[0], &[32, 3, 64, 64], false, Mode::Train(Optimizer::Adam), EstimateDevice::Meta);
     let groups = peak_tensors(&models[0], &e).unwrap();
     let bytes = |g: &gpu_mem_track::log::GroupLine| (g.memory_mib * 1048576.0).round() as u64;
@@ -169,11 +192,15 @@ fn live_tensors_at_the_peak_are_grouped_like_the_log() {
     assert!(groups.windows(2).all(|w| bytes(&w[0]) >= bytes(&w[1])), "largest first");
 }
 
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
 #[test]
 fn eager_lifetimes_match_eager_pytorch_and_torchscript_lifetimes_free_earlier() {
     use gpu_mem_track::estimate::Lifetimes;
     let dir = tempfile::tempdir().unwrap();
-    let Some(models) = export(dir.path(), &["transformer", "loop"]) else { return };
+    let models = export(dir.path(), &["transformer", "loop"]);
     let python = python_with_torch().unwrap();
     // (model, shape, token ids?) with no CPU-only temporaries in eager PyTorch.
     for (model, shape, ids) in [(&models[0], vec![4i64, 64], true), (&models[1], vec![1024, 256], false)] {

@@ -24,6 +24,10 @@ print(json.dumps({"allocs": allocs, "frees": frees, "peak": peak, "html": len(ht
                   "live_segments": len(data["segments"])}))
 "#;
 
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
 #[test]
 fn snapshot_loads_in_memory_viz_with_the_same_counts_and_peak() {
     let dir = tempfile::tempdir().unwrap();
@@ -48,10 +52,7 @@ fn snapshot_loads_in_memory_viz_with_the_same_counts_and_peak() {
     let pickle = dir.path().join("snapshot.pickle");
     t.dump_snapshot(&pickle).unwrap();
 
-    let Some(python) = python_with_torch() else {
-        println!("skipped the memory_viz half: no Python with torch");
-        return;
-    };
+    let python = python_with_torch().expect("a Python with torch");
     let script = dir.path().join("check.py");
     std::fs::write(&script, CHECK).unwrap();
     let out = std::process::Command::new(python).arg(&script).arg(&pickle).output().unwrap();
@@ -107,14 +108,15 @@ fn stacks_are_resolved_to_rust_functions() {
     drop(x);
 }
 
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
 #[test]
 fn estimate_trace_categories_sum_to_the_peak_and_its_snapshot_loads_in_memory_viz() {
     use gpu_mem_track::estimate::{estimate_torchscript_traced, Category, EstimateOptions, Mode, Optimizer};
     let dir = tempfile::tempdir().unwrap();
-    let Some(model) = export_model(dir.path(), "cnn") else {
-        println!("skipped: no Python with torch to export the model");
-        return;
-    };
+    let model = export_model(dir.path(), "cnn").expect("exporting the model needs Python with torch");
     let options = EstimateOptions {
         input_shape: vec![32, 3, 64, 64],
         mode: Mode::Train(Optimizer::Adam),
@@ -132,7 +134,7 @@ fn estimate_trace_categories_sum_to_the_peak_and_its_snapshot_loads_in_memory_vi
 
     let pickle = dir.path().join("estimate.pickle");
     trace.dump_snapshot(&pickle).unwrap();
-    let Some(python) = python_with_torch() else { return };
+    let python = python_with_torch().expect("a Python with torch");
     let script = dir.path().join("check.py");
     std::fs::write(
         &script,
@@ -150,6 +152,10 @@ fn estimate_trace_categories_sum_to_the_peak_and_its_snapshot_loads_in_memory_vi
     assert_eq!(v["segment_allocs"], e.cuda.segment_allocs);
 }
 
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
 #[test]
 fn live_training_step_categories_sum_to_the_peak_with_exact_parameters_and_adam_state() {
     use gpu_mem_track::estimate::Category;
@@ -194,7 +200,7 @@ fn live_training_step_categories_sum_to_the_peak_with_exact_parameters_and_adam_
     assert_eq!(end_at(Category::Parameter), param_bytes);
     let pickle = dir.path().join("live.pickle");
     t.dump_snapshot(&pickle).unwrap();
-    let Some(python) = python_with_torch() else { return };
+    let python = python_with_torch().expect("a Python with torch");
     let script = dir.path().join("categories.py");
     std::fs::write(
         &script,
@@ -211,22 +217,27 @@ fn live_training_step_categories_sum_to_the_peak_with_exact_parameters_and_adam_
     }
 }
 
+#[cfg_attr(gmt_gpu, ignore = "tests the path without a GPU; this machine has one")]
 #[test]
-fn cuda_history_records_the_caching_allocator_or_says_why_not() {
+fn cuda_history_without_a_gpu_says_why_not() {
     use gpu_mem_track::{Error, MemTracker, TrackedDevice};
-    if !tch::Cuda::is_available() {
-        println!("skipped the GPU half: no CUDA device on this machine");
-        let dir = tempfile::tempdir().unwrap();
-        // Without a GPU the tracker cannot be built for CUDA, or recording refuses clearly.
-        match MemTracker::builder().device(TrackedDevice::Cuda(0)).log_dir(dir.path()).build() {
-            Err(e) => assert!(e.to_string().contains("CUDA"), "{e}"),
-            Ok(t) => match t.record_history(0) {
-                Err(Error::CudaUnavailable { reason }) => assert!(reason.contains("cuda:0"), "{reason}"),
-                other => panic!("expected CudaUnavailable, got {other:?}"),
-            },
-        }
-        return;
+    assert!(!tch::Cuda::is_available(), "the build found no GPU");
+    let dir = tempfile::tempdir().unwrap();
+    // Without a GPU the tracker cannot be built for CUDA, or recording refuses clearly.
+    match MemTracker::builder().device(TrackedDevice::Cuda(0)).log_dir(dir.path()).build() {
+        Err(e) => assert!(e.to_string().contains("CUDA"), "{e}"),
+        Ok(t) => match t.record_history(0) {
+            Err(Error::CudaUnavailable { reason }) => assert!(reason.contains("cuda:0"), "{reason}"),
+            other => panic!("expected CudaUnavailable, got {other:?}"),
+        },
     }
+}
+
+#[cfg_attr(not(gmt_gpu), ignore = "needs a CUDA GPU")]
+#[test]
+fn cuda_history_records_the_caching_allocator() {
+    use gpu_mem_track::{MemTracker, TrackedDevice};
+    assert!(tch::Cuda::is_available(), "the build found a GPU but libtorch sees no CUDA device");
     assert!(
         gpu_mem_track::history::cuda_hooks_compiled(),
         "a GPU machine needs the CUDA headers at build time"
@@ -251,14 +262,15 @@ fn cuda_history_records_the_caching_allocator_or_says_why_not() {
 
 /// Renders the snapshot pages in headless Chromium when the machine can (Debian's `chromium` and
 /// `node-d3`, and a local MemoryViz.js in `GMT_MEMORY_VIZ_JS`); says why not otherwise.
+#[cfg_attr(
+    not(all(gmt_python_torch, gmt_memory_viz)),
+    ignore = "needs Python with torch, Debian's chromium and node-d3, and a MemoryViz.js in GMT_MEMORY_VIZ_JS"
+)]
 #[test]
 fn snapshots_render_in_headless_chromium_without_script_errors() {
     use gpu_mem_track::estimate::{estimate_torchscript_traced, EstimateOptions, Mode, Optimizer};
     let dir = tempfile::tempdir().unwrap();
-    let Some(model) = export_model(dir.path(), "cnn") else {
-        println!("skipped: no Python with torch to export the model");
-        return;
-    };
+    let model = export_model(dir.path(), "cnn").expect("exporting the model needs Python with torch");
     let options = EstimateOptions {
         input_shape: vec![4, 3, 32, 32],
         mode: Mode::Train(Optimizer::Adam),
@@ -271,7 +283,6 @@ fn snapshots_render_in_headless_chromium_without_script_errors() {
     let out = std::process::Command::new(checker).arg(&pickle).arg(dir.path()).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     match out.status.code() {
-        Some(77) => println!("skipped: {}", text.trim()),
         Some(0) => assert!(text.contains("OK"), "{text}"),
         _ => panic!("memory_viz pages failed in Chromium:\n{text}\n{}", String::from_utf8_lossy(&out.stderr)),
     }

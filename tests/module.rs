@@ -17,14 +17,13 @@ class Net(torch.nn.Module):
 torch.jit.script(Net()).save(sys.argv[1])
 "#;
 
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
 #[test]
 fn watch_module_registers_parameters_and_buffers() {
-    let Some(python) = python_with_torch() else {
-        println!(
-            "skipped: no Python with torch to export a TorchScript module (run through scripts/dev test)"
-        );
-        return;
-    };
+    let python = python_with_torch().expect("a Python with torch");
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("net.pt");
     // torch.jit.script reads the class's source, so the exporter must be a file, not `-c`.

@@ -48,17 +48,13 @@ fn in_place_edits_of_saved_tensors_are_still_detected() {
     assert!(err.to_string().contains("modified by an inplace operation"), "{err}");
 }
 
+#[cfg_attr(
+    not(gmt_torchvision),
+    ignore = "needs Python with torch and torchvision to export ResNet-50 (scripts/dev installs them)"
+)]
 #[test]
 fn resnet50_at_batch_16_saves_1_288_gb() {
-    let Some(python) = python_with_torch() else {
-        println!("skipped: no Python with torch and torchvision to export ResNet-50");
-        return;
-    };
-    let probe = std::process::Command::new(&python).args(["-c", "import torchvision"]).output().unwrap();
-    if !probe.status.success() {
-        println!("skipped: torchvision is not installed in {} (scripts/dev installs it)", python.display());
-        return;
-    }
+    let python = python_with_torch().expect("a Python with torch");
     let dir = tempfile::tempdir().unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/export_models.py");
     let out =

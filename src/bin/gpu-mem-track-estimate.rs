@@ -20,7 +20,12 @@ use gpu_mem_track::plot::plot_timeline;
 use gpu_mem_track::Error;
 
 #[derive(Parser)]
-#[command(name = "gpu-mem-track", version, about = "Where does the GPU memory of a tch program go? (the commands that run models)")]
+#[command(
+    name = "gpu-mem-track",
+    bin_name = "gpu-mem-track",
+    version,
+    about = "Where does the GPU memory of a tch program go? (the commands that run models)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -347,7 +352,8 @@ fn estimate(args: EstimateArgs) -> Result<()> {
     if args.method != Method::Meta && matches!(options.mode, Mode::Train(_)) {
         bail!("--method {:?} estimates inference only; use --mode inference or --method meta", args.method);
     }
-    let static_estimate = if args.method == Method::Meta { None } else { Some(estimate_static(&model, &options)?) };
+    let static_estimate =
+        if args.method == Method::Meta { None } else { Some(estimate_static(&model, &options)?) };
     if let (Method::Static, Some(s)) = (args.method, &static_estimate) {
         if args.json {
             println!("{}", serde_json::to_string_pretty(s)?);

@@ -208,11 +208,14 @@ fn plot(log: &Path, output: &Path, title: Option<String>) -> Result<()> {
 
 /// `timeline`: a snapshot pickle is drawn here; a model goes to the estimate binary.
 fn timeline(args: &[OsString]) -> Result<()> {
-    let is_pickle = args.iter().any(|a| !a.to_string_lossy().starts_with('-') && a.to_string_lossy().ends_with(".pickle"));
+    let is_pickle = args
+        .iter()
+        .any(|a| !a.to_string_lossy().starts_with('-') && a.to_string_lossy().ends_with(".pickle"));
     if !is_pickle {
         return run_estimate_binary("timeline", args);
     }
-    let t = PickleTimeline::parse_from(std::iter::once(OsString::from("timeline")).chain(args.iter().cloned()));
+    let t =
+        PickleTimeline::parse_from(std::iter::once(OsString::from("timeline")).chain(args.iter().cloned()));
     let trace = read_snapshot_trace(&t.snapshot)?;
     let title = t.snapshot.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     let is_json = t.output.extension().is_some_and(|x| x.eq_ignore_ascii_case("json"));

@@ -443,8 +443,13 @@ impl TimelineRun {
         match e.kind {
             EventKind::Alloc => {
                 if self.replay.alloc(e.id, e.size, Category::Unknown) {
-                    self.peak =
-                        PeakPlace { bytes: self.replay.live(), phase, iteration, op: op.to_owned(), event: index as u64 };
+                    self.peak = PeakPlace {
+                        bytes: self.replay.live(),
+                        phase,
+                        iteration,
+                        op: op.to_owned(),
+                        event: index as u64,
+                    };
                 }
                 if let Ok(b) = self.cuda.malloc(e.size) {
                     self.blocks.insert(e.id, b);
@@ -543,7 +548,13 @@ impl fmt::Display for Estimate {
             self.peak.op
         )?;
         for p in &self.phases {
-            writeln!(f, "    iteration {} {:<15} peak {}", p.iteration, p.phase.to_string(), mib(p.peak_bytes))?;
+            writeln!(
+                f,
+                "    iteration {} {:<15} peak {}",
+                p.iteration,
+                p.phase.to_string(),
+                mib(p.peak_bytes)
+            )?;
         }
         write!(
             f,
@@ -574,16 +585,12 @@ pub fn estimate_static(path: &Path, options: &EstimateOptions) -> Result<StaticE
         return Err(Error::EstimateInput(format!("model file {} does not exist", path.display())));
     }
     crate::ffi::install()?;
-    let r = ffi::estimate_static(
-        path,
-        &options.input_shape,
-        options.precision.dtype(),
-        options.input_is_index,
-    )
-    .map_err(|e| match e {
-        Error::Libtorch { message, .. } => classify_failure(path, message),
-        other => other,
-    })?;
+    let r =
+        ffi::estimate_static(path, &options.input_shape, options.precision.dtype(), options.input_is_index)
+            .map_err(|e| match e {
+            Error::Libtorch { message, .. } => classify_failure(path, message),
+            other => other,
+        })?;
     Ok(StaticEstimate {
         activation_peak: r.activation_peak,
         param_bytes: r.param_bytes,

@@ -11,7 +11,9 @@ use std::time::Instant;
 use tch::nn;
 use tch::{Device, Kind, Tensor};
 
-use super::{finish_estimate, EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Phase, Precision, Trace};
+use super::{
+    finish_estimate, EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Phase, Precision, Trace,
+};
 use crate::error::{Error, Result};
 use crate::estimate::Estimate;
 use crate::ffi::{self, DeviceKind};

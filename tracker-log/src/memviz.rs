@@ -112,7 +112,8 @@ pub struct Snapshot<'a> {
 /// [`Error::SnapshotWrite`] naming the file.
 pub fn write(path: &Path, mut snapshot: Snapshot<'_>) -> Result<()> {
     for trace in &mut snapshot.device_traces {
-        if trace.iter().any(|e| e.category.is_some()) && !trace.iter().any(|e| e.category == Some("unknown")) {
+        if trace.iter().any(|e| e.category.is_some()) && !trace.iter().any(|e| e.category == Some("unknown"))
+        {
             let time_us = trace.last().map_or(0, |e| e.time_us);
             trace.push(TraceEntry {
                 action: "snapshot",

@@ -276,9 +276,8 @@ where
     // Stack: draw cumulative tops from the last category down so each band shows.
     for (ci, cat) in Category::ALL.iter().enumerate().rev() {
         let color = Palette99::pick(ci).to_rgba();
-        let top = move |p: &crate::trace::TimelinePoint| -> f64 {
-            p.bytes[..=ci].iter().map(|b| mib(b.1)).sum()
-        };
+        let top =
+            move |p: &crate::trace::TimelinePoint| -> f64 { p.bytes[..=ci].iter().map(|b| mib(b.1)).sum() };
         chart
             .draw_series(AreaSeries::new(
                 points.iter().map(|p| (p.event as f64, top(p))),
@@ -289,12 +288,10 @@ where
             .label(cat.name())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], color.filled()));
     }
-    if let Some(peak) =
-        points.iter().fold(None, |best: Option<&crate::trace::TimelinePoint>, p| match best {
-            Some(b) if b.total >= p.total => Some(b),
-            _ => Some(p),
-        })
-    {
+    if let Some(peak) = points.iter().fold(None, |best: Option<&crate::trace::TimelinePoint>, p| match best {
+        Some(b) if b.total >= p.total => Some(b),
+        _ => Some(p),
+    }) {
         let (x, y) = (peak.event as f64, mib(peak.total));
         let text = format!("peak {y:.1} MiB ({}, iteration {})", peak.phase, peak.iteration);
         mark_peak(&mut chart, (x, y), text, x / n)?;

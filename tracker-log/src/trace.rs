@@ -229,7 +229,9 @@ impl Trace {
             "aten::addmv",
         ];
         self.events.iter().any(|e| {
-            CUBLAS_OPS.iter().any(|op| e.op.strip_prefix(op).is_some_and(|rest| rest.is_empty() || rest.starts_with('.')))
+            CUBLAS_OPS
+                .iter()
+                .any(|op| e.op.strip_prefix(op).is_some_and(|rest| rest.is_empty() || rest.starts_with('.')))
         })
     }
 
