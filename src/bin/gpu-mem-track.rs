@@ -18,7 +18,8 @@ use tracker_log::memviz::read_snapshot_trace;
 use tracker_log::nvml::NvmlReader;
 use tracker_log::plot::{plot_log, plot_timeline};
 use tracker_log::report::{analyse, combine, render_text};
-use tracker_log::watch::{run_watch, StopReason, WatchConfig, WatchTarget};
+use tracker_log::simulated_nvml::SimulatedNvml;
+use tracker_log::watch::{run_watch, NvmlSource, StopReason, WatchConfig, WatchTarget};
 
 /// The binary that runs models (links libtorch).
 const ESTIMATE_BINARY: &str = "gpu-mem-track-estimate";
@@ -101,6 +102,10 @@ enum Command {
         /// Start a new file when the current one reaches this many bytes.
         #[arg(long)]
         rotate_bytes: Option<u64>,
+        /// Watch a simulated GPU with this many processes instead of NVML (for tests and
+        /// soak benchmarks of the watch loop on machines without a driver).
+        #[arg(long, hide = true)]
+        simulate_nvml: Option<u32>,
     },
 }
 
@@ -232,8 +237,11 @@ fn timeline(args: &[OsString]) -> Result<()> {
     Ok(())
 }
 
-fn watch(cfg: WatchConfig) -> Result<()> {
-    let mut nvml = NvmlReader::open().context("watch needs NVML (an NVIDIA driver)")?;
+fn watch(cfg: WatchConfig, simulate: Option<u32>) -> Result<()> {
+    let mut source: Box<dyn NvmlSource> = match simulate {
+        Some(n) => Box::new(SimulatedNvml::new(n)),
+        None => Box::new(NvmlReader::open().context("watch needs NVML (an NVIDIA driver)")?),
+    };
     std::fs::create_dir_all(&cfg.log_dir).with_context(|| format!("--log-dir {}", cfg.log_dir.display()))?;
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -247,7 +255,7 @@ fn watch(cfg: WatchConfig) -> Result<()> {
             cfg.log_dir.display()
         );
     }
-    let summary = run_watch(&mut nvml, &cfg, &stop)?;
+    let summary = run_watch(source.as_mut(), &cfg, &stop)?;
     if std::io::stderr().is_terminal() {
         let why = match summary.stopped_by {
             StopReason::Duration => "duration reached",
@@ -268,7 +276,18 @@ fn run(cli: Cli) -> Result<()> {
         Command::Plot { log, output, title } => plot(&log, &output, title),
         Command::Estimate { args } => run_estimate_binary("estimate", &args),
         Command::Timeline { args } => timeline(&args),
-        Command::Watch { device, pids, all, interval, duration, samples, log_dir, prefix, rotate_bytes } => {
+        Command::Watch {
+            device,
+            pids,
+            all,
+            interval,
+            duration,
+            samples,
+            log_dir,
+            prefix,
+            rotate_bytes,
+            simulate_nvml,
+        } => {
             let target = if all {
                 WatchTarget::AllProcesses
             } else if pids.is_empty() {
@@ -286,7 +305,7 @@ fn run(cli: Cli) -> Result<()> {
                 prefix,
                 rotate_bytes,
             };
-            watch(cfg)
+            watch(cfg, simulate_nvml)
         }
     }
 }

@@ -36,6 +36,7 @@ pub mod nvml;
 #[cfg(feature = "plot")]
 pub mod plot;
 pub mod report;
+pub mod simulated_nvml;
 pub mod trace;
 pub mod watch;
 
