@@ -32,7 +32,10 @@ fn libtorch_cuda_is_linked_when_the_install_has_it() {
     let cuda = Path::new(LIBTORCH_LIB).join("libtorch_cuda.so");
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
     if cuda.exists() {
-        assert!(maps.contains("libtorch_cuda.so"), "libtorch_cuda.so was dropped by --as-needed: nothing references it");
+        assert!(
+            maps.contains("libtorch_cuda.so"),
+            "libtorch_cuda.so was dropped by --as-needed: nothing references it"
+        );
     } else {
         println!("skipped: this libtorch has no libtorch_cuda.so (CPU-only build)");
         assert!(!maps.contains("libtorch_cuda.so"));
