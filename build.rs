@@ -1,6 +1,8 @@
-//! Link settings for this package's binaries, examples, tests and benches: an rpath to libtorch so
-//! they run without LD_LIBRARY_PATH, and libtorch_cuda kept as a dependency even though no symbol of
-//! it is referenced (otherwise `--as-needed` drops it and CUDA is silently unavailable).
+//! Rpath to libtorch for this package's binaries, examples, tests and benches, so they run without
+//! LD_LIBRARY_PATH. Link arguments never reach other packages, so the libtorch folder is also
+//! exported (`links = "gpu_mem_track"`): a dependent's build script reads it as
+//! `DEP_GPU_MEM_TRACK_LIBTORCH_LIB` and sets its own rpath. libtorch_cuda needs nothing here: the
+//! shim references it (tracker-sys), which keeps it linked in every binary that uses the library.
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -54,17 +56,16 @@ fn python_with(modules: &[&str]) -> bool {
 
 fn main() {
     probe_test_environment();
+    // The libtorch folder follows these (through torch-sys and tracker-sys); rerunning on them
+    // keeps a moved checkout or a new venv from keeping an rpath into the old one.
+    for var in ["LIBTORCH", "LIBTORCH_USE_PYTORCH", "VIRTUAL_ENV", "PATH"] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
     let Ok(lib) = env::var("DEP_GPU_MEM_TRACK_SHIM_LIBTORCH_LIB") else {
         return;
     };
-    let lib = PathBuf::from(lib);
+    println!("cargo:libtorch_lib={lib}");
     // Tests check the linking against this folder.
-    println!("cargo:rustc-env=GMT_LIBTORCH_LIB={}", lib.display());
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
-    if lib.join("libtorch_cuda.so").exists() {
-        println!("cargo:rustc-link-arg=-L{}", lib.display());
-        println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
-        println!("cargo:rustc-link-arg=-ltorch_cuda");
-        println!("cargo:rustc-link-arg=-Wl,--as-needed");
-    }
+    println!("cargo:rustc-env=GMT_LIBTORCH_LIB={lib}");
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
 }

@@ -238,6 +238,8 @@ fn c_string(call: &'static str, s: &str) -> Result<CString> {
 
 /// Installs the live-tensor registry and the wrapped CPU allocator (idempotent).
 pub(crate) fn install() -> Result<()> {
+    // SAFETY: returns a constant; the call keeps libtorch_cuda linked into users' binaries.
+    unsafe { sys::gmt_torch_cuda_linked() };
     // SAFETY: both installs are idempotent and thread-safe on the C++ side.
     check("registry install", unsafe { sys::gmt_registry_install() })?;
     check("CPU allocator install", unsafe { sys::gmt_cpu_allocator_install() })

@@ -1,28 +1,39 @@
-//! Compiles the C++ shim against the libtorch that torch-sys found, and passes the library folder
-//! on (`DEP_GPU_MEM_TRACK_SHIM_LIBTORCH_LIB`) so the main crate can set rpath and link
-//! libtorch_cuda (link arguments only apply to a package's own targets).
+//! Compiles the C++ shim against the libtorch that torch-sys found, makes libtorch_cuda a real
+//! dependency of binaries that use the shim (see `csrc/torch_cuda_link.cpp`), and passes the
+//! library folder on (`DEP_GPU_MEM_TRACK_SHIM_LIBTORCH_LIB`) so the main crate can set rpaths
+//! (link arguments only apply to a package's own targets).
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn cxx11_abi() -> String {
-    if let Ok(v) = env::var("LIBTORCH_CXX11_ABI") {
-        return v;
+/// What the Python interpreter torch-sys uses reports about its torch.
+struct PythonTorch {
+    /// `_GLIBCXX_USE_CXX11_ABI`, "0" or "1".
+    abi: String,
+    /// The lib folder, found as torch-sys finds it (the last of `library_paths()`).
+    lib: PathBuf,
+}
+
+/// `None` outside torch-sys's Python mode (`LIBTORCH_USE_PYTORCH`) or when Python fails.
+fn python_torch() -> Option<PythonTorch> {
+    env::var_os("LIBTORCH_USE_PYTORCH")?;
+    // Same interpreter choice as torch-sys.
+    let python = if env::var_os("VIRTUAL_ENV").is_some() { "python" } else { "python3" };
+    let script = "import torch; from torch.utils import cpp_extension; \
+                  print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(cpp_extension.library_paths()[-1])";
+    let out = Command::new(python).args(["-c", script]).output().ok()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut lines = stdout.lines().map(str::trim);
+    let abi = lines.next().filter(|s| *s == "0" || *s == "1")?.to_owned();
+    let lib = PathBuf::from(lines.next()?);
+    out.status.success().then_some(PythonTorch { abi, lib })
+}
+
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
     }
-    if env::var_os("LIBTORCH").is_none() && env::var_os("LIBTORCH_USE_PYTORCH").is_some() {
-        // Same interpreter choice as torch-sys.
-        let python = if env::var_os("VIRTUAL_ENV").is_some() { "python" } else { "python3" };
-        if let Ok(out) = Command::new(python)
-            .args(["-c", "import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))"])
-            .output()
-        {
-            let s = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-            if out.status.success() && (s == "0" || s == "1") {
-                return s;
-            }
-        }
-    }
-    "1".to_owned()
 }
 
 /// Include folders for the CUDA runtime headers that `c10/cuda` needs (`cuda_runtime_api.h` and
@@ -53,17 +64,40 @@ fn cuda_include_dirs(libtorch_lib: &Path) -> Option<Vec<PathBuf>> {
 }
 
 fn main() {
-    for var in
-        ["LIBTORCH", "LIBTORCH_USE_PYTORCH", "LIBTORCH_CXX11_ABI", "VIRTUAL_ENV", "CUDA_HOME", "CUDA_PATH"]
-    {
+    // PATH and VIRTUAL_ENV pick the Python interpreter, which picks the torch in Python mode.
+    for var in [
+        "LIBTORCH",
+        "LIBTORCH_USE_PYTORCH",
+        "LIBTORCH_CXX11_ABI",
+        "VIRTUAL_ENV",
+        "PATH",
+        "CUDA_HOME",
+        "CUDA_PATH",
+    ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo:rerun-if-changed=csrc");
     let lib = PathBuf::from(
         env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys did not export DEP_TCH_LIBTORCH_LIB"),
     );
+    let python = python_torch();
+    // torch-sys reruns only when a LIBTORCH* variable changes, so after a new venv or a moved
+    // checkout it still links the old libtorch; going on would bake rpaths into the old folder.
+    if let Some(py) = &python {
+        assert!(
+            same_dir(&py.lib, &lib),
+            "torch-sys was built against the libtorch in {}, but Python now imports torch from {} \
+             (torch-sys does not notice a changed PATH or VIRTUAL_ENV): run `cargo clean -p torch-sys` \
+             and build again",
+            lib.display(),
+            py.lib.display()
+        );
+    }
     let include = lib.join("..").join("include");
-    let abi = cxx11_abi();
+    let abi = env::var("LIBTORCH_CXX11_ABI")
+        .ok()
+        .or_else(|| python.map(|py| py.abi))
+        .unwrap_or_else(|| "1".to_owned());
 
     let mut build = cc::Build::new();
     build
@@ -102,6 +136,11 @@ fn main() {
     if with_cuda {
         println!("cargo:rustc-link-lib=dylib=c10_cuda");
     }
+    // Only torch_cuda_link.cpp reads the define.
+    let have_torch_cuda = lib.join("libtorch_cuda.so").exists();
+    if have_torch_cuda {
+        build.define("GMT_HAVE_TORCH_CUDA", None);
+    }
     build
         .files([
             "csrc/registry.cpp",
@@ -111,9 +150,14 @@ fn main() {
             "csrc/meta_kernels.cpp",
             "csrc/script.cpp",
             "csrc/saved.cpp",
+            "csrc/torch_cuda_link.cpp",
         ])
         .compile("gpu_mem_track_shim");
 
+    if have_torch_cuda {
+        // Satisfies the shim's reference; torch-sys links it too, but this does not rely on that.
+        println!("cargo:rustc-link-lib=dylib=torch_cuda");
+    }
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:libtorch_lib={}", lib.display());
     // For this crate's own tests.

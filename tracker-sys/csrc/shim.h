@@ -14,6 +14,11 @@ void gmt_free_string(char* s);
 // Device kinds as seen by the shim (decoupled from c10::DeviceType's numbering).
 enum gmt_device_kind { GMT_DEV_ANY = -1, GMT_DEV_CPU = 0, GMT_DEV_CUDA = 1, GMT_DEV_META = 2, GMT_DEV_OTHER = 3 };
 
+// ---- linking (torch_cuda_link.cpp) ----
+// 1 when this build references libtorch_cuda (the libtorch in use ships it), which keeps it linked
+// into every binary that calls this; 0 with a CPU-only libtorch. Call it on a path every user runs.
+int gmt_torch_cuda_linked(void);
+
 // ---- live-tensor registry (registry.cpp) ----
 typedef struct {
   uint64_t impl_id;        // TensorImpl address: identity while the tensor is alive

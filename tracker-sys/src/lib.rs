@@ -163,6 +163,12 @@ pub struct gmt_cuda_stats {
 extern "C" {
     pub fn gmt_free_string(s: *mut c_char);
 
+    /// 1 when the shim references libtorch_cuda (the libtorch in use ships it), 0 otherwise.
+    /// Calling it from code every user of the library runs is what keeps libtorch_cuda linked
+    /// into their binaries (`--as-needed` drops libraries nothing references); see
+    /// `csrc/torch_cuda_link.cpp`.
+    pub fn gmt_torch_cuda_linked() -> c_int;
+
     pub fn gmt_registry_install() -> gmt_error;
     pub fn gmt_registry_installed() -> c_int;
     pub fn gmt_registry_set_enabled(enabled: c_int) -> gmt_error;
