@@ -2,8 +2,10 @@
 //! few lines the README asks users for) gets a binary that finds libtorch without
 //! LD_LIBRARY_PATH and keeps libtorch_cuda linked, so CUDA is usable on a GPU machine.
 //!
-//! Builds the fixture in this workspace's target folder so its dependencies are reused; run it
-//! after the workspace is built (cargo-nextest does), as the build waits for the folder's lock.
+//! The fixture is a member of this workspace, so it reuses the compiled dependencies (libtorch's
+//! bindings and the C++ shim); its build script and link line are still its own, as a user's
+//! crate's are. Run it after the workspace is built (cargo-nextest does): the build waits for
+//! the target folder's lock.
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
