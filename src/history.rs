@@ -294,54 +294,68 @@ impl History {
                     trace.push(entry("segment_alloc"));
                 }
                 Action::SegmentFree => {
-                    // Also a partial unmap of an expandable segment: remove just that range.
-                    let (lo, hi) = (e.addr, e.addr + e.size);
-                    segments_live = segments_live
-                        .into_iter()
-                        .flat_map(|(a, s)| {
-                            let end = a + s;
-                            let left = (a < lo).then(|| (a, lo.min(end) - a));
-                            let right = (end > hi).then(|| (hi.max(a), end - hi.max(a)));
-                            left.into_iter().chain(right)
-                        })
-                        .collect();
+                    segments_live = unmap(segments_live, e.addr, e.addr.saturating_add(e.size));
                     trace.push(entry("segment_free"));
                 }
             }
         }
-        let block = |e: &'_ HistoryEvent| Block {
-            address: e.addr,
-            size: e.size,
-            requested_size: e.size,
-            state: "active_allocated",
-            frames: &[],
-        };
-        let mut live: Vec<&HistoryEvent> = live.into_iter().flatten().collect();
-        live.sort_by_key(|e| e.addr);
-        let mut placed = vec![false; live.len()];
-        segments_live.sort_unstable();
-        let mut segments: Vec<Segment<'_>> = segments_live
-            .iter()
-            .map(|&(address, size)| {
-                // Live blocks sorted by address: the ones inside this segment are one run.
-                let first = live.partition_point(|e| e.addr < address);
-                let inside = live[first..].iter().take_while(|e| e.addr + e.size <= address + size).count();
-                let blocks: Vec<Block<'_>> = (first..first + inside)
-                    .filter(|&i| !std::mem::replace(&mut placed[i], true))
-                    .map(|i| Block { frames: &live[i].frames, ..block(live[i]) })
-                    .collect();
-                let allocated = blocks.iter().map(|b| b.size).sum();
-                // The CUDA caching allocator's small pool uses 2 MiB segments.
-                Segment::new(address, size, allocated, size <= 2 << 20, blocks)
-            })
-            .collect();
-        // Allocations in no recorded segment (host memory, or a segment reserved before the
-        // recording): each its own segment.
-        segments.extend(live.iter().zip(&placed).filter(|(_, &p)| !p).map(|(e, _)| {
-            Segment::new(e.addr, e.size, e.size, false, vec![Block { frames: &e.frames, ..block(e) }])
-        }));
+        let live: Vec<&HistoryEvent> = live.into_iter().flatten().collect();
+        let segments = segments_at_end(live, segments_live);
         Ok(memviz::write(path, Snapshot { segments, device_traces: vec![trace] })?)
     }
+}
+
+/// The segments left after unmapping `lo..hi` (also a partial unmap of an expandable segment:
+/// only that range goes).
+fn unmap(segments: Vec<(u64, u64)>, lo: u64, hi: u64) -> Vec<(u64, u64)> {
+    segments
+        .into_iter()
+        .flat_map(|(a, s)| {
+            let end = a.saturating_add(s);
+            let left = (a < lo).then(|| (a, lo.min(end) - a));
+            let right = (end > hi).then(|| (hi.max(a), end - hi.max(a)));
+            left.into_iter().chain(right)
+        })
+        .collect()
+}
+
+/// The snapshot's `segments`: the live allocations at the end placed in the segments reserved
+/// during the recording, and those in none (host memory, or a segment reserved before the
+/// recording) each in a segment of its own.
+fn segments_at_end<'a>(mut live: Vec<&'a HistoryEvent>, mut reserved: Vec<(u64, u64)>) -> Vec<Segment<'a>> {
+    let block = |e: &'a HistoryEvent| Block {
+        address: e.addr,
+        size: e.size,
+        requested_size: e.size,
+        state: "active_allocated",
+        frames: &e.frames,
+    };
+    live.sort_by_key(|e| e.addr);
+    let mut placed = vec![false; live.len()];
+    reserved.sort_unstable();
+    let mut segments: Vec<Segment<'a>> = reserved
+        .iter()
+        .map(|&(address, size)| {
+            // Live blocks sorted by address: the ones inside this segment are one run.
+            let first = live.partition_point(|e| e.addr < address);
+            let end = address.saturating_add(size);
+            let inside = live[first..].iter().take_while(|e| e.addr.saturating_add(e.size) <= end).count();
+            let blocks: Vec<Block<'a>> = (first..first + inside)
+                .filter(|&i| !std::mem::replace(&mut placed[i], true))
+                .map(|i| block(live[i]))
+                .collect();
+            let allocated = blocks.iter().map(|b| b.size).sum();
+            // The CUDA caching allocator's small pool uses 2 MiB segments.
+            Segment::new(address, size, allocated, size <= 2 << 20, blocks)
+        })
+        .collect();
+    segments.extend(
+        live.iter()
+            .zip(&placed)
+            .filter(|(_, &p)| !p)
+            .map(|(e, _)| Segment::new(e.addr, e.size, e.size, false, vec![block(e)])),
+    );
+    segments
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::estimate::Estimate;
 use crate::ffi::{self, DeviceKind};
 use crate::snapshot::dtype_of;
+use tracker_log::DType;
 
 /// What a tch-native training step is estimated with.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,6 +59,26 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> T) -> Result<T> {
     })
 }
 
+/// Builds the model in a new VarStore, moves its variables to `kind` (converting floating ones
+/// to `dtype`, when given) and tags its trainable ones as parameters in the recording.
+fn load<M>(
+    build: impl FnOnce(&nn::Path) -> M,
+    kind: DeviceKind,
+    dtype: Option<DType>,
+) -> Result<(nn::VarStore, M)> {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let model = guarded("building the model", || build(&vs.root()))?;
+    if dtype.is_some() {
+        for t in vs.variables().values() {
+            ffi::tensor_to_device_in_place(t, kind, dtype)?;
+        }
+    }
+    for p in &vs.trainable_variables() {
+        ffi::tag_parameter_tensor(p)?;
+    }
+    Ok((vs, model))
+}
+
 /// Estimates two training iterations of a `tch::nn` model: `build` creates it on a `VarStore`
 /// path; `step` returns the loss for an input and a target. Backward and the optimizer step are
 /// done here (the same foreach updates as for TorchScript models).
@@ -81,18 +102,10 @@ pub fn training_step<M>(
     ffi::recorder_start(kind)?;
     let guard = RecorderGuard;
     ffi::recorder_set_phase(Some(Phase::Load), 0);
-    let vs = nn::VarStore::new(Device::Cpu);
-    let model = guarded("building the model", || build(&vs.root()))?;
+    let convert = meta || options.precision != Precision::F32;
+    let (vs, model) = load(build, kind, convert.then_some(dtype))?;
     let variables = vs.variables();
-    if meta || options.precision != Precision::F32 {
-        for t in variables.values() {
-            ffi::tensor_to_device_in_place(t, kind, Some(dtype))?;
-        }
-    }
     let params = vs.trainable_variables();
-    for p in &params {
-        ffi::tag_parameter_tensor(p)?;
-    }
     let bytes = |t: &Tensor| (t.numel() * t.kind().elt_size_in_bytes()) as u64;
     let param_bytes: u64 = params.iter().map(bytes).sum();
     let buffer_bytes: u64 = variables.values().filter(|t| !t.requires_grad()).map(bytes).sum();

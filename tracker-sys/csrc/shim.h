@@ -37,6 +37,7 @@ typedef struct {
   uint8_t storage_shared;  // another TensorImpl (a view, or one the registry cannot see) holds it
   uint8_t pad_;
 } gmt_tensor_record;
+static_assert(sizeof(gmt_tensor_record) == 72, "gmt_tensor_record is mirrored in tracker-sys/src/lib.rs: change both");
 
 typedef struct gmt_snapshot gmt_snapshot;
 
@@ -72,6 +73,7 @@ typedef struct {
   int64_t allocations;  // counts since installation
   int64_t frees;
 } gmt_alloc_stats;
+static_assert(sizeof(gmt_alloc_stats) == 40, "gmt_alloc_stats is mirrored in tracker-sys/src/lib.rs: change both");
 
 gmt_error gmt_cpu_allocator_install(void);     // idempotent, thread-safe
 int gmt_cpu_allocator_installed(void);
@@ -88,6 +90,7 @@ typedef struct {
   int64_t active_current;
   int64_t free_bytes, total_bytes;  // cudaMemGetInfo
 } gmt_cuda_stats;
+static_assert(sizeof(gmt_cuda_stats) == 56, "gmt_cuda_stats is mirrored in tracker-sys/src/lib.rs: change both");
 
 int32_t gmt_cuda_device_count(void);          // 0 when CUDA is absent; never throws
 gmt_error gmt_cuda_stats_read(int32_t device, int reset_peak, gmt_cuda_stats* out);
@@ -114,6 +117,7 @@ typedef struct {
   int32_t top_op;       // outermost op at the time (the user-level call); name via gmt_recorder_op_name
   int32_t category;     // an allocation's gmt_category tag, GMT_CAT_NONE when nothing tagged it
 } gmt_alloc_event;
+static_assert(sizeof(gmt_alloc_event) == 48, "gmt_alloc_event is mirrored in tracker-sys/src/lib.rs: change both");
 
 #define GMT_STACK_FRAMES 24
 // What the tracker learnt an allocation holds (tags; untagged allocations are judged by lifetime).
@@ -171,12 +175,14 @@ typedef struct {
   int32_t device_kind;    // GMT_DEV_META or GMT_DEV_CPU
   int32_t eager_lifetimes; // hold values as eager Python would (locals until rebound/return, call inputs until the call returns)
 } gmt_estimate_options;
+static_assert(sizeof(gmt_estimate_options) == 48, "gmt_estimate_options is mirrored in tracker-sys/src/lib.rs: change both");
 
 // Sizes of what the run created; timing and peaks come from the recorded events.
 typedef struct {
   int64_t param_count, param_bytes, buffer_bytes, input_bytes, grad_bytes, optimizer_state_bytes;
   int64_t output_numel;
 } gmt_estimate_result;
+static_assert(sizeof(gmt_estimate_result) == 56, "gmt_estimate_result is mirrored in tracker-sys/src/lib.rs: change both");
 
 // Loads and runs the module on the device with the allocator recorder on; the recording stays
 // readable afterwards (gmt_recorder_*).
@@ -192,6 +198,7 @@ typedef struct {
   char peak_op[64];
   double seconds;
 } gmt_static_result;
+static_assert(sizeof(gmt_static_result) == 120, "gmt_static_result is mirrored in tracker-sys/src/lib.rs: change both");
 gmt_error gmt_estimate_static(const char* path, const int64_t* shape, int32_t ndim, int32_t dtype, int32_t is_index,
                               gmt_static_result* out);
 

@@ -260,3 +260,12 @@ extern "C" {
     pub fn gmt_cuda_history_attach(device: i32) -> gmt_error;
     pub fn gmt_cuda_history_detach();
 }
+
+// The C layouts this crate mirrors (`csrc/shim.h` asserts the same sizes on its side).
+const _: () = assert!(std::mem::size_of::<gmt_tensor_record>() == 72);
+const _: () = assert!(std::mem::size_of::<gmt_alloc_stats>() == 40);
+const _: () = assert!(std::mem::size_of::<gmt_alloc_event>() == 48);
+const _: () = assert!(std::mem::size_of::<gmt_estimate_options>() == 48);
+const _: () = assert!(std::mem::size_of::<gmt_estimate_result>() == 56);
+const _: () = assert!(std::mem::size_of::<gmt_static_result>() == 120);
+const _: () = assert!(std::mem::size_of::<gmt_cuda_stats>() == 56);
