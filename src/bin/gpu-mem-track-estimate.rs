@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+#[path = "common/mod.rs"]
+mod common;
+
+use anyhow::{bail, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use gpu_mem_track::estimate::profile::{predict, DeviceProfile, GpuPrediction};
 use gpu_mem_track::estimate::{
@@ -414,12 +417,7 @@ fn timeline(args: ModelArgs, mode: ModeArg, output: &Path) -> Result<()> {
     };
     let is_json = output.extension().is_some_and(|x| x.eq_ignore_ascii_case("json"));
     if is_json {
-        let points = trace.timeline();
-        let step = (points.len() / 2000).max(1);
-        let sampled: Vec<_> = points.iter().step_by(step).collect();
-        let v = serde_json::json!({ "estimate": estimate, "peak": trace.peak(), "points": sampled });
-        std::fs::write(output, serde_json::to_string_pretty(&v)?)
-            .with_context(|| format!("cannot write {}", output.display()))?;
+        common::write_timeline_json(&trace, serde_json::to_value(&estimate)?, output)?;
     } else {
         plot_timeline(&trace, &title, output)?;
     }
@@ -436,12 +434,5 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse(); // usage errors exit with 2
-    match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
-            ExitCode::from(1)
-        }
-    }
+    common::exit_code(run(Cli::parse())) // usage errors exit with 2
 }

@@ -11,6 +11,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[path = "common/mod.rs"]
+mod common;
+
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use tracker_log::log::{parse_log_lenient, ParsedLog};
@@ -225,12 +228,7 @@ fn timeline(args: &[OsString]) -> Result<()> {
     let title = t.snapshot.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     let is_json = t.output.extension().is_some_and(|x| x.eq_ignore_ascii_case("json"));
     if is_json {
-        let points = trace.timeline();
-        let step = (points.len() / 2000).max(1);
-        let sampled: Vec<_> = points.iter().step_by(step).collect();
-        let v = serde_json::json!({ "estimate": null, "peak": trace.peak(), "points": sampled });
-        std::fs::write(&t.output, serde_json::to_string_pretty(&v)?)
-            .with_context(|| format!("cannot write {}", t.output.display()))?;
+        common::write_timeline_json(&trace, serde_json::Value::Null, &t.output)?;
     } else {
         plot_timeline(&trace, &title, &t.output)?;
     }
@@ -311,12 +309,5 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse(); // usage errors exit with 2
-    match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
-            ExitCode::from(1)
-        }
-    }
+    common::exit_code(run(Cli::parse())) // usage errors exit with 2
 }
