@@ -208,3 +208,19 @@ fn timeline_reads_a_snapshot_and_its_peak_is_the_caching_allocator_models() {
     one_line_error(&run(&["timeline", junk.to_str().unwrap(), "-o", json.to_str().unwrap()]), "junk.pickle");
     assert_eq!(run(&["timeline", m, "-o", json.to_str().unwrap()]).status.code(), Some(2));
 }
+
+/// `report`, `plot`, `watch` and `--help` start without libtorch: the binary does not link it;
+/// `estimate` goes through the second binary, which does.
+#[test]
+fn the_gpu_mem_track_binary_links_no_libtorch() {
+    let ldd = |exe: &str| {
+        let out = std::process::Command::new("ldd").arg(exe).output().expect("ldd");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let lean = ldd(env!("CARGO_BIN_EXE_gpu-mem-track"));
+    assert!(!lean.contains("torch"), "gpu-mem-track links libtorch:\n{lean}");
+    let estimate = ldd(env!("CARGO_BIN_EXE_gpu-mem-track-estimate"));
+    assert!(estimate.contains("libtorch_cpu.so"), "{estimate}");
+    let o = run(&["estimate", "--help"]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("--device-profile"));
+}
