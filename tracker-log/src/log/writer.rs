@@ -51,15 +51,25 @@ impl LogWriter {
         &self.path
     }
 
-    /// Appends one whole block with a single write, then flushes.
+    /// Appends one whole block with a single write, then flushes. A write that fails part-way (a
+    /// full disk, `ulimit -f`) is undone: the file is cut back to where the block started, so the
+    /// log keeps only whole blocks and later blocks can still be appended.
     ///
     /// # Errors
-    /// [`Error::LogWrite`] naming the file.
+    /// [`Error::LogWrite`] naming the file (with the OS error of the write; the block is not in
+    /// the file).
     pub fn append(&mut self, block: &str) -> Result<()> {
-        self.file
-            .write_all(block.as_bytes())
-            .and_then(|()| self.file.flush())
-            .map_err(|source| Error::LogWrite { path: self.path.clone(), source })
+        // Append mode writes at the end; this handle is the file's only writer, so the end before
+        // the write is where this block starts.
+        let start = self.file.metadata().map(|m| m.len()).ok();
+        let written = self.file.write_all(block.as_bytes()).and_then(|()| self.file.flush());
+        written.map_err(|source| {
+            if let Some(start) = start {
+                // Best effort: if even this fails the OS error above is still the one to report.
+                let _ = self.file.set_len(start);
+            }
+            Error::LogWrite { path: self.path.clone(), source }
+        })
     }
 }
 
