@@ -55,6 +55,7 @@ struct BorrowedKey<'a> {
     shape: &'a [i64],
     dtype: DType,
     parameter: bool,
+    view: bool,
 }
 
 impl Hash for BorrowedKey<'_> {
@@ -62,6 +63,7 @@ impl Hash for BorrowedKey<'_> {
         self.shape.hash(h);
         h.write_i32(self.dtype.scalar_type());
         h.write_u8(self.parameter as u8);
+        h.write_u8(self.view as u8);
     }
 }
 
@@ -107,7 +109,12 @@ impl Snapshot {
             if !detail {
                 continue;
             }
-            let key = BorrowedKey { shape: r.shape(dims), dtype: r.dtype(), parameter: r.is_parameter() };
+            let key = BorrowedKey {
+                shape: r.shape(dims),
+                dtype: r.dtype(),
+                parameter: r.is_parameter(),
+                view: !owned,
+            };
             let g = grouped.entry(key).or_default();
             g.count += 1;
             if owned {
@@ -117,7 +124,7 @@ impl Snapshot {
         snap.groups.reserve(grouped.len());
         for (k, v) in grouped {
             let class = if k.parameter { TensorClass::Parameter } else { TensorClass::Tensor };
-            snap.groups.insert(GroupKey { shape: k.shape.into(), dtype: k.dtype, class }, v);
+            snap.groups.insert(GroupKey { shape: k.shape.into(), dtype: k.dtype, class, view: k.view }, v);
         }
         snap
     }

@@ -174,3 +174,39 @@ fn without_detail_only_at_lines_are_written() {
     assert!(blocks[0].1.contains("Total Tensor Used Memory:1.0    Mb"), "{}", blocks[0].1);
     drop(x);
 }
+
+/// A view and a tensor that owns its storage are different groups even with the same shape and
+/// dtype: when the base of a same-shaped view goes away and a new tensor of that shape comes
+/// (gradients replacing transposed-weight views), the log shows a view leaving and a tensor
+/// arriving, never a line with a count of 0.
+#[test]
+fn views_and_owners_of_one_shape_are_separate_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = cpu_tracker(dir.path());
+    let w = Tensor::zeros([128, 128], (Kind::Float, Device::Cpu));
+    let wt = w.tr(); // a (128, 128) view of w's storage
+    track!(t).unwrap();
+    assert_eq!(
+        last_group_lines(&t),
+        vec![
+            line('+', 1, "(128, 128)", "0.0625", TENSOR, "torch.float32"),
+            line('+', 1, "(128, 128)", "0.0", TENSOR, "torch.float32"),
+        ]
+    );
+    // The view goes, an owner of the same shape comes: the (shape, dtype, class) count is
+    // unchanged, but both moves are printed, each with count 1.
+    drop(wt);
+    let g = Tensor::ones([128, 128], (Kind::Float, Device::Cpu));
+    track!(t).unwrap();
+    assert_eq!(
+        last_group_lines(&t),
+        vec![
+            line('+', 1, "(128, 128)", "0.0625", TENSOR, "torch.float32"),
+            line('-', 1, "(128, 128)", "0.0", TENSOR, "torch.float32"),
+        ]
+    );
+    drop((w, g));
+    track!(t).unwrap();
+    let all = std::fs::read_to_string(t.log_path()).unwrap();
+    assert!(!all.contains("| 0 * "), "no line has a count of 0:\n{all}");
+}

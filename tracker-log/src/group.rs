@@ -147,6 +147,10 @@ pub struct GroupKey {
     pub dtype: DType,
     /// Parameter or plain tensor.
     pub class: TensorClass,
+    /// Views of storage another tensor owns (their line says `Memory: 0.0 M`), kept apart from
+    /// the tensors that own their storage: when gradients replace transposed-weight views of the
+    /// same shape, the log shows one group going and one coming, not a line with a count of 0.
+    pub view: bool,
 }
 
 /// Count and bytes of one group. Bytes are the storages this group owns: a storage shared by
