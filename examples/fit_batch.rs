@@ -132,14 +132,7 @@ fn main() -> Result<()> {
             device: EstimateDevice::Meta,
         };
         let (e, trace) = training_step(|p| Gpt::new(p, seq), |m, x, y| m.loss(x, y), &options)?;
-        let g = predict(
-            &profile,
-            e.cuda.peak_allocated,
-            e.cuda.peak_reserved,
-            trace.uses_cublas(),
-            trace.largest_convolution_allocation(),
-            std::env::var("CUBLAS_WORKSPACE_CONFIG").ok().as_deref(),
-        );
+        let g = predict(&profile, &trace, std::env::var("CUBLAS_WORKSPACE_CONFIG").ok().as_deref());
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         println!(
             "{batch:>6} {:>12} {:>22} {:>22} {:>6}",

@@ -427,6 +427,12 @@ pub(crate) fn cuda_empty_cache() -> Result<()> {
     check("CUDA empty_cache", unsafe { sys::gmt_cuda_empty_cache() })
 }
 
+/// `.item()` calls on meta tensors since the process started (each returned 0).
+pub(crate) fn meta_scalar_reads() -> u64 {
+    // SAFETY: reads an atomic counter.
+    bytes(unsafe { sys::gmt_meta_scalar_reads() })
+}
+
 /// Sizes found by a TorchScript (or tch-native) estimate, in bytes and elements.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct EstimateSizes {
@@ -436,6 +442,8 @@ pub(crate) struct EstimateSizes {
     pub input_bytes: u64,
     pub grad_bytes: u64,
     pub optimizer_state_bytes: u64,
+    /// `.item()` calls on meta tensors during the run (each returned 0).
+    pub meta_scalar_reads: u64,
 }
 
 /// Options of a TorchScript estimate, owned on the Rust side.
@@ -469,6 +477,7 @@ pub(crate) fn estimate_torchscript(
         device_kind: call.device_kind.code(),
         eager_lifetimes: call.eager_lifetimes as i32,
     };
+    let reads_before = meta_scalar_reads();
     let mut raw = sys::gmt_estimate_result::default();
     // SAFETY: `opts` points at live buffers (`path`, `input_shape`) for the call; `raw` is a
     // valid out-pointer.
@@ -480,6 +489,7 @@ pub(crate) fn estimate_torchscript(
         input_bytes: bytes(raw.input_bytes),
         grad_bytes: bytes(raw.grad_bytes),
         optimizer_state_bytes: bytes(raw.optimizer_state_bytes),
+        meta_scalar_reads: meta_scalar_reads() - reads_before,
     };
     let (events, names) = recorded_events();
     Ok((sizes, events, names))

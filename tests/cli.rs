@@ -224,3 +224,70 @@ fn the_gpu_mem_track_binary_links_no_libtorch() {
     let o = run(&["estimate", "--help"]);
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("--device-profile"));
 }
+
+#[test]
+fn model_paths_outputs_and_durations_are_named_for_what_they_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    one_line_error(&run(&["estimate", d, "--input", "1x3x8x8"]), "is a directory");
+    let fifo = dir.path().join("model.fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    one_line_error(&run(&["estimate", fifo.to_str().unwrap(), "--input", "1x3x8x8"]), "not a regular file");
+    // The output's extension is checked before any work, and the message lists what works.
+    let pickle = dir.path().join("x.pickle");
+    std::fs::write(&pickle, "junk").unwrap();
+    let txt = dir.path().join("t.txt");
+    one_line_error(
+        &run(&["timeline", pickle.to_str().unwrap(), "-o", txt.to_str().unwrap()]),
+        ".svg, .png or .json",
+    );
+    // Absurd durations were a panic (exit 101) in Duration::from_secs_f64.
+    for args in [["--duration", "99999999999999999999h"], ["--interval", "20000000000000000000s"]] {
+        let o = run(&["watch", args[0], args[1], "--log-dir", d]);
+        assert_eq!(o.status.code(), Some(2), "a usage error, not a panic: {}", stderr(&o));
+        assert!(stderr(&o).contains(args[0]), "{}", stderr(&o));
+    }
+}
+
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
+#[test]
+fn snapshot_paths_damaged_models_overflows_and_data_branches_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = export_model(dir.path(), "cnn").expect("exporting the model needs Python with torch");
+    let m = model.to_str().unwrap();
+    // A snapshot into a missing folder: named as a snapshot, the OS reason once.
+    let o = run(&["estimate", m, "--input", "1x3x8x8", "--snapshot", "/nonexistent/dir/x.pickle"]);
+    one_line_error(&o, "cannot write memory snapshot /nonexistent/dir/x.pickle");
+    let e = stderr(&o);
+    assert!(!e.contains("log file"), "{e}");
+    assert_eq!(e.matches("No such file or directory").count(), 1, "{e}");
+    // A damaged archive: the reason after "as TorchScript:" is never empty.
+    let mut bytes = std::fs::read(&model).unwrap();
+    let mid = bytes.len() / 2;
+    bytes.truncate(mid);
+    let damaged = dir.path().join("damaged.pt");
+    std::fs::write(&damaged, &bytes).unwrap();
+    let o = run(&["estimate", damaged.to_str().unwrap(), "--input", "1x3x8x8"]);
+    one_line_error(&o, "damaged.pt");
+    let e = stderr(&o);
+    let reason = e.split("TorchScript:").nth(1).unwrap_or("").trim();
+    assert!(!reason.is_empty(), "{e}");
+    // The static method at an absurd batch overflows: an error, not a wrapped figure.
+    let o = run(&["estimate", m, "--input", "1000000000000000x3x32x32", "--method", "static"]);
+    one_line_error(&o, "2^63 bytes");
+    // A branch on data: meta reads 0 and says so.
+    let branch = export_model(dir.path(), "itembranch").unwrap();
+    let o = run(&["estimate", branch.to_str().unwrap(), "--input", "4x8"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("read 1 value(s) of meta tensors"), "{text}");
+    let o = run(&["estimate", branch.to_str().unwrap(), "--input", "4x8", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["meta_scalar_reads"], 1);
+    let o = run(&["estimate", m, "--input", "1x3x8x8", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["meta_scalar_reads"], 0);
+}

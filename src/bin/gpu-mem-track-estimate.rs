@@ -218,14 +218,24 @@ fn print_gpu(g: &GpuPrediction) {
     };
     let p = &g.profile;
     println!(
-        "  on {} ({:.0} GiB, sm {}.{}; cuBLAS workspace {}; range = without / with the largest plausible cuDNN workspace):",
+        "  on {} ({:.0} GiB, sm {}.{}; cuBLAS workspace {} at the first matmul; range = without / with \
+         a cuDNN workspace at each convolution, up to {}):",
         p.name,
         p.memory_bytes as f64 / (1u64 << 30) as f64,
         p.compute_capability.0,
         p.compute_capability.1,
-        mib(g.cublas_workspace)
+        mib(g.cublas_workspace),
+        mib(g.cudnn_workspace_max)
     );
-    println!("    peak allocated   {}", range(g.peak_allocated));
+    println!(
+        "    baseline allocated {}  (parameters, buffers, input as allocator blocks)",
+        mib(g.baseline_allocated)
+    );
+    println!(
+        "    peak allocated   {}  ({} above the baseline)",
+        range(g.peak_allocated),
+        range(g.peak_delta)
+    );
     println!("    peak reserved    {}", range(g.peak_reserved));
     println!(
         "    nvidia-smi       {}  (reserved + {} CUDA context and libraries, a per-GPU constant){}",
@@ -314,20 +324,13 @@ fn run_model(args: &EstimateArgs, options: &mut EstimateOptions) -> Result<(Esti
 }
 
 /// The figures of a GPU profile, unless the user asked for the plain model (`cuda`) or none.
-fn gpu_prediction(device_profile: &str, e: &Estimate, trace: &Trace) -> Result<Option<GpuPrediction>> {
+fn gpu_prediction(device_profile: &str, trace: &Trace) -> Result<Option<GpuPrediction>> {
     Ok(match device_profile {
         "cuda" | "none" => None,
         name => {
             let profile = DeviceProfile::find(name)?;
             let config = std::env::var("CUBLAS_WORKSPACE_CONFIG").ok();
-            Some(predict(
-                &profile,
-                e.cuda.peak_allocated,
-                e.cuda.peak_reserved,
-                trace.uses_cublas(),
-                trace.largest_convolution_allocation(),
-                config.as_deref(),
-            ))
+            Some(predict(&profile, trace, config.as_deref()))
         }
     })
 }
@@ -366,7 +369,7 @@ fn estimate(args: EstimateArgs) -> Result<()> {
         return Ok(());
     }
     let (e, trace) = run_model(&args, &mut options)?;
-    let gpu = gpu_prediction(&args.device_profile, &e, &trace)?;
+    let gpu = gpu_prediction(&args.device_profile, &trace)?;
     if let Some(path) = &args.snapshot {
         trace.dump_snapshot(path)?;
     }
@@ -403,6 +406,7 @@ fn estimate(args: EstimateArgs) -> Result<()> {
 }
 
 fn timeline(args: ModelArgs, mode: ModeArg, output: &Path) -> Result<()> {
+    let is_json = common::timeline_is_json(output)?;
     let model = args.model.clone();
     let name = model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     let (estimate, trace, title) = if model.extension().is_some_and(|x| x == "pickle") {
@@ -415,7 +419,6 @@ fn timeline(args: ModelArgs, mode: ModeArg, output: &Path) -> Result<()> {
         let title = format!("{name} {:?}", e.options.input_shape);
         (Some(e), trace, title)
     };
-    let is_json = output.extension().is_some_and(|x| x.eq_ignore_ascii_case("json"));
     if is_json {
         common::write_timeline_json(&trace, serde_json::to_value(&estimate)?, output)?;
     } else {

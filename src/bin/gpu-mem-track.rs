@@ -224,9 +224,9 @@ fn timeline(args: &[OsString]) -> Result<()> {
     }
     let t =
         PickleTimeline::parse_from(std::iter::once(OsString::from("timeline")).chain(args.iter().cloned()));
+    let is_json = common::timeline_is_json(&t.output)?;
     let trace = read_snapshot_trace(&t.snapshot)?;
     let title = t.snapshot.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-    let is_json = t.output.extension().is_some_and(|x| x.eq_ignore_ascii_case("json"));
     if is_json {
         common::write_timeline_json(&trace, serde_json::Value::Null, &t.output)?;
     } else {

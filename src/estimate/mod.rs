@@ -2,6 +2,7 @@
 //! tensor sizes, no data, no compute) with every allocation recorded, replayed through a model of
 //! the CUDA caching allocator to predict `memory_allocated` and `memory_reserved`.
 pub use tracker_log::caching_allocator;
+pub mod gpu_runtime;
 mod native;
 pub mod profile;
 mod saved;
@@ -250,12 +251,20 @@ pub struct Estimate {
     /// The CUDA caching allocator model's view of the same sequence: peak `allocated` (rounded
     /// blocks) and peak `reserved` (segments).
     pub cuda: CachingStats,
+    /// `memory_allocated()` of the caching allocator model once parameters, buffers and input are
+    /// loaded (before the first forward): what a GPU shows after loading, each tensor rounded
+    /// into its block. The run's own figure is `cuda.peak_allocated - baseline_allocated`.
+    pub baseline_allocated: u64,
     /// CPU runs only: highest bytes held at once by temporaries that oneDNN kernels allocate
     /// directly (reorders, scratch space); no GPU kernel makes them, so they are left out of the
     /// figures above and reported here.
     pub cpu_only_temporaries: u64,
     /// Allocations recorded.
     pub allocations: u64,
+    /// Values the run read from meta tensors (`.item()`, data-dependent control flow): a meta
+    /// tensor holds no data, so each read 0 and a branch on it may not be the one a real run
+    /// takes. Non-zero means: check with a CPU run (`EstimateDevice::Cpu`).
+    pub meta_scalar_reads: u64,
     /// Seconds the estimate took.
     pub seconds: f64,
 }
@@ -276,9 +285,7 @@ pub fn estimate_torchscript(path: &Path, options: &EstimateOptions) -> Result<Es
 /// # Errors
 /// As [`estimate_torchscript`].
 pub fn estimate_torchscript_traced(path: &Path, options: &EstimateOptions) -> Result<(Estimate, Trace)> {
-    if !path.is_file() {
-        return Err(Error::EstimateInput(format!("model file {} does not exist", path.display())));
-    }
+    check_model_file(path)?;
     if options.input_shape.is_empty() || options.input_shape.iter().any(|&d| d <= 0) {
         return Err(Error::EstimateInput(format!(
             "input shape {:?} must have positive sizes",
@@ -312,6 +319,18 @@ pub fn estimate_torchscript_traced(path: &Path, options: &EstimateOptions) -> Re
     Ok(finish_estimate(options, &sizes, &events, &names, &ffi::recorded_parameter_ids(), start))
 }
 
+/// A model path must name a regular file; a folder or a fifo is named as what it is.
+fn check_model_file(path: &Path) -> Result<()> {
+    let problem = match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "does not exist".to_owned(),
+        Err(e) => format!("cannot be read ({e})"),
+        Ok(m) if m.is_dir() => "is a directory, not a TorchScript file".to_owned(),
+        Ok(m) if !m.is_file() => "is not a regular file (a fifo, socket or device)".to_owned(),
+        Ok(_) => return Ok(()),
+    };
+    Err(Error::EstimateInput(format!("model file {} {problem}", path.display())))
+}
+
 /// Turns a recorded run into the estimate and its categorised trace.
 pub(crate) fn finish_estimate(
     options: &EstimateOptions,
@@ -336,8 +355,10 @@ pub(crate) fn finish_estimate(
         peak: timeline.peak,
         phases: timeline.phases,
         cuda: timeline.cuda,
+        baseline_allocated: timeline.baseline_allocated,
         cpu_only_temporaries: timeline.cpu_only_peak,
         allocations: events.iter().filter(|e| e.kind == EventKind::Alloc).count() as u64,
+        meta_scalar_reads: sizes.meta_scalar_reads,
         seconds: start.elapsed().as_secs_f64(),
     };
     (estimate, trace)
@@ -366,6 +387,7 @@ struct Timeline {
     peak: PeakPlace,
     phases: Vec<PhasePeak>,
     cuda: CachingStats,
+    baseline_allocated: u64,
     cpu_only_peak: u64,
 }
 
@@ -390,6 +412,7 @@ impl Timeline {
             phases: Vec::new(),
             live_after_forward: None,
             forward_peak: 0,
+            baseline_allocated: None,
             cpu_only: Replay::new(),
         };
         for (index, e) in events.iter().enumerate() {
@@ -404,6 +427,7 @@ impl Timeline {
             peak: run.peak,
             phases: run.phases,
             cuda: run.cuda.stats(),
+            baseline_allocated: run.baseline_allocated.unwrap_or(run.cuda.stats().allocated),
             cpu_only_peak: run.cpu_only.peak(),
         }
     }
@@ -419,6 +443,7 @@ struct TimelineRun {
     phases: Vec<PhasePeak>,
     live_after_forward: Option<u64>,
     forward_peak: u64,
+    baseline_allocated: Option<u64>,
     cpu_only: Replay,
 }
 
@@ -437,6 +462,9 @@ impl TimelineRun {
 
     fn event(&mut self, index: usize, e: &AllocEvent, op: &str) {
         let (phase, iteration) = (e.phase, e.iteration);
+        if self.baseline_allocated.is_none() && phase >= Phase::Forward {
+            self.baseline_allocated = Some(self.cuda.stats().allocated);
+        }
         if self.live_after_forward.is_none() && iteration == self.last_iteration && phase > Phase::Forward {
             self.live_after_forward = Some(self.replay.live());
         }
@@ -556,10 +584,21 @@ impl fmt::Display for Estimate {
                 mib(p.peak_bytes)
             )?;
         }
+        if self.meta_scalar_reads > 0 {
+            writeln!(
+                f,
+                "  warning: the model read {} value(s) of meta tensors (.item()), each taken as 0; \
+                 a branch on data may differ from a real run: check with --run-on cpu",
+                self.meta_scalar_reads
+            )?;
+        }
         write!(
             f,
-            "  CUDA caching allocator model: peak allocated {}, peak reserved {} ({} segments)",
+            "  CUDA caching allocator model: baseline allocated {} (model and input, in blocks), \
+             peak allocated {} ({} above the baseline), peak reserved {} ({} segments)",
+            mib(self.baseline_allocated),
             mib(self.cuda.peak_allocated),
+            mib(self.cuda.peak_allocated.saturating_sub(self.baseline_allocated)),
             mib(self.cuda.peak_reserved),
             self.cuda.segment_allocs
         )
@@ -581,9 +620,7 @@ impl Estimate {
 /// # Errors
 /// [`Error::EstimateInput`] for a missing or unreadable model, or a forward with more inputs.
 pub fn estimate_static(path: &Path, options: &EstimateOptions) -> Result<StaticEstimate> {
-    if !path.is_file() {
-        return Err(Error::EstimateInput(format!("model file {} does not exist", path.display())));
-    }
+    check_model_file(path)?;
     crate::ffi::install()?;
     let r =
         ffi::estimate_static(path, &options.input_shape, options.precision.dtype(), options.input_is_index)

@@ -99,6 +99,7 @@ pub fn training_step<M>(
     let kind = if meta { DeviceKind::Meta } else { DeviceKind::Cpu };
     let dtype = options.precision.dtype();
     let start = Instant::now();
+    let reads_before = ffi::meta_scalar_reads();
     ffi::recorder_start(kind)?;
     let guard = RecorderGuard;
     ffi::recorder_set_phase(Some(Phase::Load), 0);
@@ -156,6 +157,7 @@ pub fn training_step<M>(
         input_bytes,
         grad_bytes,
         optimizer_state_bytes,
+        meta_scalar_reads: ffi::meta_scalar_reads() - reads_before,
     };
     let parameter_ids = ffi::recorded_parameter_ids();
     drop((model, vs, optimizer, input, target));

@@ -1,12 +1,16 @@
-//! GPU device profiles: what a CUDA device adds on top of the tensors a meta run sees - the
-//! cuBLAS workspace taken from the caching allocator at the first matmul and never freed, a
-//! bounded cuDNN convolution workspace (unknowable without the GPU, so reported as a range), and
+//! GPU device profiles and what a run would show on one: the run's trace replayed through the
+//! caching allocator model with the GPU libraries' own allocations in it (the cuBLAS workspace at
+//! the first matmul, kept; a bounded cuDNN workspace at each convolution, reported as a range), and
 //! the CUDA context and library handles that nvidia-smi shows on top of `reserved`.
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::gpu_runtime::{
+    largest_cudnn_workspace, place_runtime_allocations, replay_with_runtime, RuntimeSizes,
+};
 use crate::error::{Error, Result};
+use tracker_log::Trace;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -112,11 +116,17 @@ pub struct Range {
 pub struct GpuPrediction {
     /// The profile used.
     pub profile: DeviceProfile,
-    /// cuBLAS workspace included (0 when the model has no matmul).
+    /// cuBLAS workspace placed at the first matmul (0 when the model has none).
     pub cublas_workspace: u64,
-    /// `torch.cuda.max_memory_allocated()`: caching-allocator blocks + workspace, without and with
-    /// the largest plausible cuDNN workspace.
+    /// The largest cuDNN workspace the high end places at a convolution (0 without any).
+    pub cudnn_workspace_max: u64,
+    /// `torch.cuda.memory_allocated()` once parameters, buffers and input are loaded, as the
+    /// allocator rounds them into blocks.
+    pub baseline_allocated: u64,
+    /// `torch.cuda.max_memory_allocated()`: without and with the cuDNN workspaces.
     pub peak_allocated: Range,
+    /// `max_memory_allocated() - baseline_allocated`: what the run adds to the loaded model.
+    pub peak_delta: Range,
     /// `torch.cuda.max_memory_reserved()`.
     pub peak_reserved: Range,
     /// What nvidia-smi would show: reserved plus the profile's context constant.
@@ -125,45 +135,45 @@ pub struct GpuPrediction {
     pub fits: bool,
 }
 
-/// Segment rounding of the caching allocator for one extra allocation of `bytes`.
-fn reserved_for(bytes: u64) -> u64 {
-    let rounded = super::caching_allocator::round_size(bytes);
-    if bytes == 0 {
-        0
-    } else {
-        super::caching_allocator::segment_size(rounded).max(rounded)
-    }
-}
-
-/// Combines a caching-allocator replay with a device profile. `has_matmul` says whether the run
-/// used cuBLAS; `cudnn_workspace_max` bounds the convolution workspace (0 without convolutions).
-pub fn predict(
-    profile: &DeviceProfile,
-    peak_allocated: u64,
-    peak_reserved: u64,
-    has_matmul: bool,
-    cudnn_workspace_max: u64,
-    workspace_config: Option<&str>,
-) -> GpuPrediction {
+/// Replays a run's trace on a GPU of `profile`: the cuBLAS workspace at the first matmul, and for
+/// the high end a cuDNN workspace at each convolution, go through the caching allocator model with
+/// every tensor (see [`gpu_runtime`](super::gpu_runtime) for each rule and its PyTorch source).
+/// `workspace_config` is `CUBLAS_WORKSPACE_CONFIG`.
+pub fn predict(profile: &DeviceProfile, trace: &Trace, workspace_config: Option<&str>) -> GpuPrediction {
+    let has_matmul =
+        !place_runtime_allocations(trace, RuntimeSizes { cublas_workspace: 1, cudnn_workspaces: false })
+            .is_empty();
     let cublas = if has_matmul { profile.cublas_workspace_bytes(workspace_config) } else { 0 };
-    let low_alloc = peak_allocated + cublas;
-    let low_res = peak_reserved + reserved_for(cublas);
-    let high_alloc = low_alloc + cudnn_workspace_max;
-    let high_res = low_res + reserved_for(cudnn_workspace_max);
-    let smi = |r: u64| r + profile.context_bytes;
+    let run = |cudnn_workspaces| {
+        let sizes = RuntimeSizes { cublas_workspace: cublas, cudnn_workspaces };
+        replay_with_runtime(trace, &place_runtime_allocations(trace, sizes))
+    };
+    let (low, high) = (run(false), run(true));
+    // A different placement can, in rare layouts, split blocks differently: keep the range ordered.
+    let range = |a: u64, b: u64| Range { low: a.min(b), high: a.max(b) };
+    let peak_allocated = range(low.peak_allocated, high.peak_allocated);
+    let peak_reserved = range(low.peak_reserved, high.peak_reserved);
+    let smi = |r: u64| r.saturating_add(profile.context_bytes);
     GpuPrediction {
         profile: profile.clone(),
         cublas_workspace: cublas,
-        peak_allocated: Range { low: low_alloc, high: high_alloc },
-        peak_reserved: Range { low: low_res, high: high_res },
-        nvidia_smi: Range { low: smi(low_res), high: smi(high_res) },
-        fits: smi(high_res) <= profile.memory_bytes,
+        cudnn_workspace_max: largest_cudnn_workspace(trace),
+        baseline_allocated: low.baseline_allocated,
+        peak_allocated,
+        peak_delta: Range {
+            low: peak_allocated.low.saturating_sub(low.baseline_allocated),
+            high: peak_allocated.high.saturating_sub(low.baseline_allocated),
+        },
+        peak_reserved,
+        nvidia_smi: Range { low: smi(peak_reserved.low), high: smi(peak_reserved.high) },
+        fits: smi(peak_reserved.high) <= profile.memory_bytes,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tracker_log::{Category, Phase, TraceEvent};
 
     fn profile(cc: (u32, u32)) -> DeviceProfile {
         DeviceProfile {
@@ -195,21 +205,49 @@ mod tests {
         assert_eq!(p.cublas_workspace_bytes(Some("garbage")), 8 * MIB + 128 * 1024, "unparsable: default");
     }
 
+    fn event(alloc: bool, id: i64, bytes: u64, phase: Phase, op: &str) -> TraceEvent {
+        TraceEvent {
+            alloc,
+            id,
+            size: bytes,
+            phase,
+            iteration: 1,
+            op: op.into(),
+            top_op: op.into(),
+            category: Category::Unknown,
+        }
+    }
+
     #[test]
-    fn ranges_add_the_workspaces_and_the_context() {
+    fn prediction_replays_the_workspaces_and_adds_the_context() {
         let p = profile((8, 0));
-        let g = predict(&p, 100 * MIB, 120 * MIB, true, 64 * MIB, None);
+        // Parameters 4 MiB; a convolution output of 30 MiB while the 4 MiB input is live; then a
+        // small classifier matmul.
+        let trace = Trace {
+            events: vec![
+                event(true, 1, 4 * MIB, Phase::Load, "aten::empty"),
+                event(true, 2, 4 * MIB, Phase::Input, "aten::empty"),
+                event(true, 3, 30 * MIB, Phase::Forward, "aten::convolution_overrideable"),
+                event(false, 2, 4 * MIB, Phase::Forward, "aten::relu"),
+                event(true, 4, 4096, Phase::Forward, "aten::addmm"),
+            ],
+        };
+        let g = predict(&p, &trace, None);
         let ws = 8 * MIB + 128 * 1024;
         assert_eq!(g.cublas_workspace, ws);
-        assert_eq!(g.peak_allocated, Range { low: 100 * MIB + ws, high: 100 * MIB + ws + 64 * MIB });
-        // The workspace is a large request: a 20 MiB segment; 64 MiB rounds to its own segment.
-        assert_eq!(g.peak_reserved, Range { low: 140 * MIB, high: 204 * MIB });
-        assert_eq!(g.nvidia_smi.low, 540 * MIB);
+        assert_eq!(g.cudnn_workspace_max, 30 * MIB);
+        assert_eq!(g.baseline_allocated, 8 * MIB);
+        // Low: 38 MiB at the convolution; the workspace comes when 34 MiB are live (34 + 8.1).
+        assert_eq!(g.peak_allocated.low, 34 * MIB + 4096 + ws);
+        // High: a 30 MiB workspace inside the convolution: 68 MiB.
+        assert_eq!(g.peak_allocated.high, 68 * MIB);
+        assert_eq!(g.peak_delta.high, 60 * MIB);
+        assert!(g.nvidia_smi.low >= g.peak_reserved.low + 400 * MIB);
         assert!(g.fits);
-        let none = predict(&p, 100 * MIB, 120 * MIB, false, 0, None);
-        assert_eq!((none.peak_allocated.low, none.peak_allocated.high), (100 * MIB, 100 * MIB));
-        let tight = DeviceProfile { memory_bytes: 500 * MIB, ..p };
-        assert!(!predict(&tight, 100 * MIB, 120 * MIB, true, 64 * MIB, None).fits);
+        let tight = DeviceProfile { memory_bytes: 450 * MIB, ..p.clone() };
+        assert!(!predict(&tight, &trace, None).fits);
+        let no_matmul = Trace { events: trace.events[..4].to_vec() };
+        assert_eq!(predict(&p, &no_matmul, None).cublas_workspace, 0);
     }
 
     #[test]

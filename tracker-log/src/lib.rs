@@ -14,10 +14,13 @@
 //! use tracker_log::log::{parse_log, format};
 //! use tracker_log::report::{analyse, render_text, combine};
 //!
-//! let text = "GPU Memory Track | 30-Apr-21-20:25:29 | Total Tensor Used Memory:0.0    Mb Total Allocated Memory:0.0    Mb\n\n\
-//!             + | 1 * Size:(1024, 1024)         | Memory: 4.0 M | <class 'torch.Tensor'> | torch.float32\n\n\
-//!             At train.rs line 12: main                              Total Tensor Used Memory:4.0    Mb Total Allocated Memory:4.0    Mb\n\n";
-//! let log = parse_log(text)?;
+//! // `At` lines pad the place to 50 columns, as Pytorch-Memory-Utils does.
+//! let at = format!("At {:<50} Total Tensor Used Memory:4.0    Mb Total Allocated Memory:4.0    Mb", "train.rs line 12: main");
+//! let text = format!(
+//!     "GPU Memory Track | 30-Apr-21-20:25:29 | Total Tensor Used Memory:0.0    Mb Total Allocated Memory:0.0    Mb\n\n\
+//!      + | 1 * Size:(1024, 1024)         | Memory: 4.0 M | <class 'torch.Tensor'> | torch.float32\n\n{at}\n\n"
+//! );
+//! let log = parse_log(&text)?;
 //! assert_eq!(log.blocks[0].changes[0].shape, vec![1024, 1024]);
 //! assert_eq!(log.render(), text);          // our own format reads back to the same text
 //! let report = combine(vec![analyse("x.txt".as_ref(), &log, Vec::new(), 10)]);

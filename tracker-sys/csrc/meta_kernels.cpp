@@ -2,6 +2,7 @@
 // registers these from torch/_meta_registrations.py at import; a C++ program never gets them.
 // Each returns empty tensors of the right shape and dtype, so the meta allocator sees the same
 // allocations a real run would make.
+#include <atomic>
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
 #include <torch/library.h>
@@ -222,7 +223,11 @@ bool equal_meta(const Tensor&, const Tensor&) { return false; }
 
 // `.item()` on meta: there is no value. Zero keeps shape-only programs going; control flow that
 // depends on data cannot be estimated on meta (use --allow-cpu).
+std::atomic<int64_t> g_meta_scalar_reads{0};
+
 c10::Scalar local_scalar_dense_meta(const Tensor& t) {
+  // Counted so an estimate can say that the run read values it does not have.
+  g_meta_scalar_reads.fetch_add(1, std::memory_order_relaxed);
   if (t.is_floating_point()) return c10::Scalar(0.0);
   if (t.scalar_type() == at::kBool) return c10::Scalar(false);
   return c10::Scalar(static_cast<int64_t>(0));
@@ -271,3 +276,5 @@ namespace gmt {
 // shim is linked as a static library.
 int meta_kernels_linked() { return 1; }
 }  // namespace gmt
+
+extern "C" int64_t gmt_meta_scalar_reads(void) { return g_meta_scalar_reads.load(std::memory_order_relaxed); }

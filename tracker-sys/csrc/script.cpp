@@ -256,12 +256,21 @@ struct RecorderGuard {
 };
 
 // The first line of a TorchScript error ("RuntimeError: ..." without the script traceback).
+// The first non-empty line of libtorch's message (after any Python-style "RuntimeError: "), so
+// "cannot load X as TorchScript: <reason>" never ends in an empty reason.
 std::string short_message(const std::exception& e) {
   std::string w = e.what();
   auto p = w.rfind("RuntimeError: ");
   if (p != std::string::npos) w = w.substr(p + 14);
-  auto nl = w.find('\n');
-  return nl == std::string::npos ? w : w.substr(0, nl);
+  size_t start = 0;
+  while (start < w.size()) {
+    size_t end = w.find('\n', start);
+    if (end == std::string::npos) end = w.size();
+    std::string line = w.substr(start, end - start);
+    if (line.find_first_not_of(" \t\r") != std::string::npos) return line;
+    start = end + 1;
+  }
+  return "libtorch gave no reason (not a TorchScript archive, or a damaged one)";
 }
 }  // namespace
 
@@ -376,9 +385,11 @@ int64_t concrete_bytes(Value* v) {
   if (!tt) return -1;
   auto sizes = tt->sizes().concrete_sizes();
   if (!sizes) return -1;
-  int64_t n = 1;
-  for (auto d : *sizes) n *= d;
-  return n * static_cast<int64_t>(tt->scalarType() ? c10::elementSize(*tt->scalarType()) : 4);
+  int64_t n = static_cast<int64_t>(tt->scalarType() ? c10::elementSize(*tt->scalarType()) : 4);
+  for (auto d : *sizes)
+    if (__builtin_mul_overflow(n, d, &n))
+      throw std::overflow_error("a tensor of this run has more than 2^63 bytes (input too large)");
+  return n;
 }
 
 // Replaces `self.x.y` attribute chains by graph inputs (tensors, typed from the module) or
@@ -475,7 +486,8 @@ extern "C" gmt_error gmt_estimate_static(const char* path, const int64_t* shape,
           continue;
         }
         if (root.count(o)) continue;  // a view: no new memory
-        live += b;
+        if (__builtin_add_overflow(live, b, &live))
+          throw std::overflow_error("the activations of this run exceed 2^63 bytes (input too large)");
         if (live > r.activation_peak) {
           r.activation_peak = live;
           r.peak_node = static_cast<int32_t>(i);

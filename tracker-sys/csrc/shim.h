@@ -19,6 +19,11 @@ enum gmt_device_kind { GMT_DEV_ANY = -1, GMT_DEV_CPU = 0, GMT_DEV_CUDA = 1, GMT_
 // into every binary that calls this; 0 with a CPU-only libtorch. Call it on a path every user runs.
 int gmt_torch_cuda_linked(void);
 
+// ---- meta kernels (meta_kernels.cpp) ----
+// How many times `.item()` (aten::_local_scalar_dense) ran on a meta tensor since the process
+// started: each returned 0, so data-dependent control flow may have taken another branch.
+int64_t gmt_meta_scalar_reads(void);
+
 // ---- live-tensor registry (registry.cpp) ----
 typedef struct {
   uint64_t impl_id;        // TensorImpl address: identity while the tensor is alive

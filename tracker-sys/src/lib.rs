@@ -168,6 +168,8 @@ extern "C" {
     /// into their binaries (`--as-needed` drops libraries nothing references); see
     /// `csrc/torch_cuda_link.cpp`.
     pub fn gmt_torch_cuda_linked() -> c_int;
+    /// `.item()` calls on meta tensors since the process started (each returned 0).
+    pub fn gmt_meta_scalar_reads() -> i64;
 
     pub fn gmt_registry_install() -> gmt_error;
     pub fn gmt_registry_installed() -> c_int;

@@ -2,7 +2,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use tracker_log::Trace;
 
 /// Exit 0, or 1 with one line on stderr naming the file or option (usage errors exit 2 in clap).
@@ -10,9 +10,34 @@ pub fn exit_code(result: Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            eprintln!("error: {}", one_line(&e));
             ExitCode::from(1)
         }
+    }
+}
+
+/// The error and its causes on one line, each cause once: library errors already name their
+/// OS error in their text and also return it as their source.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let m = cause.to_string();
+        if !text.contains(&m) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&m);
+        }
+    }
+    text.replace('\n', " ")
+}
+
+/// Whether a timeline goes to JSON (else a chart); refuses other extensions before any work.
+pub fn timeline_is_json(output: &Path) -> Result<bool> {
+    match output.extension().and_then(|x| x.to_str()).map(str::to_ascii_lowercase).as_deref() {
+        Some("json") => Ok(true),
+        Some("svg" | "png") => Ok(false),
+        _ => bail!("output {}: the file name must end in .svg, .png or .json", output.display()),
     }
 }
 
