@@ -10,9 +10,9 @@ def mib_range(low, high):
 
 
 def delta(e):
-    base = e["param_bytes"] + e["buffer_bytes"] + e["input_bytes"]
-    g = e["gpu"]["peak_allocated"]
-    return mib_range(g["low"] - base, g["high"] - base)
+    """max_memory_allocated() - memory_allocated() after loading the model and the input."""
+    g = e["gpu"]["peak_delta"]
+    return mib_range(g["low"], g["high"])
 
 
 name, eager_file, script_file = sys.argv[1:4]

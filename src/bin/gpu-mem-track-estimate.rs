@@ -193,16 +193,15 @@ fn print_estimate(e: &Estimate, model: &Path, cuda: bool) {
 }
 
 /// What the peak is made of: categories of the live tensors, then what a GPU adds.
-fn print_peak_breakdown(e: &Estimate, trace: &Trace, gpu: Option<&GpuPrediction>) {
+fn print_peak_breakdown(e: &Estimate, trace: &Trace) {
     let Some(peak) = trace.peak() else { return };
     let parts: Vec<String> =
         peak.bytes.iter().filter(|(_, b)| *b > 0).map(|(c, b)| format!("{} {}", c.name(), mib(*b))).collect();
     println!("  at the peak: {}", parts.join(", "));
     let rounding = e.cuda.peak_allocated.saturating_sub(e.peak.bytes);
     let cached = e.cuda.peak_reserved.saturating_sub(e.cuda.peak_allocated);
-    let workspace = gpu.map_or(String::new(), |g| format!("cuBLAS workspace {}, ", mib(g.cublas_workspace)));
     println!(
-        "  on a GPU add: {workspace}allocator rounding {}, cached/fragmented segments {}",
+        "  the caching allocator adds: rounding to blocks {}, cached/fragmented segments {}",
         mib(rounding),
         mib(cached)
     );
@@ -385,7 +384,7 @@ fn estimate(args: EstimateArgs) -> Result<()> {
         return Ok(());
     }
     print_estimate(&e, &model, args.device_profile != "none");
-    print_peak_breakdown(&e, &trace, gpu.as_ref());
+    print_peak_breakdown(&e, &trace);
     if e.options.device == EstimateDevice::Meta {
         print_peak_tensors(&model, &e)?;
     }

@@ -54,17 +54,25 @@ fn is_op(op: &str, name: &str) -> bool {
     op.strip_prefix(name).is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
 }
 
-fn is_cublas_op(op: &str) -> bool {
-    CUBLAS_OPS.iter().any(|name| is_op(op, name))
+/// An allocation made by the op named in `top_op` itself rather than by an op it calls: on meta
+/// a kernel's outputs are recorded under `aten::empty`/`aten::empty_strided`.
+fn is_allocation_primitive(op: &str) -> bool {
+    is_op(op, "aten::empty") || is_op(op, "aten::empty_strided") || is_op(op, "aten::empty_like")
 }
 
-/// Convolution calls: the meta device records them under `convolution_overrideable` (and
-/// `_backward_overrideable`), the CPU under `mkldnn_convolution`, `_slow_conv2d_*`, ...
+fn is_cublas_call(e: &TraceEvent) -> bool {
+    let cublas = |op: &str| CUBLAS_OPS.iter().any(|name| is_op(op, name));
+    cublas(&e.op) || (is_allocation_primitive(&e.op) && cublas(&e.top_op))
+}
+
+/// Allocations of a convolution call: forward outputs are recorded under `aten::conv2d` (or
+/// `conv1d`, `conv3d`, `conv_transpose2d`, `_convolution`) with an allocation primitive or a
+/// convolution kernel innermost; backward ones under `ConvolutionBackward0`. Other ops under the
+/// same outer op (the `aten::add` that accumulates a gradient) run after the call returned.
 fn is_convolution(e: &TraceEvent) -> bool {
-    e.op.contains("convolution")
-        || e.op.contains("conv2d")
-        || e.op.contains("conv3d")
-        || e.op.contains("conv1d")
+    let top = e.top_op.to_ascii_lowercase();
+    let op = e.op.to_ascii_lowercase();
+    top.contains("conv") && (is_allocation_primitive(&e.op) || op.contains("conv"))
 }
 
 /// What a GPU library allocation is.
@@ -103,7 +111,7 @@ pub struct RuntimeSizes {
 pub fn place_runtime_allocations(trace: &Trace, sizes: RuntimeSizes) -> Vec<RuntimeAllocation> {
     let mut out = Vec::new();
     if sizes.cublas_workspace > 0 {
-        if let Some(i) = trace.events.iter().position(|e| e.alloc && is_cublas_op(&e.op)) {
+        if let Some(i) = trace.events.iter().position(|e| e.alloc && is_cublas_call(e)) {
             out.push(RuntimeAllocation {
                 kind: RuntimeKind::CublasWorkspace,
                 bytes: sizes.cublas_workspace,
@@ -185,8 +193,11 @@ pub fn replay_with_runtime(trace: &Trace, runtime: &[RuntimeAllocation]) -> GpuR
             baseline = Some(model.stats().allocated);
         }
         if e.alloc {
-            if let Ok(b) = model.malloc(e.size) {
-                blocks.insert(e.id, b);
+            // The CUDA allocator returns no block for 0 bytes (`NativeCachingAllocator::allocate`).
+            if e.size > 0 {
+                if let Ok(b) = model.malloc(e.size) {
+                    blocks.insert(e.id, b);
+                }
             }
         } else if let Some(b) = blocks.remove(&e.id) {
             model.free(b);
@@ -336,6 +347,34 @@ mod tests {
             placed.iter().map(|r| (r.after_event, r.freed_after, r.bytes / MIB)).collect();
         assert_eq!(calls, vec![(0, Some(1), 6), (3, Some(3), 3)]);
         assert_eq!(largest_cudnn_workspace(&t), 6 * MIB);
+    }
+
+    #[test]
+    fn calls_are_recognised_by_the_names_a_meta_run_records() {
+        let named = |top: &str, op: &str, mib: u64| TraceEvent {
+            top_op: top.into(),
+            ..ev(true, 0, mib, Phase::Backward, op)
+        };
+        let t = trace(vec![
+            named("aten::conv2d", "aten::empty", 4),
+            named("aten::batch_norm", "aten::empty", 4),
+            named("autograd::engine::evaluate_function: ConvolutionBackward0", "aten::empty_strided", 2),
+            named("autograd::engine::evaluate_function: ConvolutionBackward0", "aten::empty_strided", 1),
+            named("autograd::engine::evaluate_function: ConvolutionBackward0", "aten::add", 8),
+            named("aten::linear", "aten::addmm", 1),
+        ]);
+        let placed =
+            place_runtime_allocations(&t, RuntimeSizes { cublas_workspace: 3 * MIB, cudnn_workspaces: true });
+        let got: Vec<(RuntimeKind, usize, Option<usize>, u64)> =
+            placed.iter().map(|r| (r.kind, r.after_event, r.freed_after, r.bytes / MIB)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (RuntimeKind::CudnnWorkspace, 0, Some(0), 4),
+                (RuntimeKind::CudnnWorkspace, 2, Some(3), 2),
+                (RuntimeKind::CublasWorkspace, 5, None, 3),
+            ]
+        );
     }
 
     #[test]

@@ -479,8 +479,11 @@ impl TimelineRun {
                         event: index as u64,
                     };
                 }
-                if let Ok(b) = self.cuda.malloc(e.size) {
-                    self.blocks.insert(e.id, b);
+                // The CUDA allocator gives no block for 0 bytes (`NativeCachingAllocator::allocate`).
+                if e.size > 0 {
+                    if let Ok(b) = self.cuda.malloc(e.size) {
+                        self.blocks.insert(e.id, b);
+                    }
                 }
             }
             EventKind::Free => {
