@@ -13,7 +13,9 @@ mod common;
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand, ValueEnum};
+use gpu_mem_track::estimate::gpu_runtime::replay_with_runtime;
 use gpu_mem_track::estimate::profile::{predict, DeviceProfile, GpuPrediction};
+use gpu_mem_track::estimate::sharding::{per_rank_trace, Parallelism, RankPlan, Shard, TrainingPrecision};
 use gpu_mem_track::estimate::{
     estimate_progress, estimate_static, estimate_torchscript_traced, peak_tensors, Estimate, EstimateDevice,
     EstimateOptions, Lifetimes, Mode, Optimizer, Precision, StaticEstimate, Trace,
@@ -141,6 +143,17 @@ struct ModelArgs {
     /// inputs until the call returns).
     #[arg(long, value_enum, default_value_t = Lifetimes::TorchScript)]
     lifetimes: Lifetimes,
+    /// Training precision: fp32, bf16 (everything bf16), amp-bf16 or amp-fp16 (low-precision
+    /// weights and activations, fp32 master weights and optimizer state). Sets the dtype the
+    /// model runs in; figures are then given per rank.
+    #[arg(long, value_enum, conflicts_with = "dtype")]
+    precision: Option<TrainingPrecision>,
+    /// Data-parallel ranks (GPUs) sharing the model states; figures are per rank.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    world_size: u64,
+    /// How ranks share model states: none (DDP), zero1, zero2, or zero3 (FSDP full shard).
+    #[arg(long, value_enum, default_value_t = Shard::None)]
+    shard: Shard,
 }
 
 impl ModelArgs {
@@ -157,7 +170,7 @@ impl ModelArgs {
         EstimateOptions {
             input_shape: input.0.clone(),
             input_is_index: self.ids,
-            precision: self.dtype,
+            precision: self.precision.map_or(self.dtype, TrainingPrecision::working),
             mode: match mode {
                 ModeArg::Train => Mode::Train(self.optimizer),
                 ModeArg::Inference => Mode::Inference,
@@ -165,6 +178,21 @@ impl ModelArgs {
             device,
             lifetimes: self.lifetimes,
         }
+    }
+}
+
+impl ModelArgs {
+    /// The data-parallel job, when one was described (else figures are for one process).
+    fn parallelism(&self) -> Option<Parallelism> {
+        let asked = self.precision.is_some() || self.world_size > 1 || self.shard != Shard::None;
+        asked.then(|| Parallelism {
+            world_size: self.world_size,
+            shard: self.shard,
+            precision: self.precision.unwrap_or(match self.dtype {
+                Precision::F32 => TrainingPrecision::Fp32,
+                _ => TrainingPrecision::Bf16,
+            }),
+        })
     }
 }
 
@@ -204,6 +232,37 @@ fn print_peak_breakdown(e: &Estimate, trace: &Trace) {
         "  the caching allocator adds: rounding to blocks {}, cached/fragmented segments {}",
         mib(rounding),
         mib(cached)
+    );
+}
+
+/// One rank's model states and the caching allocator model's figures for its trace.
+fn rank_json(trace: &Trace, plan: &RankPlan) -> Result<serde_json::Value> {
+    let mut v = serde_json::to_value(plan)?;
+    v["cuda"] = serde_json::to_value(replay_with_runtime(trace, &[]))?;
+    Ok(v)
+}
+
+fn print_rank(trace: &Trace, plan: &RankPlan) {
+    let p = &plan.parallelism;
+    let s = &plan.model_states;
+    let r = replay_with_runtime(trace, &[]);
+    println!(
+        "  per rank of {} ({}, {}): parameters {}, gradients {}, optimizer state (with fp32 master copies) {}, \
+         gathered layer {} ({} parameters in the largest); model states {}",
+        p.world_size,
+        serde_json::to_value(p.shard).unwrap_or_default().as_str().unwrap_or(""),
+        serde_json::to_value(p.precision).unwrap_or_default().as_str().unwrap_or(""),
+        mib(s.parameters),
+        mib(s.gradients),
+        mib(s.optimizer),
+        mib(s.gathered_layer),
+        plan.largest_layer,
+        mib(s.total())
+    );
+    println!(
+        "    caching allocator model per rank: peak allocated {}, peak reserved {}",
+        mib(r.peak_allocated),
+        mib(r.peak_reserved)
     );
 }
 
@@ -368,12 +427,18 @@ fn estimate(args: EstimateArgs) -> Result<()> {
         return Ok(());
     }
     let (e, trace) = run_model(&args, &mut options)?;
-    let gpu = gpu_prediction(&args.device_profile, &trace)?;
+    // A data-parallel job: the GPU figures are one rank's.
+    let rank = args.model.parallelism().map(|p| per_rank_trace(&trace, args.model.optimizer, &p));
+    let gpu_trace = rank.as_ref().map_or(&trace, |(t, _)| t);
+    let gpu = gpu_prediction(&args.device_profile, gpu_trace)?;
     if let Some(path) = &args.snapshot {
-        trace.dump_snapshot(path)?;
+        gpu_trace.dump_snapshot(path)?;
     }
     if args.json {
         let mut v = serde_json::to_value(&e)?;
+        if let Some((t, plan)) = &rank {
+            v["rank"] = rank_json(t, plan)?;
+        }
         if let Some(g) = &gpu {
             v["gpu"] = serde_json::to_value(g)?;
         }
@@ -387,6 +452,9 @@ fn estimate(args: EstimateArgs) -> Result<()> {
     print_peak_breakdown(&e, &trace);
     if e.options.device == EstimateDevice::Meta {
         print_peak_tensors(&model, &e)?;
+    }
+    if let Some((t, plan)) = &rank {
+        print_rank(t, plan);
     }
     if let Some(g) = &gpu {
         print_gpu(g);

@@ -6,6 +6,7 @@ pub mod gpu_runtime;
 mod native;
 pub mod profile;
 mod saved;
+pub mod sharding;
 mod size;
 
 pub use native::{training_step, NativeStepOptions};
