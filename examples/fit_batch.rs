@@ -1,13 +1,14 @@
 //! How large a batch fits a GPU? A 134-million-parameter decoder-only transformer built with
-//! `tch::nn`, its training step estimated on the meta device (no GPU, no real memory) at growing
-//! batch sizes, with a GPU profile's cuBLAS workspace, cuDNN range and CUDA context.
+//! `tch::nn`, its training step searched with [`fit_training_step`]: meta runs (no GPU, no real
+//! memory), each judged on a GPU profile with the cuBLAS workspace, cuDNN range and CUDA context.
 //!
 //! ```text
 //! cargo run --release --example fit_batch -- --gpu-mem 24GiB [--profile rtx4090] [--seq 512]
 //! ```
 use anyhow::{bail, Context, Result};
-use gpu_mem_track::estimate::profile::{predict, DeviceProfile};
-use gpu_mem_track::estimate::{training_step, EstimateDevice, NativeStepOptions, Optimizer, Precision};
+use gpu_mem_track::estimate::fit::{budget, fit_training_step, parse_memory_size, FitDimension};
+use gpu_mem_track::estimate::profile::DeviceProfile;
+use gpu_mem_track::estimate::{EstimateDevice, NativeStepOptions, Optimizer, Precision};
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
@@ -89,91 +90,58 @@ impl Gpt {
     }
 }
 
-fn parse_bytes(s: &str) -> Result<u64> {
-    let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let v: f64 = num.parse().with_context(|| format!("--gpu-mem {s:?}: not a size like 24GiB"))?;
-    let mult = match unit.to_ascii_lowercase().as_str() {
-        "gib" | "g" | "gb" => (1u64 << 30) as f64,
-        "mib" | "m" | "mb" => (1u64 << 20) as f64,
-        "" => 1.0,
-        u => bail!("--gpu-mem: unknown unit {u:?} (use GiB or MiB)"),
-    };
-    Ok((v * mult) as u64)
-}
-
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
 }
 
 fn main() -> Result<()> {
-    let gpu_mem = parse_bytes(&arg("--gpu-mem").unwrap_or_else(|| "24GiB".into()))?;
-    let mut profile = DeviceProfile::find(&arg("--profile").unwrap_or_else(|| "rtx4090".into()))?;
-    profile.memory_bytes = gpu_mem;
+    let gpu_mem = arg("--gpu-mem").map(|s| parse_memory_size(&s)).transpose().map_err(anyhow::Error::msg)?;
+    let profile =
+        budget(&DeviceProfile::find(&arg("--profile").unwrap_or_else(|| "rtx4090".into()))?, gpu_mem);
     let seq: i64 = arg("--seq").map(|s| s.parse()).transpose().context("--seq")?.unwrap_or(512);
+    if seq < 1 {
+        bail!("--seq must be at least 1");
+    }
     println!(
         "decoder-only transformer: {LAYERS} layers, d={D}, vocab={VOCAB}, sequence {seq}; AdamW; {} with {:.1} GiB",
         profile.name,
-        gpu_mem as f64 / (1u64 << 30) as f64
+        profile.memory_bytes as f64 / (1u64 << 30) as f64
     );
-    println!(
-        "{:>6} {:>12} {:>22} {:>22} {:>6}",
-        "batch", "parameters", "peak allocated (MiB)", "nvidia-smi (MiB)", "fits"
-    );
-    let estimate = |batch: i64| -> Result<(bool, u64)> {
-        let options = NativeStepOptions {
-            input_shape: vec![batch, seq],
-            input_is_index: true,
-            target_shape: vec![batch, seq],
-            precision: Precision::F32,
-            optimizer: Optimizer::AdamW,
-            device: EstimateDevice::Meta,
-        };
-        let (e, trace) = training_step(|p| Gpt::new(p, seq), |m, x, y| m.loss(x, y), &options)?;
-        let g = predict(&profile, &trace, std::env::var("CUBLAS_WORKSPACE_CONFIG").ok().as_deref());
-        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-        println!(
-            "{batch:>6} {:>12} {:>22} {:>22} {:>6}",
-            e.param_count,
-            format!("{:.0}-{:.0}", mib(g.peak_allocated.low), mib(g.peak_allocated.high)),
-            format!("{:.0}-{:.0}", mib(g.nvidia_smi.low), mib(g.nvidia_smi.high)),
-            if g.fits { "yes" } else { "no" }
-        );
-        Ok((g.fits, e.param_count))
+    let options = NativeStepOptions {
+        input_shape: vec![1, seq],
+        input_is_index: true,
+        target_shape: vec![1, seq],
+        precision: Precision::F32,
+        optimizer: Optimizer::AdamW,
+        device: EstimateDevice::Meta,
     };
     let start = std::time::Instant::now();
-    let (mut good, mut bad) = (0i64, None);
-    let mut batch = 1;
-    while bad.is_none() && batch <= 4096 {
-        if estimate(batch)?.0 {
-            good = batch;
-            batch *= 2;
-        } else {
-            bad = Some(batch);
-        }
-    }
-    if let Some(mut hi) = bad {
-        let mut lo = good;
-        while hi - lo > 1 {
-            let mid = (lo + hi) / 2;
-            if estimate(mid)?.0 {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        good = lo;
-    }
-    if good == 0 {
-        println!("not even batch 1 fits {:.1} GiB", gpu_mem as f64 / (1u64 << 30) as f64);
-    } else {
-        println!(
-            "largest batch that fits {:.1} GiB: {good} (found in {:.1} s on this CPU, no GPU used)",
-            gpu_mem as f64 / (1u64 << 30) as f64,
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let r = fit_training_step(
+        |p| Gpt::new(p, seq),
+        |m, x, y| m.loss(x, y),
+        &options,
+        FitDimension::Batch,
+        &profile,
+        4096,
+        |p| {
+            println!(
+                "  batch {:>5}: nvidia-smi up to {:>9.0} MiB  {}",
+                p.value,
+                mib(p.needed),
+                if p.fits { "fits" } else { "too large" }
+            )
+        },
+    )?;
+    match r.largest {
+        None => println!("not even batch 1 fits"),
+        Some(b) => println!(
+            "largest batch that fits: {b} (peak allocated up to {:.0} MiB; {} meta runs in {:.1} s on this CPU, no GPU used)",
+            mib(r.prediction.peak_allocated.high),
+            r.probes.len(),
             start.elapsed().as_secs_f64()
-        );
+        ),
     }
     Ok(())
 }

@@ -13,6 +13,9 @@ mod common;
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand, ValueEnum};
+use gpu_mem_track::estimate::fit::{
+    budget, fit_torchscript, parse_memory_size, FitDimension, FitProbe, FitResult,
+};
 use gpu_mem_track::estimate::gpu_runtime::replay_with_runtime;
 use gpu_mem_track::estimate::profile::{predict, DeviceProfile, GpuPrediction};
 use gpu_mem_track::estimate::sharding::{per_rank_trace, Parallelism, RankPlan, Shard, TrainingPrecision};
@@ -105,6 +108,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The largest batch (or sequence length, `--vary seq`) of a TorchScript model that fits a GPU,
+    /// for inference or a training step: a search over meta runs, each judged on the high end of
+    /// its GPU prediction (nvidia-smi with the largest plausible cuDNN workspaces).
+    Fit(FitArgs),
     /// Memory over an estimated run by category (parameters, gradients, optimizer state, input,
     /// activations, temporaries): a stacked-area `.svg`/`.png`, or `.json`. Given a snapshot
     /// `.pickle` (`MemTracker::dump_snapshot`, `estimate --snapshot`, or PyTorch's own) instead
@@ -119,6 +126,31 @@ enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
+}
+
+/// `fit`: the options of the search.
+#[derive(clap::Args)]
+struct FitArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// inference or train (forward, backward, optimizer step; twice).
+    #[arg(long, value_enum, default_value_t = ModeArg::Train)]
+    mode: ModeArg,
+    /// The input dimension to vary: batch (the first) or seq (the second, tokens).
+    #[arg(long, value_enum, default_value_t = FitDimension::Batch)]
+    vary: FitDimension,
+    /// The GPU: a preset (`a100-80g`, `h100-80g`, `rtx4090`, `l4`, `t4`, ...) or a profile `.json`.
+    #[arg(long, default_value = "rtx4090")]
+    device_profile: String,
+    /// Device memory to fit in instead of the profile's, e.g. `24GiB`, `16000MiB`, `40GB`.
+    #[arg(long, value_parser = parse_memory_size)]
+    gpu_mem: Option<u64>,
+    /// The largest size to try.
+    #[arg(long, default_value_t = 1 << 16, value_parser = clap::value_parser!(i64).range(1..=1 << 40))]
+    max: i64,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 /// The model and run shared by `estimate` and `timeline`.
@@ -500,6 +532,74 @@ fn run(cli: Cli) -> Result<()> {
             estimate(EstimateArgs { model, mode, device_profile, allow_cpu, method, run_on, snapshot, json })
         }
         Command::Timeline { model, mode, output } => timeline(model, mode, &output),
+        Command::Fit(args) => fit(args),
+    }
+}
+
+fn fit(args: FitArgs) -> Result<()> {
+    let options = args.model.options(args.mode, EstimateDevice::Meta);
+    let gpu = budget(&DeviceProfile::find(&args.device_profile)?, args.gpu_mem);
+    let parallelism = args.model.parallelism();
+    let model = &args.model.model;
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_prefix(format!("fitting {} on {}", model.display(), gpu.name));
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {prefix}: {msg} ({elapsed})")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+        );
+        bar.enable_steady_tick(Duration::from_millis(100));
+        bar
+    });
+    let dim = serde_json::to_value(args.vary)?.as_str().unwrap_or("").to_owned();
+    let mut tried = 0;
+    let show = |p: &FitProbe| {
+        tried += 1;
+        if let Some(bar) = &bar {
+            let verdict = if p.fits { "fits" } else { "too large" };
+            bar.set_message(format!("probe {tried}: {dim} {} needs {} ({verdict})", p.value, mib(p.needed)));
+        }
+    };
+    let result = fit_torchscript(model, &options, args.vary, &gpu, parallelism.as_ref(), args.max, show);
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    let r = result?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    print_fit(&r, &dim, model);
+    Ok(())
+}
+
+fn print_fit(r: &FitResult, dim: &str, model: &Path) {
+    let g = &r.prediction;
+    let gib = r.memory_bytes as f64 / (1u64 << 30) as f64;
+    match r.largest {
+        None => println!(
+            "{}: even {dim} 1 does not fit {} with {gib:.1} GiB: it needs up to {}",
+            model.display(),
+            g.profile.name,
+            mib(g.nvidia_smi.high)
+        ),
+        Some(v) => println!(
+            "{}: largest {dim} that fits {} with {gib:.1} GiB: {v}{} (nvidia-smi up to {}, peak allocated up to {}; {} meta runs)",
+            model.display(),
+            g.profile.name,
+            if r.reached_max { " (the --max given; larger may fit)" } else { "" },
+            mib(g.nvidia_smi.high),
+            mib(g.peak_allocated.high),
+            r.probes.len()
+        ),
+    }
+    for p in &r.probes {
+        println!(
+            "    {dim} {:>8}: {:>12} {}",
+            p.value,
+            mib(p.needed),
+            if p.fits { "fits" } else { "too large" }
+        );
     }
 }
 

@@ -67,6 +67,14 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
         args: Vec<OsString>,
     },
+    /// The largest batch (or sequence, `--vary seq`) of a TorchScript model that fits a GPU.
+    /// `gpu-mem-track fit --help` lists the options.
+    #[command(disable_help_flag = true)]
+    Fit {
+        /// MODEL and options, as `gpu-mem-track fit --help` lists them.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+        args: Vec<OsString>,
+    },
     /// Memory over a run by category (parameters, gradients, optimizer state, input, activations,
     /// temporaries) as `.svg`/`.png`/`.json`: of an estimated run of a model, or of a snapshot
     /// `.pickle` (ours or PyTorch's). `gpu-mem-track timeline --help` lists the options.
@@ -273,6 +281,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Report { logs, json, top } => report(&logs, json, top),
         Command::Plot { log, output, title } => plot(&log, &output, title),
         Command::Estimate { args } => run_estimate_binary("estimate", &args),
+        Command::Fit { args } => run_estimate_binary("fit", &args),
         Command::Timeline { args } => timeline(&args),
         Command::Watch {
             device,

@@ -2,6 +2,7 @@
 //! tensor sizes, no data, no compute) with every allocation recorded, replayed through a model of
 //! the CUDA caching allocator to predict `memory_allocated` and `memory_reserved`.
 pub use tracker_log::caching_allocator;
+pub mod fit;
 pub mod gpu_runtime;
 mod native;
 pub mod profile;

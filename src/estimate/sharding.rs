@@ -208,6 +208,9 @@ pub fn per_rank_trace(trace: &Trace, optimizer: Optimizer, p: &Parallelism) -> (
     let scale = |ev: &TraceEvent| -> (u64, u64) {
         match ev.category {
             Category::Parameter if p.shard == Shard::Zero3 => (1, n),
+            // Loading converts the file's tensors to the working dtype; under ZeRO-3 each rank
+            // loads and converts only its shard (`zero.Init`, FSDP's sharded loading).
+            _ if ev.phase == Phase::Load && p.shard == Shard::Zero3 => (1, n),
             Category::Gradient if p.shard == Shard::Zero3 && p.precision.mixed() => (0, 1),
             Category::Gradient if p.shard == Shard::Zero3 => (1, n),
             // Recorded at the working precision; held at the state precision, divided when sharded.
