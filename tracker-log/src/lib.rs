@@ -24,7 +24,7 @@
 //! assert_eq!(log.blocks[0].changes[0].shape, vec![1024, 1024]);
 //! assert_eq!(log.render(), text);          // our own format reads back to the same text
 //! let report = combine(vec![analyse("x.txt".as_ref(), &log, Vec::new(), 10)]);
-//! assert!(render_text(&report).contains("train.rs:12"));
+//! assert!(render_text(&report).contains("train.rs line 12: main"));
 //! # Ok::<(), tracker_log::log::LogParseError>(())
 //! ```
 #![warn(missing_docs)]

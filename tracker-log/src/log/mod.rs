@@ -1,5 +1,6 @@
 //! The Pytorch-Memory-Utils log format: writing it ([`mod@format`], [`LogWriter`]) and reading it back
-//! ([`parse_log`]), for our logs and for those of the Python tool.
+//! ([`parse_log`], or block by block in bounded memory with [`LogReader`]), for our logs and for
+//! those of the Python tool.
 //!
 //! ```text
 //! GPU Memory Track | 30-Apr-21-20:25:29 | Total Tensor Used Memory:0.0    Mb Total Allocated Memory:0.0    Mb
@@ -12,7 +13,10 @@ pub mod format;
 mod parse;
 pub mod writer;
 
-pub use parse::{parse_log, parse_log_bytes, parse_log_file, parse_log_lenient, LogParseError};
+pub use parse::{
+    parse_log, parse_log_bytes, parse_log_file, parse_log_lenient, LogEvent, LogParseError, LogReader,
+    MAX_BLOCK_CHANGES, MAX_LINE_BYTES,
+};
 pub use writer::LogWriter;
 
 use crate::diff::Sign;

@@ -34,6 +34,23 @@ impl fmt::Display for LogParseError {
 
 impl std::error::Error for LogParseError {}
 
+/// Quoted text in error reasons is cut to this many characters, so a message stays one short line
+/// whatever the input.
+const QUOTED_CHARS: usize = 60;
+
+/// The start of `s` for an error message (cut on a character boundary, `…` when cut).
+fn clip(s: &str) -> String {
+    match s.char_indices().nth(QUOTED_CHARS) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_owned(),
+    }
+}
+
+/// A finite number: `inf` and `NaN` parse as `f64` but are no memory figure.
+fn parse_finite(s: &str) -> Option<f64> {
+    s.parse::<f64>().ok().filter(|v| v.is_finite())
+}
+
 fn err(line: usize, text: &str, reason: impl Into<String>) -> LogParseError {
     let text: String = text.chars().take(100).collect();
     LogParseError { path: None, line, reason: reason.into(), text }
@@ -90,45 +107,270 @@ pub fn parse_log_file(path: impl AsRef<Path>) -> Result<ParsedLog> {
 
 fn parse_inner(text: &str, strict: bool) -> (Option<ParsedLog>, Vec<LogParseError>) {
     let mut errors = Vec::new();
-    let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l.strip_suffix('\r').unwrap_or(l)));
-    let header = loop {
-        match lines.next() {
-            None => {
-                errors.push(err(1, "", "empty file: no `GPU Memory Track | ...` header"));
-                return (None, errors);
+    let mut parser = LineParser::default();
+    let mut log: Option<ParsedLog> = None;
+    for (i, l) in text.lines().enumerate() {
+        match parser.line(i + 1, l.strip_suffix('\r').unwrap_or(l)) {
+            None => {}
+            Some(Parsed::Header(header)) => {
+                log = Some(ParsedLog { header, blocks: Vec::new(), trailing_changes: Vec::new() })
             }
-            Some((_, l)) if l.trim().is_empty() => continue,
-            Some((n, l)) => match parse_header(l) {
-                Ok(h) => break h,
-                Err(reason) => {
-                    errors.push(err(n, l, reason));
+            Some(Parsed::Block(b)) => log.as_mut().expect("blocks follow the header").blocks.push(b),
+            Some(Parsed::Skipped(e)) => {
+                errors.push(e);
+                if strict {
                     return (None, errors);
                 }
-            },
-        }
-    };
-    let mut log = ParsedLog { header, blocks: Vec::new(), trailing_changes: Vec::new() };
-    let mut pending = Vec::new();
-    for (n, l) in lines {
-        let parsed = if l.trim().is_empty() {
-            Ok(())
-        } else if l.starts_with("+ |") || l.starts_with("- |") {
-            parse_group_line(l).map(|g| pending.push(g))
-        } else if let Some(rest) = l.strip_prefix("At ") {
-            parse_at(rest)
-                .map(|at| log.blocks.push(LogBlock { changes: std::mem::take(&mut pending), at, line_no: n }))
-        } else {
-            Err("not a `+`/`-` group line, an `At` line or a blank line".to_owned())
-        };
-        if let Err(reason) = parsed {
-            errors.push(err(n, l, reason));
-            if strict {
+            }
+            Some(Parsed::NotALog(e)) => {
+                errors.push(e);
                 return (None, errors);
             }
         }
     }
-    log.trailing_changes = pending;
-    (Some(log), errors)
+    match log {
+        None => {
+            errors.push(err(1, "", "empty file: no `GPU Memory Track | ...` header"));
+            (None, errors)
+        }
+        Some(mut log) => {
+            log.trailing_changes = parser.take_pending();
+            (Some(log), errors)
+        }
+    }
+}
+
+/// What one line gave.
+enum Parsed {
+    Header(LogHeader),
+    Block(LogBlock),
+    /// A line not in the format (skipped).
+    Skipped(LogParseError),
+    /// The first non-blank line is not a header: nothing more is read.
+    NotALog(LogParseError),
+}
+
+/// Group lines one block may hold before further ones are skipped: a block of a real log has one
+/// line per tensor group (hundreds), so this only bounds the memory a damaged file can take.
+pub const MAX_BLOCK_CHANGES: usize = 100_000;
+
+/// The line-by-line state shared by [`parse_log`] and [`LogReader`]: whether the header was seen,
+/// and the group lines of the block being read.
+#[derive(Default)]
+struct LineParser {
+    in_body: bool,
+    done: bool,
+    pending: Vec<GroupLine>,
+}
+
+impl LineParser {
+    /// One line, without its line ending; `n` is its 1-based number.
+    fn line(&mut self, n: usize, l: &str) -> Option<Parsed> {
+        if self.done {
+            return None;
+        }
+        if !self.in_body {
+            if l.trim().is_empty() {
+                return None;
+            }
+            return match parse_header(l) {
+                Ok(h) => {
+                    self.in_body = true;
+                    Some(Parsed::Header(h))
+                }
+                Err(reason) => {
+                    self.done = true;
+                    Some(Parsed::NotALog(err(n, l, reason)))
+                }
+            };
+        }
+        let parsed = if l.trim().is_empty() {
+            return None;
+        } else if l.starts_with("+ |") || l.starts_with("- |") {
+            match parse_group_line(l) {
+                Ok(_) if self.pending.len() >= MAX_BLOCK_CHANGES => {
+                    Err(format!("more than {MAX_BLOCK_CHANGES} group lines before one `At` line; skipped"))
+                }
+                Ok(g) => {
+                    self.pending.push(g);
+                    return None;
+                }
+                Err(e) => Err(e),
+            }
+        } else if let Some(rest) = l.strip_prefix("At ") {
+            parse_at(rest).map(|at| Parsed::Block(LogBlock { changes: self.take_pending(), at, line_no: n }))
+        } else {
+            Err("not a `+`/`-` group line, an `At` line or a blank line".to_owned())
+        };
+        Some(parsed.unwrap_or_else(|reason| Parsed::Skipped(err(n, l, reason))))
+    }
+
+    fn take_pending(&mut self) -> Vec<GroupLine> {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+/// Lines longer than this are skipped unread (a log line is a few hundred bytes), so a file with
+/// no line breaks cannot make [`LogReader`] hold it whole.
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+
+/// One item of a log read by [`LogReader`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum LogEvent {
+    /// The first line (always the first item of a log).
+    Header(LogHeader),
+    /// A track point.
+    Block(LogBlock),
+    /// A line that is not in the format, skipped (a partial report names it).
+    Skipped(LogParseError),
+    /// Group lines after the last `At` line (a log cut off mid-block); the last item, when any.
+    Trailing(Vec<GroupLine>),
+}
+
+/// Reads a log one block at a time, so a log of any size is read in bounded memory.
+///
+/// Tolerates what [`parse_log_lenient`] tolerates and more: CRLF line ends, NUL bytes, lines that
+/// are not UTF-8 (read lossily, as `String::from_utf8_lossy` would), a last line cut short and
+/// over-long lines (skipped, see [`MAX_LINE_BYTES`]). Items are
+/// `Ok(`[`LogEvent`]`)`; a file that cannot be read or has no header ends with one `Err`
+/// ([`Error::LogRead`], [`Error::LogParse`], naming the path given to [`LogReader::with_path`]).
+///
+/// ```
+/// use tracker_log::log::{LogEvent, LogReader};
+/// let text = "GPU Memory Track | t | Total Tensor Used Memory:0.0    Mb\r\n\r\n\
+///             At a.rs line 1: f  Total Tensor Used Memory:1.0    Mb\r\njunk\n";
+/// let items: Vec<_> = LogReader::new(text.as_bytes()).collect::<Result<_, _>>()?;
+/// assert!(matches!(items[0], LogEvent::Header(_)));
+/// assert!(matches!(&items[1], LogEvent::Block(b) if b.at.tensor_used_mib() == Some(1.0)));
+/// assert!(matches!(&items[2], LogEvent::Skipped(e) if e.line == 4));
+/// # Ok::<(), tracker_log::Error>(())
+/// ```
+pub struct LogReader<R> {
+    reader: R,
+    path: Option<PathBuf>,
+    parser: LineParser,
+    line_no: usize,
+    buf: Vec<u8>,
+    finished: bool,
+}
+
+impl<R: std::io::BufRead> LogReader<R> {
+    /// A reader over `reader`.
+    pub fn new(reader: R) -> Self {
+        LogReader {
+            reader,
+            path: None,
+            parser: LineParser::default(),
+            line_no: 0,
+            buf: Vec::new(),
+            finished: false,
+        }
+    }
+
+    /// Names the file in fatal errors.
+    pub fn with_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.path = Some(path.into());
+        self
+    }
+
+    fn path(&self) -> PathBuf {
+        self.path.clone().unwrap_or_else(|| PathBuf::from("<input>"))
+    }
+
+    /// Reads one line into `buf` (without its `\n`), at most [`MAX_LINE_BYTES`] of it; returns
+    /// `Ok(None)` at the end, `Ok(Some(false))` for a line that was too long (its rest is
+    /// consumed and dropped).
+    fn read_line(&mut self) -> std::io::Result<Option<bool>> {
+        self.buf.clear();
+        let mut too_long = false;
+        let mut any = false;
+        loop {
+            let chunk = match self.reader.fill_buf() {
+                Ok(c) => c,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if chunk.is_empty() {
+                return Ok(any.then_some(!too_long));
+            }
+            any = true;
+            let (take, end) = match chunk.iter().position(|&b| b == b'\n') {
+                Some(i) => (i, true),
+                None => (chunk.len(), false),
+            };
+            if !too_long {
+                if self.buf.len() + take > MAX_LINE_BYTES {
+                    too_long = true;
+                    let room = MAX_LINE_BYTES - self.buf.len();
+                    self.buf.extend_from_slice(&chunk[..room]);
+                } else {
+                    self.buf.extend_from_slice(&chunk[..take]);
+                }
+            }
+            self.reader.consume(take + usize::from(end));
+            if end {
+                // `str::lines` drops the `\r` of a `\r\n` end; the parser drops one more.
+                if !too_long && self.buf.last() == Some(&b'\r') {
+                    self.buf.pop();
+                }
+                return Ok(Some(!too_long));
+            }
+        }
+    }
+}
+
+impl<R: std::io::BufRead> Iterator for LogReader<R> {
+    type Item = Result<LogEvent>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while !self.finished {
+            let whole = match self.read_line() {
+                Ok(Some(whole)) => whole,
+                Ok(None) => {
+                    self.finished = true;
+                    if !self.parser.in_body && !self.parser.done {
+                        let mut e = err(1, "", "empty file: no `GPU Memory Track | ...` header");
+                        e.path = self.path.clone();
+                        return Some(Err(Error::LogParse(e)));
+                    }
+                    let trailing = self.parser.take_pending();
+                    return (!trailing.is_empty()).then_some(Ok(LogEvent::Trailing(trailing)));
+                }
+                Err(source) => {
+                    self.finished = true;
+                    return Some(Err(Error::LogRead { path: self.path(), source }));
+                }
+            };
+            self.line_no += 1;
+            let n = self.line_no;
+            let text = String::from_utf8_lossy(&self.buf);
+            let text = text.strip_suffix('\r').unwrap_or(&text);
+            let parsed = if whole {
+                self.parser.line(n, text)
+            } else if self.parser.in_body {
+                Some(Parsed::Skipped(err(n, text, format!("line longer than {MAX_LINE_BYTES} bytes"))))
+            } else {
+                self.parser.done = true;
+                Some(Parsed::NotALog(err(
+                    n,
+                    text,
+                    format!("first line longer than {MAX_LINE_BYTES} bytes: not a gpu_mem_track log"),
+                )))
+            };
+            match parsed {
+                None => {}
+                Some(Parsed::Header(h)) => return Some(Ok(LogEvent::Header(h))),
+                Some(Parsed::Block(b)) => return Some(Ok(LogEvent::Block(b))),
+                Some(Parsed::Skipped(e)) => return Some(Ok(LogEvent::Skipped(e))),
+                Some(Parsed::NotALog(mut e)) => {
+                    self.finished = true;
+                    e.path = self.path.clone();
+                    return Some(Err(Error::LogParse(e)));
+                }
+            }
+        }
+        None
+    }
 }
 
 fn parse_header(l: &str) -> Result<LogHeader, String> {
@@ -147,12 +389,13 @@ fn parse_fields(mut s: &str) -> Result<Vec<MemoryField>, String> {
         if s.is_empty() {
             return Ok(out);
         }
-        let colon = s.find(':').ok_or_else(|| format!("expected `Label:value Mb`, found {s:?}"))?;
+        let colon = s.find(':').ok_or_else(|| format!("expected `Label:value Mb`, found {:?}", clip(s)))?;
         let label = s[..colon].trim();
         let after = &s[colon + 1..];
-        let mb = after.find("Mb").ok_or_else(|| format!("field {label:?} has no `Mb` unit"))?;
+        let mb = after.find("Mb").ok_or_else(|| format!("field {:?} has no `Mb` unit", clip(label)))?;
         let value = after[..mb].trim();
-        let mib = value.parse::<f64>().map_err(|_| format!("field {label:?} has a bad number {value:?}"))?;
+        let mib = parse_finite(value)
+            .ok_or_else(|| format!("field {:?} has a bad number {:?}", clip(label), clip(value)))?;
         if label.is_empty() {
             return Err("a memory field has no label".into());
         }
@@ -168,14 +411,14 @@ fn parse_group_line(l: &str) -> Result<GroupLine, String> {
         return Err(format!("a group line has 5 `|`-separated columns, this one has {}", parts.len() + 1));
     };
     let (count, shape) = count_shape.split_once(" * Size:").ok_or("expected `N * Size:(...)`")?;
-    let count = count.trim().parse::<u64>().map_err(|_| format!("bad tensor count {count:?}"))?;
+    let count = count.trim().parse::<u64>().map_err(|_| format!("bad tensor count {:?}", clip(count)))?;
     let shape = parse_shape(shape.trim())?;
     let memory = memory
         .strip_prefix("Memory:")
         .and_then(|m| m.trim().strip_suffix('M'))
         .ok_or("expected `Memory: <MiB> M`")?
         .trim();
-    let memory_mib = memory.parse::<f64>().map_err(|_| format!("bad memory figure {memory:?}"))?;
+    let memory_mib = parse_finite(memory).ok_or_else(|| format!("bad memory figure {:?}", clip(memory)))?;
     let class = class
         .strip_prefix("<class '")
         .and_then(|c| c.strip_suffix("'>"))
@@ -199,12 +442,12 @@ fn parse_shape(s: &str) -> Result<Vec<i64>, String> {
         .strip_prefix("torch.Size([")
         .and_then(|x| x.strip_suffix("])"))
         .or_else(|| s.strip_prefix('(').and_then(|x| x.strip_suffix(')')))
-        .ok_or_else(|| format!("bad shape {s:?}: expected a tuple like (64, 3)"))?;
+        .ok_or_else(|| format!("bad shape {:?}: expected a tuple like (64, 3)", clip(s)))?;
     inner
         .split(',')
         .map(str::trim)
         .filter(|d| !d.is_empty())
-        .map(|d| d.parse::<i64>().map_err(|_| format!("bad dimension {d:?} in shape {s:?}")))
+        .map(|d| d.parse::<i64>().map_err(|_| format!("bad dimension {:?} in shape {:?}", clip(d), clip(s))))
         .collect()
 }
 
@@ -219,7 +462,7 @@ fn parse_at(rest: &str) -> Result<AtLine, String> {
     let line_at = place.rfind(" line ").ok_or("`At` line has no `<file> line <n>: <function>` location")?;
     let (file, after) = (&place[..line_at], &place[line_at + 6..]);
     let (num, function) = after.split_once(':').ok_or("`At` location has no `:` after the line number")?;
-    let line = num.trim().parse::<u32>().map_err(|_| format!("bad line number {num:?}"))?;
+    let line = num.trim().parse::<u32>().map_err(|_| format!("bad line number {:?}", clip(num)))?;
     Ok(AtLine {
         location: SourceLocation { file: file.to_owned(), line, function: function.trim().to_owned() },
         fields,
