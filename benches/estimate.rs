@@ -3,12 +3,19 @@
 //! * A 1.016-billion-parameter decoder-only transformer (GPT-style, 16 layers, d=2048), batch 4 x
 //!   1024 tokens, training step with AdamW. Target: under 60 s and under 2 GB of RAM.
 //!
+//! * Llama-2-7B-shaped decoder (32 layers, d 4096), batch 1 x 2048 tokens, bf16 (the working
+//!   precision of amp-bf16), training step with AdamW. Target: under 10 s and under 1 GB of RAM.
+//! * Llama-2-70B-shaped (80 layers, d 8192, 8 KV heads), same step. Target: under 60 s, 2 GB.
+//! * `fit` of ResNet-50 training (SGD momentum) on an RTX 4090 profile. Target: under 10 s.
+//!
 //! The models are exported with the project's Python (torchvision for ResNet-50); without it the
 //! benchmark says so and measures nothing.
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use gpu_mem_track::estimate::fit::{budget, fit_torchscript, FitDimension};
+use gpu_mem_track::estimate::profile::DeviceProfile;
 use gpu_mem_track::estimate::{
     estimate_torchscript, EstimateDevice, EstimateOptions, Mode, Optimizer, Precision,
 };
@@ -39,10 +46,12 @@ fn estimates(c: &mut Criterion) {
     let mut group = c.benchmark_group("estimate_training_step");
     group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(8));
     let cases = [
-        ("resnet50", vec![16, 3, 224, 224], false, Optimizer::SgdMomentum),
-        ("gpt1b", vec![4, 1024], true, Optimizer::AdamW),
+        ("resnet50", vec![16, 3, 224, 224], false, Optimizer::SgdMomentum, Precision::F32),
+        ("gpt1b", vec![4, 1024], true, Optimizer::AdamW, Precision::F32),
+        ("llama7b", vec![1, 2048], true, Optimizer::AdamW, Precision::Bf16),
+        ("llama70b", vec![1, 2048], true, Optimizer::AdamW, Precision::Bf16),
     ];
-    for (name, shape, ids, optimizer) in cases {
+    for (name, shape, ids, optimizer, precision) in cases {
         let Some(model) = export(dir.path(), name) else {
             eprintln!("skipped {name}: no Python with torch/torchvision to export it");
             continue;
@@ -50,7 +59,7 @@ fn estimates(c: &mut Criterion) {
         let options = EstimateOptions {
             input_shape: shape,
             input_is_index: ids,
-            precision: Precision::F32,
+            precision,
             mode: Mode::Train(optimizer),
             device: EstimateDevice::Meta,
             ..EstimateOptions::default()
@@ -67,6 +76,20 @@ fn estimates(c: &mut Criterion) {
         group.bench_function(name, |b| b.iter(|| estimate_torchscript(&model, &options).unwrap()));
         eprintln!("{name}: peak resident memory of this process so far: {:.0} MiB", peak_rss_mib());
     }
+    group.finish();
+    let Some(model) = export(dir.path(), "resnet50") else { return };
+    let options = EstimateOptions {
+        input_shape: vec![1, 3, 224, 224],
+        mode: Mode::Train(Optimizer::SgdMomentum),
+        ..EstimateOptions::default()
+    };
+    let gpu = budget(&DeviceProfile::find("rtx4090").unwrap(), None);
+    let fit = || fit_torchscript(&model, &options, FitDimension::Batch, &gpu, None, 1 << 16, |_| {}).unwrap();
+    let r = fit();
+    eprintln!("fit resnet50 on rtx4090: batch {:?} in {} meta runs", r.largest, r.probes.len());
+    let mut group = c.benchmark_group("fit");
+    group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(8));
+    group.bench_function("resnet50_train_rtx4090", |b| b.iter(fit));
     group.finish();
 }
 

@@ -291,3 +291,51 @@ fn snapshot_paths_damaged_models_overflows_and_data_branches_are_reported() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["meta_scalar_reads"], 0);
 }
+
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
+#[test]
+fn fit_finds_the_boundary_and_ranks_divide_the_optimizer_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = export_model(dir.path(), "mlp").expect("exporting the model needs Python with torch");
+    let m = model.to_str().unwrap();
+    let o = run(&["fit", m, "--input", "1x256", "--optimizer", "adam", "--gpu-mem", "600MiB", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let largest = v["largest"].as_i64().expect("a batch fits");
+    assert_eq!(v["memory_bytes"], 600u64 << 20);
+    assert!(v["prediction"]["nvidia_smi"]["high"].as_u64().unwrap() <= 600 << 20);
+    let probes = v["probes"].as_array().unwrap();
+    for p in probes {
+        assert_eq!(p["fits"].as_bool().unwrap(), p["value"].as_i64().unwrap() <= largest, "{p}");
+    }
+    assert!(probes.iter().any(|p| p["value"] == largest + 1), "the size above was tried: {probes:?}");
+    one_line_error(&run(&["fit", m, "--input", "256", "--vary", "seq", "--gpu-mem", "1GiB"]), "--vary seq");
+    assert_eq!(run(&["fit", m, "--input", "1x256", "--gpu-mem", "lots"]).status.code(), Some(2));
+
+    let o = run(&[
+        "estimate",
+        m,
+        "--input",
+        "64x256",
+        "--mode",
+        "train",
+        "--optimizer",
+        "adam",
+        "--world-size",
+        "4",
+        "--shard",
+        "zero1",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let full = v["optimizer_state_bytes"].as_u64().unwrap();
+    assert_eq!(v["rank"]["model_states"]["optimizer"].as_u64().unwrap(), full.div_ceil(4));
+    assert_eq!(v["rank"]["model_states"]["parameters"], v["param_bytes"]);
+    assert!(
+        v["rank"]["cuda"]["peak_allocated"].as_u64().unwrap() < v["cuda"]["peak_allocated"].as_u64().unwrap()
+    );
+}
