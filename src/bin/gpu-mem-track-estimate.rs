@@ -87,8 +87,8 @@ enum Command {
         #[arg(long, value_enum, default_value_t = ModeArg::Inference)]
         mode: ModeArg,
         /// Show the CUDA caching-allocator prediction (`cuda`), a GPU's figures (a preset such as
-        /// `a100-80g`, `h100-80g`, `rtx4090`, `l4`, `t4`, or a profile `.json`), or only tensor
-        /// bytes (`none`).
+        /// `a100-80g`, `h100-80g`, `rtx4090`, `l4`, `t4`, or a profile `.json`), which presets
+        /// the run fits (`all`), or only tensor bytes (`none`).
         #[arg(long, default_value = "cuda")]
         device_profile: String,
         /// Run on the CPU when an op has no meta kernel (slow: real compute).
@@ -414,15 +414,31 @@ fn run_model(args: &EstimateArgs, options: &mut EstimateOptions) -> Result<(Esti
 }
 
 /// The figures of a GPU profile, unless the user asked for the plain model (`cuda`) or none.
-fn gpu_prediction(device_profile: &str, trace: &Trace) -> Result<Option<GpuPrediction>> {
-    Ok(match device_profile {
-        "cuda" | "none" => None,
-        name => {
-            let profile = DeviceProfile::find(name)?;
-            let config = std::env::var("CUBLAS_WORKSPACE_CONFIG").ok();
-            Some(predict(&profile, trace, config.as_deref()))
-        }
-    })
+/// The figures of the GPU profiles asked for: none for `cuda` (the plain model) or `none`, every
+/// preset for `all`.
+fn gpu_predictions(device_profile: &str, trace: &Trace) -> Result<Vec<GpuPrediction>> {
+    let config = std::env::var("CUBLAS_WORKSPACE_CONFIG").ok();
+    let profiles = match device_profile {
+        "cuda" | "none" => Vec::new(),
+        "all" => DeviceProfile::presets(),
+        name => vec![DeviceProfile::find(name)?],
+    };
+    Ok(profiles.iter().map(|p| predict(p, trace, config.as_deref())).collect())
+}
+
+/// One line per GPU: what it would show and whether the run fits.
+fn print_gpu_table(gpus: &[GpuPrediction]) {
+    println!("  on each GPU preset (nvidia-smi high end, with the largest plausible cuDNN workspaces):");
+    for g in gpus {
+        let p = &g.profile;
+        println!(
+            "    {:<10} {:>4.0} GiB  needs {:>12}  {}",
+            p.name,
+            p.memory_bytes as f64 / (1u64 << 30) as f64,
+            mib(g.nvidia_smi.high),
+            if g.fits { "fits" } else { "does NOT fit" }
+        );
+    }
 }
 
 /// The live tensors at the peak, grouped as in the log (meta runs only).
@@ -462,7 +478,8 @@ fn estimate(args: EstimateArgs) -> Result<()> {
     // A data-parallel job: the GPU figures are one rank's.
     let rank = args.model.parallelism().map(|p| per_rank_trace(&trace, args.model.optimizer, &p));
     let gpu_trace = rank.as_ref().map_or(&trace, |(t, _)| t);
-    let gpu = gpu_prediction(&args.device_profile, gpu_trace)?;
+    let gpus = gpu_predictions(&args.device_profile, gpu_trace)?;
+    let gpu = (args.device_profile != "all").then(|| gpus.first()).flatten();
     if let Some(path) = &args.snapshot {
         gpu_trace.dump_snapshot(path)?;
     }
@@ -471,8 +488,10 @@ fn estimate(args: EstimateArgs) -> Result<()> {
         if let Some((t, plan)) = &rank {
             v["rank"] = rank_json(t, plan)?;
         }
-        if let Some(g) = &gpu {
+        if let Some(g) = gpu {
             v["gpu"] = serde_json::to_value(g)?;
+        } else if !gpus.is_empty() {
+            v["gpus"] = serde_json::to_value(&gpus)?;
         }
         if let Some(s) = &static_estimate {
             v["static"] = serde_json::to_value(s)?;
@@ -488,8 +507,10 @@ fn estimate(args: EstimateArgs) -> Result<()> {
     if let Some((t, plan)) = &rank {
         print_rank(t, plan);
     }
-    if let Some(g) = &gpu {
-        print_gpu(g);
+    match gpu {
+        Some(g) => print_gpu(g),
+        None if !gpus.is_empty() => print_gpu_table(&gpus),
+        None => {}
     }
     if let Some(s) = &static_estimate {
         print_static(s, &model);
