@@ -13,7 +13,9 @@ fn read_all(bytes: &[u8]) -> Result<(ParsedLog, Vec<LogParseError>), Error> {
     let mut errors = Vec::new();
     for event in LogReader::new(bytes) {
         match event? {
-            LogEvent::Header(header) => log = Some(ParsedLog { header, blocks: vec![], trailing_changes: vec![] }),
+            LogEvent::Header(header) => {
+                log = Some(ParsedLog { header, blocks: vec![], trailing_changes: vec![] })
+            }
             LogEvent::Block(b) => log.as_mut().expect("header first").blocks.push(b),
             LogEvent::Skipped(e) => errors.push(e),
             LogEvent::Trailing(t) => log.as_mut().expect("header first").trailing_changes = t,
@@ -88,6 +90,10 @@ fn read_errors_end_the_stream_as_log_read() {
             Err(std::io::Error::other("disk on fire"))
         }
     }
-    let events: Vec<_> = LogReader::new(std::io::BufReader::new(Failing)).with_path(Path::new("a.txt")).collect();
-    assert!(matches!(&events[..], [Err(Error::LogRead { path, .. })] if path == Path::new("a.txt")), "{events:?}");
+    let events: Vec<_> =
+        LogReader::new(std::io::BufReader::new(Failing)).with_path(Path::new("a.txt")).collect();
+    assert!(
+        matches!(&events[..], [Err(Error::LogRead { path, .. })] if path == Path::new("a.txt")),
+        "{events:?}"
+    );
 }

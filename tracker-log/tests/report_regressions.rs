@@ -24,7 +24,9 @@ fn python_counts(shape: &str, counts: &[u64]) -> String {
     let mut prev = 0;
     for (i, &n) in counts.iter().enumerate() {
         if n != prev {
-            s += &format!("+ | {n} * Size:{shape} | Memory: 0.0039 M | <class 'torch.Tensor'> | torch.float32\n");
+            s += &format!(
+                "+ | {n} * Size:{shape} | Memory: 0.0039 M | <class 'torch.Tensor'> | torch.float32\n"
+            );
             if prev > 0 {
                 s += &format!("- | {prev} * Size:{shape} | Memory: 0.0039 M | <class 'torch.Tensor'> | torch.float32 \n");
             }
@@ -52,7 +54,10 @@ fn twenty_thousand_distinct_groups_are_not_quadratic() {
     // every point: 20 000 points took 377 s and 4.4 GB (release).
     let mut text = HEADER.to_owned();
     for i in 0..20_000u32 {
-        text += &format!("+ | 1 * Size:({}, 3) | Memory: 0.0 M | <class 'torch.Tensor'> | torch.float32\n", i + 1);
+        text += &format!(
+            "+ | 1 * Size:({}, 3) | Memory: 0.0 M | <class 'torch.Tensor'> | torch.float32\n",
+            i + 1
+        );
         text += &at(20, f64::from(i) / 100.0);
     }
     let start = Instant::now();
@@ -81,7 +86,9 @@ fn analyse_file_streams_and_names_the_file_in_errors() {
     let e = analyse_file(dir.path(), 10).unwrap_err();
     assert!(matches!(e, Error::LogRead { .. }), "a directory: {e}");
 
-    for (name, bytes) in [("empty.txt", &b""[..]), ("junk.txt", b"hello\nworld\n"), ("bin.txt", b"\x7fELF\0\0\xff")] {
+    for (name, bytes) in
+        [("empty.txt", &b""[..]), ("junk.txt", b"hello\nworld\n"), ("bin.txt", b"\x7fELF\0\0\xff")]
+    {
         let p = dir.path().join(name);
         std::fs::write(&p, bytes).unwrap();
         let e = analyse_file(&p, 10).unwrap_err();
@@ -147,7 +154,8 @@ fn leak_suspects_are_a_bounded_summary() {
     }
     for i in 0..5000 {
         for g in 0..50 {
-            text += &format!("+ | 1 * Size:({g},) | Memory: 0.0 M | <class 'torch.Tensor'> | torch.float32\n");
+            text +=
+                &format!("+ | 1 * Size:({g},) | Memory: 0.0 M | <class 'torch.Tensor'> | torch.float32\n");
         }
         text += &at(9, f64::from(i));
     }
@@ -179,7 +187,10 @@ fn freed_activations_are_not_worded_as_growth() {
         out.contains("allocates up to 26.3 MiB per visit (30 visits, 789.0 MiB allocated in all); freed again later (the level here stays at 30.3 MiB)"),
         "{out}"
     );
-    assert!(out.contains("net growth of Total Allocated Memory over the run (memory that stays): +0.0 MiB"), "{out}");
+    assert!(
+        out.contains("net growth of Total Allocated Memory over the run (memory that stays): +0.0 MiB"),
+        "{out}"
+    );
     assert!(!out.contains("largest growth"), "{out}");
     assert!(r.leak_suspects.is_empty());
 
@@ -190,8 +201,14 @@ fn freed_activations_are_not_worded_as_growth() {
         text += &at(39, 1.0 + f64::from(step));
     }
     let out = render_text(&combine(vec![report_of(&text)]));
-    assert!(out.contains("the level here grows +2.0 MiB from the first visit to the last (2.0 -> 4.0 MiB)"), "{out}");
-    assert!(out.contains("net growth of Total Allocated Memory over the run (memory that stays): +3.0 MiB"), "{out}");
+    assert!(
+        out.contains("the level here grows +2.0 MiB from the first visit to the last (2.0 -> 4.0 MiB)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("net growth of Total Allocated Memory over the run (memory that stays): +3.0 MiB"),
+        "{out}"
+    );
 }
 
 #[test]

@@ -64,7 +64,7 @@ impl Dialect {
     /// Our `At` lines always carry `Peak Allocated Memory`; watch logs have no tensor totals. The
     /// first `At` line with a tensor total decides (so a stream is read in one pass).
     pub fn detect(log: &ParsedLog) -> Dialect {
-        let decided = log.blocks.iter().find_map(|b| Dialect::of_block(b));
+        let decided = log.blocks.iter().find_map(Dialect::of_block);
         Dialect::or_default(decided, log.blocks.len())
     }
 
