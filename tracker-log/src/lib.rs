@@ -6,6 +6,9 @@
 //! categories and one replay of live/peak bytes, the CUDA caching-allocator model, and PyTorch
 //! memory-snapshot pickles (writing and reading).
 //!
+//! Logs of any size are read block by block ([`log::LogReader`], [`report::analyse_file`]), in
+//! memory bounded by their distinct lines and tensor groups.
+//!
 //! The `gpu-mem-track` binary is built on this crate alone, so `report`, `plot`, `watch` and
 //! `timeline SNAPSHOT.pickle` start without loading libtorch. The tch-facing library
 //! (`gpu_mem_track`) builds on it and re-exports what its users need.

@@ -230,3 +230,21 @@ fn report_file_of_a_large_repeated_log_keeps_memory_flat() {
     let out = render_text(&combine(vec![r]));
     assert!(out.len() < 20_000, "{} bytes", out.len());
 }
+
+#[test]
+fn python_fixture_report_is_unchanged() {
+    // What /work/main/tests/report.rs checks through the main crate, here without libtorch.
+    let r = report_of(FIXTURE);
+    assert_eq!(r.dialect, Dialect::PytorchMemoryUtils);
+    let peak = r.peak.clone().unwrap();
+    assert_eq!((peak.mib, peak.at.as_str(), peak.log_line), (316.4, "main.py line 14: <module>", 19));
+    let growth: Vec<(&str, f64)> = r.growth.iter().map(|g| (g.at.as_str(), g.max_mib)).collect();
+    assert_eq!(growth.len(), 2);
+    assert_eq!(growth[0].0, "main.py line 14: <module>");
+    assert!((growth[0].1 - 240.0).abs() < 1e-9);
+    assert!(r.leak_suspects.is_empty());
+    let r = report_of(&python_counts("(1024,)", &[1, 2, 3, 4]));
+    let s = &r.leak_suspects[0];
+    assert_eq!((s.counts.clone(), s.grown_bytes), (vec![1, 2, 3, 4], Some(3 * 1024 * 4)));
+    assert!(render_text(&combine(vec![r])).contains("1 -> 2 -> 3 -> 4 (4 visits"));
+}

@@ -3,7 +3,7 @@
 //! our logs and the Python tool's (whose `+`/`-` lines carry absolute counts, not deltas).
 //!
 //! [`Analyser`] takes a log one block at a time ([`analyse_file`] streams a file through it with
-//! [`LogReader`](crate::log::LogReader)), so the work is proportional to the log's changes and the
+//! [`LogReader`]), so the work is proportional to the log's changes and the
 //! memory to its distinct lines and groups, whatever its length. A report is bounded too: lists
 //! are cut to `top` (at most [`MAX_LISTED`]), skipped lines to [`MAX_ERRORS_KEPT`], text taken
 //! from the log to [`MAX_TEXT_CHARS`] characters.
