@@ -20,7 +20,7 @@ use tracker_log::log::{parse_log_lenient, ParsedLog};
 use tracker_log::memviz::read_snapshot_trace;
 use tracker_log::nvml::NvmlReader;
 use tracker_log::plot::{plot_log, plot_timeline};
-use tracker_log::report::{analyse, combine, render_text};
+use tracker_log::report::{analyse_file, combine, render_text};
 use tracker_log::simulated_nvml::SimulatedNvml;
 use tracker_log::watch::{run_watch, NvmlSource, StopReason, WatchConfig, WatchTarget};
 
@@ -196,8 +196,8 @@ fn run_estimate_binary(subcommand: &str, args: &[OsString]) -> Result<()> {
 fn report(logs: &[PathBuf], json: bool, top: usize) -> Result<()> {
     let mut reports = Vec::new();
     for path in logs {
-        let (log, errors) = read_log(path)?;
-        reports.push(analyse(path, &log, errors, top));
+        // Streams the file: memory stays bounded for logs of any length.
+        reports.push(analyse_file(path, top)?);
     }
     let combined = combine(reports);
     if json {

@@ -207,6 +207,11 @@ impl CachingAllocatorModel {
     /// [`OutOfMemory`] when a capacity is set and the request cannot fit even after releasing
     /// the cache.
     pub fn malloc(&mut self, size: u64) -> Result<BlockId, OutOfMemory> {
+        // PyTorch returns a null pointer for 0 bytes and takes no block
+        // (`NativeCachingAllocator::allocate`); freeing it is a no-op.
+        if size == 0 {
+            return Ok(BlockId(usize::MAX));
+        }
         let rounded = round_size(size);
         let small = rounded <= SMALL_SIZE;
         let found = self.pool(small).range((rounded, 0, 0)..).next().copied();
@@ -323,6 +328,24 @@ impl CachingAllocatorModel {
             out.push(SegmentBlocks { address: seg.addr, size: seg.size, small: seg.small, blocks });
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod zero_byte_tests {
+    use super::*;
+
+    #[test]
+    fn zero_bytes_take_no_block() {
+        let mut m = CachingAllocatorModel::new();
+        let z = m.malloc(0).unwrap();
+        assert_eq!(m.stats(), CachingStats::default(), "nothing allocated or reserved");
+        assert_eq!(m.block(z), None);
+        m.free(z);
+        let b = m.malloc(1).unwrap();
+        assert_eq!(m.stats().allocated, MIN_BLOCK_SIZE);
+        m.free(b);
+        assert_eq!(m.stats().allocated, 0);
     }
 }
 

@@ -331,7 +331,8 @@ impl Trace {
                 for (addr, size, _) in model.segments().into_iter().filter(|s| !before.contains(s)) {
                     trace.push(entry("segment_alloc", addr, size));
                 }
-                let (addr, size) = model.block(b).expect("just allocated");
+                // A 0-byte allocation takes no block, as on a GPU: nothing to draw.
+                let Some((addr, size)) = model.block(b) else { continue };
                 blocks.insert(e.id, b);
                 trace.push(entry("alloc", addr, size));
             } else if let Some(b) = blocks.remove(&e.id) {
