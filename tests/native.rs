@@ -1,4 +1,7 @@
 //! tch-native models estimated on the meta device equal a CPU run of the same step.
+use gpu_mem_track::estimate::gpu_runtime::{
+    largest_cudnn_workspace, place_runtime_allocations, RuntimeKind, RuntimeSizes,
+};
 use gpu_mem_track::estimate::{training_step, EstimateDevice, NativeStepOptions, Optimizer, Precision};
 use tch::nn::{self, Module, ModuleT};
 use tch::{Kind, Tensor};
@@ -39,8 +42,18 @@ fn native_cnn_step_on_meta_matches_the_cpu() {
     within(meta.live_after_forward, cpu.live_after_forward, "live after forward");
     within(meta.forward_peak, cpu.forward_peak, "forward peak");
     within(meta.peak.bytes, cpu.peak.bytes, "training step peak");
-    assert!(trace.uses_cublas(), "the linear layer is a matmul");
-    assert!(trace.largest_convolution_allocation() > 0);
+    // A GPU run's library allocations are placed at the calls a meta run records.
+    let placed =
+        place_runtime_allocations(&trace, RuntimeSizes { cublas_workspace: 1, cudnn_workspaces: true });
+    let kinds: Vec<RuntimeKind> = placed.iter().map(|r| r.kind).collect();
+    assert_eq!(
+        kinds.iter().filter(|k| **k == RuntimeKind::CublasWorkspace).count(),
+        1,
+        "the linear layer is a matmul"
+    );
+    // Two convolutions forward and two backward (per iteration, two iterations).
+    assert_eq!(kinds.iter().filter(|k| **k == RuntimeKind::CudnnWorkspace).count(), 8, "{placed:?}");
+    assert!(largest_cudnn_workspace(&trace) > 0);
 }
 
 #[test]

@@ -378,6 +378,15 @@ mod tests {
     }
 
     #[test]
+    fn matmuls_are_matched_by_name_not_prefix() {
+        let with = |op: &str| trace(vec![ev(true, 1, 1, Phase::Forward, op)]);
+        let sizes = RuntimeSizes { cublas_workspace: MIB, cudnn_workspaces: false };
+        assert_eq!(place_runtime_allocations(&with("aten::mm"), sizes).len(), 1);
+        assert_eq!(place_runtime_allocations(&with("aten::addmm.out"), sizes).len(), 1);
+        assert!(place_runtime_allocations(&with("aten::mmx"), sizes).is_empty());
+    }
+
+    #[test]
     fn the_baseline_is_what_the_allocator_holds_before_the_first_forward() {
         // 1000 small parameters of 100 bytes: 512-byte blocks each.
         let mut events: Vec<TraceEvent> = (0..1000)

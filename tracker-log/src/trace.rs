@@ -217,35 +217,6 @@ impl Replay {
 }
 
 impl Trace {
-    /// Whether the run called a cuBLAS-backed op (matrix products).
-    pub fn uses_cublas(&self) -> bool {
-        const CUBLAS_OPS: [&str; 7] = [
-            "aten::mm",
-            "aten::addmm",
-            "aten::bmm",
-            "aten::baddbmm",
-            "aten::matmul",
-            "aten::linear",
-            "aten::addmv",
-        ];
-        self.events.iter().any(|e| {
-            CUBLAS_OPS
-                .iter()
-                .any(|op| e.op.strip_prefix(op).is_some_and(|rest| rest.is_empty() || rest.starts_with('.')))
-        })
-    }
-
-    /// The largest allocation made inside a convolution (forward or backward): the bound this
-    /// crate uses for a cuDNN workspace, which only the GPU's heuristics decide.
-    pub fn largest_convolution_allocation(&self) -> u64 {
-        self.events
-            .iter()
-            .filter(|e| e.alloc && (e.top_op.contains("conv") || e.op.contains("convolution")))
-            .map(|e| e.size)
-            .max()
-            .unwrap_or(0)
-    }
-
     /// Live bytes by category after every event.
     pub fn timeline(&self) -> Vec<TimelinePoint> {
         let mut replay = Replay::new();
@@ -412,16 +383,5 @@ mod tests {
         assert_eq!(t.peak_bytes(), 40);
         assert_eq!(t.timeline().last().unwrap().total, 35);
         assert_eq!(t.timeline()[3].bytes[0], (Category::Parameter, 10));
-    }
-
-    #[test]
-    fn cublas_ops_are_matched_by_name_not_prefix() {
-        let mut t = Trace { events: vec![ev(true, 1, 1, Category::Temporary)] };
-        t.events[0].op = "aten::mm".into();
-        assert!(t.uses_cublas());
-        t.events[0].op = "aten::mmx".into();
-        assert!(!t.uses_cublas());
-        t.events[0].op = "aten::addmm.out".into();
-        assert!(t.uses_cublas());
     }
 }
