@@ -39,6 +39,7 @@ pub mod group;
 pub mod log;
 pub mod memviz;
 pub mod nvml;
+mod pickle;
 #[cfg(feature = "plot")]
 pub mod plot;
 pub mod report;

@@ -135,20 +135,52 @@ pub fn write(path: &Path, mut snapshot: Snapshot<'_>) -> Result<()> {
 }
 
 /// One `device_traces` entry as read back (other keys ignored).
-#[derive(serde::Deserialize)]
-struct ReadEntry {
-    action: String,
+struct ReadEntry<'a> {
+    action: &'a str,
     addr: u64,
     size: u64,
-    #[serde(default)]
     time_us: i64,
-    #[serde(default)]
-    category: Option<String>,
+    category: Option<&'a str>,
 }
 
-#[derive(serde::Deserialize)]
-struct ReadSnapshot {
-    device_traces: Vec<Vec<ReadEntry>>,
+/// The `device_traces` of a decoded snapshot, walked without recursion (the shape is fixed:
+/// dict -> list of devices -> list of entry dicts), so no nesting in the file can overflow
+/// the stack.
+fn device_traces<'a>(p: &crate::pickle::Pickle<'a>) -> std::result::Result<Vec<Vec<ReadEntry<'a>>>, String> {
+    let traces = p.get(p.root, "device_traces").ok_or("it has no `device_traces` (is it a memory snapshot?)")?;
+    let devices = p.items(traces).ok_or("`device_traces` is not a list")?;
+    let mut out = Vec::with_capacity(devices.len());
+    for (d, &device) in devices.iter().enumerate() {
+        let entries = p.items(device).ok_or_else(|| format!("device_traces[{d}] is not a list"))?;
+        let mut read = Vec::with_capacity(entries.len());
+        for (i, &entry) in entries.iter().enumerate() {
+            let at = || format!("device_traces[{d}][{i}]");
+            let action = p.get(entry, "action").and_then(|a| p.text(a));
+            let action = action.ok_or_else(|| format!("{} has no text `action`", at()))?;
+            // Only allocations and frees are read; other entries may lack addresses.
+            if action != "alloc" && action != "free_completed" {
+                continue;
+            }
+            let unsigned = |key: &str| {
+                let v = p.get(entry, key).and_then(|v| p.int(v));
+                v.and_then(|v| u64::try_from(v).ok())
+                    .ok_or_else(|| format!("{} has no `{key}` from 0 to 2^64-1", at()))
+            };
+            let time_us = match p.get(entry, "time_us") {
+                Some(t) => p.int(t).and_then(|t| i64::try_from(t).ok()).ok_or_else(|| format!("{}: bad `time_us`", at()))?,
+                None => 0,
+            };
+            read.push(ReadEntry {
+                action,
+                addr: unsigned("addr")?,
+                size: unsigned("size")?,
+                time_us,
+                category: p.get(entry, "category").and_then(|c| p.text(c)),
+            });
+        }
+        out.push(read);
+    }
+    Ok(out)
 }
 
 /// Reads the allocations and frees of a memory snapshot pickle (written by this crate, or by
@@ -161,14 +193,16 @@ struct ReadSnapshot {
 pub fn read_snapshot_trace(path: &Path) -> Result<Trace> {
     let fail = |reason: String| Error::SnapshotRead { path: path.to_owned(), reason };
     let bytes = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
-    let snapshot: ReadSnapshot = serde_pickle::from_slice(&bytes, serde_pickle::DeOptions::new())
-        .map_err(|e| fail(format!("not a memory snapshot pickle ({e})")))?;
+    // Our own iterative reader: serde-pickle recurses on nested values (a stack overflow on a
+    // deeply nested file) and copies values on DUP and memo PUT (unbounded memory).
+    let pickle = crate::pickle::parse(&bytes).map_err(|e| fail(format!("not a memory snapshot pickle: {e}")))?;
+    let device_traces = device_traces(&pickle).map_err(|e| fail(format!("not a memory snapshot: {e}")))?;
     let mut events = Vec::new();
-    for entries in &snapshot.device_traces {
+    for entries in &device_traces {
         let mut open: HashMap<u64, usize> = HashMap::new();
         let mut freed = vec![false; entries.len()];
         for (i, e) in entries.iter().enumerate() {
-            match e.action.as_str() {
+            match e.action {
                 "alloc" => {
                     open.insert(e.addr, i);
                 }
@@ -182,13 +216,13 @@ pub fn read_snapshot_trace(path: &Path) -> Result<Trace> {
         }
         let mut category_of: HashMap<u64, Category> = HashMap::new();
         for (i, e) in entries.iter().enumerate() {
-            let alloc = match e.action.as_str() {
+            let alloc = match e.action {
                 "alloc" => true,
                 "free_completed" => false,
                 _ => continue,
             };
             let category = if alloc {
-                let c = e.category.as_deref().and_then(Category::from_name).unwrap_or(if freed[i] {
+                let c = e.category.and_then(Category::from_name).unwrap_or(if freed[i] {
                     Category::Temporary
                 } else {
                     Category::Unknown

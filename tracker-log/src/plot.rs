@@ -7,10 +7,11 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 
-use crate::log::{ParsedLog, DEVICE_USED, NVML_USED};
-use crate::report::Dialect;
+use crate::log::{
+    LogBlock, LogEvent, LogReader, ParsedLog, ALLOCATED, DEVICE_USED, NVML_USED, PEAK_ALLOCATED, TENSOR_USED,
+};
 
-/// Errors of [`plot_log`].
+/// Errors of [`plot_log`], [`plot_log_file`] and [`plot_timeline`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PlotError {
@@ -20,6 +21,12 @@ pub enum PlotError {
     /// The log has no track points.
     #[error("the log has no track points to plot")]
     EmptyLog,
+    /// No value of the log can be drawn (all out of range).
+    #[error("nothing to draw: {0}")]
+    NothingToDraw(String),
+    /// The log file cannot be read or is not a log.
+    #[error(transparent)]
+    Log(crate::Error),
     /// Drawing or writing failed.
     #[error("cannot draw {path}: {message}")]
     Draw {
@@ -70,42 +77,216 @@ struct Series {
     points: Vec<(f64, f64)>,
 }
 
-/// The series of a log: one per figure for tracker logs, one per process for watch logs.
-fn series_of(log: &ParsedLog) -> Vec<Series> {
-    let mut out: Vec<Series> = Vec::new();
-    let mut push = |name: String, x: f64, y: f64| match out.iter_mut().find(|s| s.name == name) {
-        Some(s) => s.points.push((x, y)),
-        None => out.push(Series { name, points: vec![(x, y)] }),
-    };
-    let watch = Dialect::detect(log) == Dialect::Watch;
-    for (i, b) in log.blocks.iter().enumerate() {
-        if watch {
-            let x = b.at.location.line as f64;
-            if let Some(v) = b.at.field(NVML_USED) {
-                push(format!("{} {}", b.at.location.file, b.at.location.function), x, v);
+/// Values above this many MiB (about 1 EiB) are not memory figures: skipped with a warning, so
+/// an axis never reaches infinity (plotters would loop computing its ticks).
+const MAX_MIB: f64 = 1e12;
+/// Warnings listed one by one before they are counted.
+const MAX_WARNINGS: usize = 5;
+/// Track points up to which each tick names its source line.
+const MAX_PLACE_LABELS: usize = 40;
+/// Distinct source lines named in the axis title.
+const MAX_DISTINCT: usize = 4;
+
+/// What a chart of a log shows, gathered in one pass (from a parsed log or a stream).
+#[derive(Default)]
+struct LogChart {
+    series: Vec<Series>,
+    /// No block had a tensor total: an NVML watch log (x is the sample number).
+    watch: bool,
+    tracker_blocks: usize,
+    blocks: usize,
+    /// `file:line` of each track point while there are few enough to label each.
+    places: Vec<String>,
+    /// The first few distinct `file:line`s, for the axis title of long logs.
+    distinct: Vec<String>,
+    /// More distinct places than [`MAX_DISTINCT`] were seen.
+    more_places: bool,
+    /// The highest value: (series, x, MiB, where).
+    highest: Option<(usize, f64, f64, String)>,
+    warnings: Vec<String>,
+    more_warnings: usize,
+}
+
+impl LogChart {
+    fn warn(&mut self, w: String) {
+        if self.warnings.len() < MAX_WARNINGS {
+            self.warnings.push(w);
+        } else {
+            self.more_warnings += 1;
+        }
+    }
+
+    fn push(&mut self, name: &str, x: f64, y: f64, place: impl FnOnce() -> String) {
+        if !(y.is_finite() && (0.0..=MAX_MIB).contains(&y)) {
+            self.warn(format!("track point {x} ({}): {name} {y:e} MiB is out of range, not drawn", place()));
+            return;
+        }
+        let i = match self.series.iter().position(|s| s.name == name) {
+            Some(i) => i,
+            None => {
+                self.series.push(Series { name: name.to_owned(), points: Vec::new() });
+                self.series.len() - 1
             }
-            if let Some(v) = b.at.field(DEVICE_USED) {
-                push(DEVICE_USED.to_owned(), x, v);
+        };
+        self.series[i].points.push((x, y));
+        if self.highest.as_ref().is_none_or(|h| y > h.2) {
+            self.highest = Some((i, x, y, place()));
+        }
+    }
+
+    fn block(&mut self, b: &LogBlock) {
+        let loc = &b.at.location;
+        let place = || format!("{} line {}: {}", loc.file, loc.line, loc.function);
+        if b.at.field(TENSOR_USED).is_some() {
+            // Track points count from 1, as the axis says.
+            self.tracker_blocks += 1;
+            let x = self.tracker_blocks as f64;
+            for f in &b.at.fields {
+                self.push(&f.label, x, f.mib, place);
+            }
+            let short = short_place(&loc.file, loc.line);
+            if !self.distinct.contains(&short) {
+                if self.distinct.len() < MAX_DISTINCT {
+                    self.distinct.push(short.clone());
+                } else {
+                    self.more_places = true;
+                }
+            }
+            if self.places.len() < MAX_PLACE_LABELS {
+                self.places.push(short);
             }
         } else {
-            for f in &b.at.fields {
-                push(f.label.clone(), i as f64, f.mib);
+            // A watch sample: `At <file> line <sample>: <process>`.
+            let x = loc.line as f64;
+            let sample = || format!("sample {}", loc.line);
+            if let Some(v) = b.at.field(NVML_USED) {
+                self.push(&format!("{} {}", loc.file, loc.function), x, v, sample);
+            }
+            if let Some(v) = b.at.field(DEVICE_USED) {
+                self.push(DEVICE_USED, x, v, sample);
+            }
+        }
+        self.blocks += 1;
+    }
+
+    fn finish(mut self) -> Result<Self, PlotError> {
+        if self.blocks == 0 {
+            return Err(PlotError::EmptyLog);
+        }
+        self.watch = self.tracker_blocks == 0;
+        // Ticks name their source lines only while there are few and they differ (a loop on
+        // one line would repeat the same label on every tick).
+        if self.tracker_blocks > MAX_PLACE_LABELS || self.distinct.len() < 2 {
+            self.places.clear();
+        }
+        if self.series.iter().all(|s| s.points.is_empty()) {
+            return Err(PlotError::NothingToDraw(self.summary().join("; ")));
+        }
+        Ok(self)
+    }
+
+    /// The warnings, the first few then a count.
+    fn summary(&self) -> Vec<String> {
+        let mut out = self.warnings.clone();
+        if self.more_warnings > 0 {
+            out.push(format!("... and {} more", self.more_warnings));
+        }
+        out
+    }
+}
+
+/// Keeps, per pixel column, the first, lowest, highest and last point (in x order), so a line of
+/// any number of points draws the same envelope as all of them, in bounded time.
+fn decimate(points: &[(f64, f64)], x_min: f64, x_max: f64, columns: usize) -> Vec<(f64, f64)> {
+    if points.len() <= 4 * columns {
+        return points.to_vec();
+    }
+    let width = (x_max - x_min).max(f64::MIN_POSITIVE);
+    let column = |x: f64| (((x - x_min) / width * columns as f64) as usize).min(columns - 1);
+    let mut out = Vec::with_capacity(4 * columns);
+    let mut i = 0;
+    while i < points.len() {
+        let c = column(points[i].0);
+        let start = i;
+        let (mut lo, mut hi) = (i, i);
+        while i < points.len() && column(points[i].0) == c {
+            if points[i].1 < points[lo].1 {
+                lo = i;
+            }
+            if points[i].1 > points[hi].1 {
+                hi = i;
+            }
+            i += 1;
+        }
+        let mut keep = [start, lo, hi, i - 1];
+        keep.sort_unstable();
+        let mut last = usize::MAX;
+        for k in keep {
+            if k != last {
+                out.push(points[k]);
+                last = k;
             }
         }
     }
     out
 }
 
-/// Draws `log` to `out` (`.svg` or `.png`).
+/// Points [`decimate`] keeps of `n`, at most.
+fn decimated_len(n: usize) -> usize {
+    if n <= 4 * COLUMNS {
+        n
+    } else {
+        4 * COLUMNS
+    }
+}
+
+/// Draws `log` to `out` (`.svg` or `.png`). Returns the warnings about values not drawn (the
+/// first few, then a count).
 ///
 /// # Errors
 /// [`PlotError`] naming the output or what is missing.
-pub fn plot_log(log: &ParsedLog, title: &str, out: &Path) -> Result<(), PlotError> {
-    if log.blocks.is_empty() {
-        return Err(PlotError::EmptyLog);
+pub fn plot_log(log: &ParsedLog, title: &str, out: &Path) -> Result<Vec<String>, PlotError> {
+    check_format(out)?;
+    let mut chart = LogChart::default();
+    for b in &log.blocks {
+        chart.block(b);
     }
+    render(chart.finish()?, title, out)
+}
+
+/// Reads the log file `path` as a stream (bounded memory besides the points themselves) and
+/// draws it to `out`. Returns the warnings: lines skipped and values not drawn, the first few of
+/// each, then a count.
+///
+/// # Errors
+/// [`PlotError::Log`] when the file cannot be read or is not a log; the others as [`plot_log`].
+pub fn plot_log_file(path: &Path, title: &str, out: &Path) -> Result<Vec<String>, PlotError> {
+    check_format(out)?;
+    let file = std::fs::File::open(path)
+        .map_err(|source| PlotError::Log(crate::Error::LogRead { path: path.to_owned(), source }))?;
+    let reader = LogReader::new(std::io::BufReader::new(file)).with_path(path);
+    let mut chart = LogChart::default();
+    for event in reader {
+        match event.map_err(PlotError::Log)? {
+            LogEvent::Block(b) => chart.block(&b),
+            LogEvent::Skipped(e) => chart.warn(format!("skipped {e}")),
+            LogEvent::Header(_) | LogEvent::Trailing(_) => {}
+        }
+    }
+    render(chart.finish()?, title, out)
+}
+
+fn check_format(out: &Path) -> Result<(), PlotError> {
+    match out.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+        Some("svg" | "png") => Ok(()),
+        _ => Err(PlotError::UnsupportedFormat(out.display().to_string())),
+    }
+}
+
+fn render(chart: LogChart, title: &str, out: &Path) -> Result<Vec<String>, PlotError> {
     ensure_font();
-    draw_to_file!(out, |root| draw(root, log, title))
+    draw_to_file!(out, |root| draw(root, &chart, title))?;
+    Ok(chart.summary())
 }
 
 fn short_place(file: &str, line: u32) -> String {
@@ -113,42 +294,78 @@ fn short_place(file: &str, line: u32) -> String {
     format!("{name}:{line}")
 }
 
-fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, log: &ParsedLog, title: &str) -> Result<(), String>
+/// Pixel columns of the plotting area (the chart is SIZE.0 wide less margins and the y labels).
+const COLUMNS: usize = SIZE.0 as usize - 160;
+
+/// The title, and the highest point in words, above the chart (never over a line).
+fn draw_heading<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    title: &str,
+    highest: &str,
+) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
+    area.draw_text(title, &(FONT, 24).into_font().color(&BLACK), (30, 10)).map_err(e)?;
+    area.draw_text(highest, &(FONT, 16).into_font().color(&RED), (30, 44)).map_err(e)?;
+    Ok(())
+}
+
+/// Draws the chart; returns the plot area in pixels (for tests of what lies outside it).
+fn draw<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    c: &LogChart,
+    title: &str,
+) -> Result<(std::ops::Range<i32>, std::ops::Range<i32>), String>
 where
     DB::ErrorType: 'static,
 {
     let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
     root.fill(&WHITE).map_err(e)?;
-    let series = series_of(log);
-    let watch = Dialect::detect(log) == Dialect::Watch;
-    let x_max = series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).fold(1.0f64, f64::max);
-    let x_min = series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).fold(x_max, f64::min);
-    let y_max = series.iter().flat_map(|s| s.points.iter().map(|p| p.1)).fold(0.0f64, f64::max);
-    let y_top = if y_max > 0.0 { y_max * 1.15 } else { 1.0 };
-    let mut chart = ChartBuilder::on(root)
-        .caption(title, (FONT, 24))
+    let (head, body) = root.split_vertically(76);
+    let xs = || c.series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
+    let (x_min, x_max) = (xs().fold(f64::INFINITY, f64::min), xs().fold(f64::NEG_INFINITY, f64::max));
+    let (x_min, x_max) = if x_min.is_finite() { (x_min, x_max.max(x_min + 1.0)) } else { (0.0, 1.0) };
+    let y_max = c.series.iter().flat_map(|s| s.points.iter().map(|p| p.1)).fold(0.0f64, f64::max);
+    let y_top = if y_max > 0.0 { y_max * 1.12 } else { 1.0 };
+    let highest = c.highest.as_ref().map_or(String::new(), |(i, _, y, place)| {
+        format!("highest: {y:.1} MiB ({}) at {place}", c.series[*i].name)
+    });
+    draw_heading(&head, title, &highest)?;
+    let mut chart = ChartBuilder::on(&body)
         .margin(20)
         .margin_right(40)
-        .x_label_area_size(60)
+        .x_label_area_size(if c.places.is_empty() { 50 } else { 90 })
         .y_label_area_size(80)
-        .build_cartesian_2d(x_min - 0.5..x_max.max(x_min + 1.0) + 0.5, 0.0..y_top)
+        .build_cartesian_2d(x_min - 0.5..x_max + 0.5, 0.0..y_top)
         .map_err(e)?;
-    let labels: Vec<String> =
-        log.blocks.iter().map(|b| short_place(&b.at.location.file, b.at.location.line)).collect();
+    let points = c.series.iter().map(|s| s.points.len()).max().unwrap_or(0);
+    // Ticks fall on whole track points (plotters may pick halves on short ranges: left blank).
     let label_of = |x: &f64| {
-        if watch {
+        if (x - x.round()).abs() > 1e-6 {
+            String::new()
+        } else if c.places.is_empty() {
             format!("{}", x.round() as i64)
         } else {
-            labels.get(x.round() as usize).cloned().unwrap_or_default()
+            c.places.get((x.round() as usize).wrapping_sub(1)).cloned().unwrap_or_default()
+        }
+    };
+    let x_desc = match (c.watch, c.places.is_empty()) {
+        (true, _) => "sample".to_owned(),
+        (false, false) => "track point (source line)".to_owned(),
+        (false, true) => {
+            let more = if c.more_places { ", ..." } else { "" };
+            format!("track point (1 to {}) at {}{more}", c.tracker_blocks, c.distinct.join(", "))
         }
     };
     chart
         .configure_mesh()
-        .x_desc(if watch { "sample" } else { "track point (source line)" })
+        .x_desc(x_desc)
         .y_desc("MiB")
-        .x_labels(labels.len().clamp(2, 10))
+        .x_labels(if c.places.is_empty() { 10 } else { c.places.len().clamp(2, MAX_PLACE_LABELS) })
         .x_label_formatter(&label_of)
-        .x_label_style(TextStyle::from((FONT, 13).into_font()).transform(if watch {
+        .x_label_style(TextStyle::from((FONT, 13).into_font()).transform(if c.places.is_empty() {
             FontTransform::None
         } else {
             FontTransform::Rotate90
@@ -157,37 +374,90 @@ where
         .axis_desc_style((FONT, 16))
         .draw()
         .map_err(e)?;
-    for (i, s) in series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        let style = ShapeStyle { color, filled: false, stroke_width: 2 };
+    // Lines are drawn in pixels, as 1-px polylines side by side for width, clamped to the plot
+    // area: plotters' own thick lines are polygons whose joins spike far out of the data at
+    // sharp turns and jump to the image's corner where two points share a pixel (a zero-length
+    // segment has no direction), which drew over the title and below 0 on long logs.
+    let (px, py) = chart.plotting_area().get_pixel_range();
+    let dense = c.series.iter().any(|s| decimated_len(s.points.len()) > COLUMNS / 3);
+    // Nested widths so equal lines all show: peak allocated is a wide pale band, allocated a
+    // medium line on it, tensor-used a thin dark line on top.
+    let mut order: Vec<usize> = (0..c.series.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(line_width(&c.series[i].name, dense)));
+    for i in order {
+        let s = &c.series[i];
+        let color = series_color(&s.name, i);
+        let width = line_width(&s.name, dense);
+        let color = if width >= 7 { color.mix(0.35) } else { color.to_rgba() };
+        let mut pixels: Vec<(i32, i32)> = Vec::new();
+        for p in decimate(&s.points, x_min, x_max, COLUMNS) {
+            let (x, y) = chart.backend_coord(&p);
+            let q = (x.clamp(px.start, px.end - 1), y.clamp(py.start, py.end - 1));
+            if pixels.last() != Some(&q) {
+                pixels.push(q);
+            }
+        }
+        let half = i32::from(width) / 2;
+        for dy in -half..i32::from(width) - half {
+            let shifted = pixels.iter().map(|&(x, y)| (x, (y + dy).clamp(py.start, py.end - 1)));
+            root.draw(&PathElement::new(shifted.collect::<Vec<_>>(), color.stroke_width(1))).map_err(e)?;
+        }
         chart
-            .draw_series(LineSeries::new(s.points.iter().copied(), style))
+            .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())
             .map_err(e)?
             .label(s.name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
-        if s.points.len() <= 200 {
-            chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 2, color.filled()))).map_err(e)?;
+            .legend(move |(x, y)| Rectangle::new([(x, y - i32::from(width) / 2 - 1), (x + 24, y + i32::from(width) / 2 + 1)], color.filled()));
+        if points <= 200 {
+            // A square per point, clipped like the lines.
+            let r = i32::from(width.max(4)) / 2 + 1;
+            for &p in &s.points {
+                let (x, y) = chart.backend_coord(&p);
+                let corner = |dx: i32, dy: i32| {
+                    ((x + dx).clamp(px.start, px.end - 1), (y + dy).clamp(py.start, py.end - 1))
+                };
+                root.draw(&Rectangle::new([corner(-r, -r), corner(r, r)], color.filled())).map_err(e)?;
+            }
         }
     }
-    // Mark the highest point of the chart (the first one, if it repeats).
-    let peak = series.iter().flat_map(|s| s.points.iter().map(move |&p| (s, p))).fold(
-        None,
-        |best: Option<(&Series, (f64, f64))>, (s, p)| match best {
-            Some((_, b)) if b.1 >= p.1 => best,
-            _ => Some((s, p)),
-        },
-    );
-    if let Some((s, (x, y))) = peak {
-        let place = if watch {
-            format!("sample {}", x as i64)
-        } else {
-            let loc = &log.blocks[x as usize].at.location;
-            format!("{} line {}: {}", loc.file, loc.line, loc.function)
-        };
-        let text = format!("peak {} {y:.1} MiB at {place}", s.name);
-        mark_peak(&mut chart, (x, y), text, (x - x_min) / (x_max - x_min).max(1.0))?;
+    if let Some((_, x, y, _)) = &c.highest {
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((*x, *y)) + Circle::new((0, 0), 7, RED.stroke_width(3)),
+            ))
+            .map_err(e)?;
     }
-    draw_legend(&mut chart)
+    draw_legend(&mut chart)?;
+    Ok((px, py))
+}
+
+/// Line width in pixels by series: nested, widest drawn first (see `draw`).
+fn line_width(name: &str, dense: bool) -> u8 {
+    match (name, dense) {
+        (PEAK_ALLOCATED, false) => 9,
+        (PEAK_ALLOCATED, true) => 7,
+        (ALLOCATED, false) => 5,
+        (ALLOCATED, true) => 3,
+        (TENSOR_USED, _) => 2,
+        (_, false) => 3,
+        (_, true) => 1,
+    }
+}
+
+/// Colours by series (Tableau's, without red, which marks the highest point).
+fn series_color(name: &str, i: usize) -> RGBColor {
+    const OTHERS: [RGBColor; 5] = [
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(188, 189, 34),
+        RGBColor(23, 190, 207),
+    ];
+    match name {
+        TENSOR_USED => RGBColor(31, 119, 180),
+        ALLOCATED => RGBColor(255, 127, 14),
+        PEAK_ALLOCATED => RGBColor(44, 160, 44),
+        _ => OTHERS[i % OTHERS.len()],
+    }
 }
 
 type Chart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
@@ -235,12 +505,34 @@ where
 /// # Errors
 /// [`PlotError`] naming the output.
 pub fn plot_timeline(trace: &crate::trace::Trace, title: &str, out: &Path) -> Result<(), PlotError> {
-    let points = trace.timeline();
+    check_format(out)?;
+    let points = highest_per_column(trace.timeline(), COLUMNS);
     if points.is_empty() {
         return Err(PlotError::EmptyLog);
     }
     ensure_font();
     draw_to_file!(out, |root| draw_timeline(root, &points, title))
+}
+
+/// A long timeline reduced to the highest point of each pixel column (and the last point), so
+/// the stacked areas show every peak and draw in bounded time.
+fn highest_per_column(
+    points: Vec<crate::trace::TimelinePoint>,
+    columns: usize,
+) -> Vec<crate::trace::TimelinePoint> {
+    if points.len() <= 2 * columns {
+        return points;
+    }
+    let per = points.len().div_ceil(columns);
+    let last = points.last().cloned();
+    let mut out: Vec<crate::trace::TimelinePoint> = Vec::with_capacity(columns + 1);
+    for chunk in points.chunks(per) {
+        if let Some(p) = chunk.iter().max_by_key(|p| p.total) {
+            out.push(p.clone());
+        }
+    }
+    out.extend(last);
+    out
 }
 
 fn draw_timeline<DB: DrawingBackend>(
@@ -256,7 +548,7 @@ where
     let mib = |b: u64| b as f64 / 1048576.0;
     root.fill(&WHITE).map_err(e)?;
     let y_max = points.iter().map(|p| mib(p.total)).fold(0.0, f64::max).max(1e-6) * 1.15;
-    let n = points.len() as f64;
+    let n = points.last().map_or(1.0, |p| p.event as f64 + 1.0);
     let mut chart = ChartBuilder::on(root)
         .caption(title, (FONT, 24))
         .margin(20)
@@ -297,4 +589,147 @@ where
         mark_peak(&mut chart, (x, y), text, x / n)?;
     }
     draw_legend(&mut chart)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A chart of a loop: `n` points swinging between 1 and 11 MiB, tensor-used under allocated.
+    fn swinging(n: usize) -> LogChart {
+        let mut c = LogChart::default();
+        for i in 0..n {
+            let y = if i % 3 == 1 { 11.0 } else { 1.0 };
+            c.push(TENSOR_USED, i as f64, y, String::new);
+            c.push("Total Allocated Memory", i as f64, y, String::new);
+        }
+        c.tracker_blocks = n;
+        c.blocks = n;
+        c.finish().unwrap()
+    }
+
+    /// Renders into an RGB buffer, as the PNG output does.
+    fn pixels(c: &LogChart) -> Vec<u8> {
+        ensure_font();
+        let mut buf = vec![0u8; (SIZE.0 * SIZE.1 * 3) as usize];
+        {
+            let root = BitMapBackend::with_buffer(&mut buf, SIZE).into_drawing_area();
+            draw(&root, c, "t").unwrap();
+            root.present().unwrap();
+        }
+        buf
+    }
+
+    #[test]
+    fn dense_lines_stay_inside_the_plot_area() {
+        for n in [1_000, 5_000, 300_000] {
+            let buf = pixels(&swinging(n));
+            // The bottom rows hold nothing (the axis description is above them): thick-line
+            // miters used to spike down here, below 0 and over the labels.
+            let row = (SIZE.0 * 3) as usize;
+            let bottom = &buf[buf.len() - 10 * row..];
+            assert!(bottom.iter().all(|&b| b == 255), "{n} points: something drawn in the bottom rows");
+        }
+    }
+
+    #[test]
+    fn decimation_keeps_first_last_and_extremes_per_column() {
+        let points: Vec<(f64, f64)> =
+            (0..1_000_000i64).map(|i| (i as f64, ((i * 7919) % 1000) as f64)).collect();
+        let kept = decimate(&points, 0.0, 999_999.0, 1000);
+        assert!(kept.len() <= 4000, "{}", kept.len());
+        assert_eq!(kept.first(), points.first());
+        assert_eq!(kept.last(), points.last());
+        let max = kept.iter().map(|p| p.1).fold(f64::MIN, f64::max);
+        let min = kept.iter().map(|p| p.1).fold(f64::MAX, f64::min);
+        assert_eq!((min, max), (0.0, 999.0));
+        assert!(kept.windows(2).all(|w| w[0].0 < w[1].0), "in x order");
+    }
+
+    #[test]
+    fn values_out_of_range_are_skipped_with_a_bounded_list_of_warnings() {
+        let mut c = LogChart::default();
+        c.push(TENSOR_USED, 0.0, 5.0, String::new);
+        for (i, y) in [f64::INFINITY, 1.7e308, f64::NAN, -1.0].into_iter().cycle().take(40).enumerate() {
+            c.push(TENSOR_USED, i as f64 + 1.0, y, || "a.rs line 1: f".into());
+        }
+        c.blocks = 41;
+        c.tracker_blocks = 41;
+        let c = c.finish().unwrap();
+        let w = c.summary();
+        assert_eq!(w.len(), MAX_WARNINGS + 1, "{w:?}");
+        assert!(w[0].contains("out of range") && w[0].contains("a.rs line 1"), "{w:?}");
+        assert_eq!(w.last().unwrap(), "... and 35 more");
+        assert_eq!(c.series[0].points, vec![(0.0, 5.0)]);
+    }
+}
+
+#[cfg(test)]
+mod pixel_tests {
+    use super::*;
+    use crate::log::parse_log;
+
+    /// A tracker log of `n` track points, values from `value(i)`, three source lines.
+    pub(crate) fn log_text(n: usize, value: impl Fn(usize) -> f64) -> String {
+        let mut s = "GPU Memory Track | t | Total Tensor Used Memory:0.0 Mb Total Allocated Memory:0.0 Mb\n\n".to_owned();
+        for i in 0..n {
+            let v = value(i);
+            s += &format!(
+                "At a.rs line {}: f Total Tensor Used Memory:{v} Mb Total Allocated Memory:{} Mb Peak Allocated Memory:{} Mb\n\n",
+                39 + i % 3,
+                v + 1.0,
+                v + 2.0
+            );
+        }
+        s
+    }
+
+    /// Renders `text` into an RGB buffer; returns it with the plot area.
+    fn render_rgb(text: &str) -> (Vec<u8>, (std::ops::Range<i32>, std::ops::Range<i32>)) {
+        let log = parse_log(text).unwrap();
+        let mut chart = LogChart::default();
+        log.blocks.iter().for_each(|b| chart.block(b));
+        let chart = chart.finish().unwrap();
+        ensure_font();
+        let mut buf = vec![0u8; (SIZE.0 * SIZE.1 * 3) as usize];
+        let area = {
+            let root = BitMapBackend::with_buffer(&mut buf, SIZE).into_drawing_area();
+            let area = draw(&root, &chart, "title").unwrap();
+            root.present().unwrap();
+            area
+        };
+        (buf, area)
+    }
+
+    /// Pixels outside the plot area in a series colour: only text (black, grey) and the red
+    /// heading may be there.
+    fn coloured_outside(buf: &[u8], (px, py): &(std::ops::Range<i32>, std::ops::Range<i32>)) -> usize {
+        let mut n = 0;
+        for (i, p) in buf.chunks_exact(3).enumerate() {
+            let (x, y) = ((i % SIZE.0 as usize) as i32, (i / SIZE.0 as usize) as i32);
+            if px.contains(&x) && py.contains(&y) {
+                continue;
+            }
+            let (r, g, b) = (p[0], p[1], p[2]);
+            let neutral = r.max(g).max(b) - r.min(g).min(b) <= 30;
+            let red = g.abs_diff(b) <= 10 && r >= g;
+            if !neutral && !red {
+                if n < 5 {
+                    eprintln!("outside the plot area {px:?} x {py:?}: ({x}, {y}) = {p:?}");
+                }
+                n += 1;
+            }
+        }
+        n
+    }
+
+    #[test]
+    fn long_sawtooth_logs_stay_inside_the_plot_area() {
+        // Old code: thick polylines spiked over the title (5 000 points) and below 0 (1 000).
+        for n in [10, 1_000, 5_000] {
+            let text = log_text(n, |i| if i % 2 == 0 { 0.0 } else { 100.0 + (i % 7) as f64 });
+            let (buf, area) = render_rgb(&text);
+            assert_eq!(coloured_outside(&buf, &area), 0, "{n} points draw outside the plot area");
+        }
+    }
 }
