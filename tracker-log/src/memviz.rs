@@ -147,7 +147,8 @@ struct ReadEntry<'a> {
 /// dict -> list of devices -> list of entry dicts), so no nesting in the file can overflow
 /// the stack.
 fn device_traces<'a>(p: &crate::pickle::Pickle<'a>) -> std::result::Result<Vec<Vec<ReadEntry<'a>>>, String> {
-    let traces = p.get(p.root, "device_traces").ok_or("it has no `device_traces` (is it a memory snapshot?)")?;
+    let traces =
+        p.get(p.root, "device_traces").ok_or("it has no `device_traces` (is it a memory snapshot?)")?;
     let devices = p.items(traces).ok_or("`device_traces` is not a list")?;
     let mut out = Vec::with_capacity(devices.len());
     for (d, &device) in devices.iter().enumerate() {
@@ -167,7 +168,10 @@ fn device_traces<'a>(p: &crate::pickle::Pickle<'a>) -> std::result::Result<Vec<V
                     .ok_or_else(|| format!("{} has no `{key}` from 0 to 2^64-1", at()))
             };
             let time_us = match p.get(entry, "time_us") {
-                Some(t) => p.int(t).and_then(|t| i64::try_from(t).ok()).ok_or_else(|| format!("{}: bad `time_us`", at()))?,
+                Some(t) => p
+                    .int(t)
+                    .and_then(|t| i64::try_from(t).ok())
+                    .ok_or_else(|| format!("{}: bad `time_us`", at()))?,
                 None => 0,
             };
             read.push(ReadEntry {
@@ -195,7 +199,8 @@ pub fn read_snapshot_trace(path: &Path) -> Result<Trace> {
     let bytes = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
     // Our own iterative reader: serde-pickle recurses on nested values (a stack overflow on a
     // deeply nested file) and copies values on DUP and memo PUT (unbounded memory).
-    let pickle = crate::pickle::parse(&bytes).map_err(|e| fail(format!("not a memory snapshot pickle: {e}")))?;
+    let pickle =
+        crate::pickle::parse(&bytes).map_err(|e| fail(format!("not a memory snapshot pickle: {e}")))?;
     let device_traces = device_traces(&pickle).map_err(|e| fail(format!("not a memory snapshot: {e}")))?;
     let mut events = Vec::new();
     for entries in &device_traces {

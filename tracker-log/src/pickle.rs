@@ -133,7 +133,10 @@ impl<'a> Cursor<'a> {
     /// Text up to the next newline (protocol 0 arguments), without it.
     fn line(&mut self) -> Result<&'a [u8], PickleError> {
         let rest = &self.data[self.pos..];
-        let end = rest.iter().position(|&b| b == b'\n').ok_or_else(|| self.err("the pickle is cut short in a line"))?;
+        let end = rest
+            .iter()
+            .position(|&b| b == b'\n')
+            .ok_or_else(|| self.err("the pickle is cut short in a line"))?;
         self.pos += end + 1;
         Ok(rest[..end].strip_suffix(b"\r").unwrap_or(&rest[..end]))
     }
@@ -275,10 +278,9 @@ pub(crate) fn parse(data: &[u8]) -> Result<Pickle<'_>, PickleError> {
                     pop_mark(&mut stack, &mut marks)?
                 };
                 let top = *stack.last().ok_or_else(underflow)?;
-                match &mut nodes[top as usize] {
-                    Node::List(v) => v.extend(items),
-                    // Appending to an object calls its `append`/`extend`: nothing to keep.
-                    _ => {}
+                // Appending to an object calls its `append`/`extend`: nothing to keep.
+                if let Node::List(v) = &mut nodes[top as usize] {
+                    v.extend(items);
                 }
                 None
             }
@@ -328,7 +330,11 @@ pub(crate) fn parse(data: &[u8]) -> Result<Pickle<'_>, PickleError> {
                         memo_key(&c, line)?
                     }
                 };
-                Some(*memo.get(&key).ok_or_else(|| c.err(format!("malformed pickle: memo {key} was never set")))?)
+                Some(
+                    *memo
+                        .get(&key)
+                        .ok_or_else(|| c.err(format!("malformed pickle: memo {key} was never set")))?,
+                )
             }
             // Objects and globals: their arguments are consumed, the result is opaque.
             b'c' => {
@@ -468,7 +474,10 @@ mod tests {
     fn integers_of_every_width() {
         assert_eq!(signed_le(&[0xff]), Some(-1));
         assert_eq!(signed_le(&[0x00, 0x80]), Some(-32768));
-        assert_eq!(signed_le(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x00]), Some(u64::MAX as i128));
+        assert_eq!(
+            signed_le(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x00]),
+            Some(u64::MAX as i128)
+        );
         assert_eq!(signed_le(&[1; 17]), None);
         let mut wide = vec![5];
         wide.extend([0; 40]);

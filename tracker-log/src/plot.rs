@@ -406,7 +406,12 @@ where
             .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())
             .map_err(e)?
             .label(s.name.clone())
-            .legend(move |(x, y)| Rectangle::new([(x, y - i32::from(width) / 2 - 1), (x + 24, y + i32::from(width) / 2 + 1)], color.filled()));
+            .legend(move |(x, y)| {
+                Rectangle::new(
+                    [(x, y - i32::from(width) / 2 - 1), (x + 24, y + i32::from(width) / 2 + 1)],
+                    color.filled(),
+                )
+            });
         if points <= 200 {
             // A square per point, clipped like the lines.
             let r = i32::from(width.max(4)) / 2 + 1;
@@ -671,7 +676,9 @@ mod pixel_tests {
 
     /// A tracker log of `n` track points, values from `value(i)`, three source lines.
     pub(crate) fn log_text(n: usize, value: impl Fn(usize) -> f64) -> String {
-        let mut s = "GPU Memory Track | t | Total Tensor Used Memory:0.0 Mb Total Allocated Memory:0.0 Mb\n\n".to_owned();
+        let mut s =
+            "GPU Memory Track | t | Total Tensor Used Memory:0.0 Mb Total Allocated Memory:0.0 Mb\n\n"
+                .to_owned();
         for i in 0..n {
             let v = value(i);
             s += &format!(

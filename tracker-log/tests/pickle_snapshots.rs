@@ -60,7 +60,10 @@ fn truncated_garbage_and_huge_lengths_are_clear_errors() {
     assert_eq!(read(dir.path(), &real).unwrap().events.len(), 30);
     for len in 0..real.len() {
         let e = read(dir.path(), &real[..len]).unwrap_err();
-        assert!(e.contains("cut short") || e.contains("underflow") || e.contains("device_traces"), "{len}: {e}");
+        assert!(
+            e.contains("cut short") || e.contains("underflow") || e.contains("device_traces"),
+            "{len}: {e}"
+        );
     }
     let e = read(dir.path(), b"hello, world").unwrap_err();
     assert!(e.contains("not a memory snapshot pickle"), "{e}");
