@@ -86,7 +86,9 @@ fn plot_writes_a_valid_svg_and_png() {
         .collect();
     assert!(texts.iter().any(|t| t == "MiB"), "y axis in MiB: {texts:?}");
     assert!(
-        texts.iter().any(|t| t.starts_with("peak Total Tensor Used Memory 316.4 MiB at main.py line 14")),
+        texts
+            .iter()
+            .any(|t| t == "highest: 316.4 MiB (Total Tensor Used Memory) at main.py line 14: <module>"),
         "{texts:?}"
     );
     assert!(texts.iter().any(|t| t == "Total Tensor Used Memory"), "legend: {texts:?}");

@@ -16,10 +16,9 @@ mod common;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use tracker_log::log::{parse_log_lenient, ParsedLog};
 use tracker_log::memviz::read_snapshot_trace;
 use tracker_log::nvml::NvmlReader;
-use tracker_log::plot::{plot_log, plot_timeline};
+use tracker_log::plot::{plot_log_file, plot_timeline};
 use tracker_log::report::{analyse_file, combine, render_text};
 use tracker_log::simulated_nvml::SimulatedNvml;
 use tracker_log::watch::{run_watch, NvmlSource, StopReason, WatchConfig, WatchTarget};
@@ -158,18 +157,6 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
 }
 
-/// Reads a log leniently: bad lines become report entries; a file that is not a log is an error.
-fn read_log(path: &Path) -> Result<(ParsedLog, Vec<String>)> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let text = String::from_utf8_lossy(&bytes);
-    let (log, errors) = parse_log_lenient(&text);
-    let errors: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-    match log {
-        Some(log) => Ok((log, errors)),
-        None => bail!("{}: {}", path.display(), errors.first().map(String::as_str).unwrap_or("not a log")),
-    }
-}
-
 /// Runs `gpu-mem-track-estimate <subcommand> <args>`: the one beside this binary, else the one on
 /// PATH. Replaces this process, so exit codes and signals are the other binary's.
 fn run_estimate_binary(subcommand: &str, args: &[OsString]) -> Result<()> {
@@ -209,13 +196,12 @@ fn report(logs: &[PathBuf], json: bool, top: usize) -> Result<()> {
 }
 
 fn plot(log: &Path, output: &Path, title: Option<String>) -> Result<()> {
-    let (parsed, errors) = read_log(log)?;
-    for e in &errors {
-        eprintln!("warning: skipped {e}");
-    }
     let title = title
         .unwrap_or_else(|| log.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default());
-    plot_log(&parsed, &title, output)?;
+    // Streams the log; the warnings come back summarised (the first few, then a count).
+    for w in plot_log_file(log, &title, output)? {
+        eprintln!("warning: {w}");
+    }
     if std::io::stderr().is_terminal() {
         eprintln!("wrote {}", output.display());
     }

@@ -31,7 +31,7 @@ pub fn round_size(size: u64) -> u64 {
     if size < MIN_BLOCK_SIZE {
         MIN_BLOCK_SIZE
     } else {
-        size.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
+        size.div_ceil(MIN_BLOCK_SIZE).saturating_mul(MIN_BLOCK_SIZE)
     }
 }
 
@@ -42,7 +42,7 @@ pub fn segment_size(rounded: u64) -> u64 {
     } else if rounded < MIN_LARGE_ALLOC {
         LARGE_BUFFER
     } else {
-        rounded.div_ceil(ROUND_LARGE) * ROUND_LARGE
+        rounded.div_ceil(ROUND_LARGE).saturating_mul(ROUND_LARGE)
     }
 }
 
@@ -170,9 +170,9 @@ impl CachingAllocatorModel {
 
     fn new_segment(&mut self, size: u64, small: bool) -> Result<usize, OutOfMemory> {
         if let Some(cap) = self.capacity {
-            if self.stats.reserved + size > cap {
+            if self.stats.reserved.saturating_add(size) > cap {
                 self.empty_cache();
-                if self.stats.reserved + size > cap {
+                if self.stats.reserved.saturating_add(size) > cap {
                     return Err(OutOfMemory {
                         requested: size,
                         reserved: self.stats.reserved,
@@ -183,7 +183,9 @@ impl CachingAllocatorModel {
         }
         let seg = self.segments.len();
         let addr = self.next_addr;
-        self.next_addr += size.div_ceil(ROUND_LARGE) * ROUND_LARGE;
+        // Saturating: absurd sizes (a corrupt trace) must not wrap addresses or totals.
+        self.next_addr =
+            self.next_addr.saturating_add(size.div_ceil(ROUND_LARGE).saturating_mul(ROUND_LARGE));
         self.segments.push(Segment { addr, size, small, released: false });
         self.blocks.push(Block {
             segment: seg,
@@ -195,7 +197,7 @@ impl CachingAllocatorModel {
             next: None,
             live: true,
         });
-        self.stats.reserved += size;
+        self.stats.reserved = self.stats.reserved.saturating_add(size);
         self.stats.peak_reserved = self.stats.peak_reserved.max(self.stats.reserved);
         self.stats.segment_allocs += 1;
         Ok(self.blocks.len() - 1)
@@ -248,8 +250,8 @@ impl CachingAllocatorModel {
         let b = &mut self.blocks[i];
         b.allocated = true;
         b.requested = size;
-        self.stats.allocated += b.size;
-        self.stats.requested += size;
+        self.stats.allocated = self.stats.allocated.saturating_add(b.size);
+        self.stats.requested = self.stats.requested.saturating_add(size);
         self.stats.peak_allocated = self.stats.peak_allocated.max(self.stats.allocated);
         Ok(BlockId(i))
     }
@@ -261,8 +263,8 @@ impl CachingAllocatorModel {
             return;
         }
         self.blocks[i].allocated = false;
-        self.stats.allocated -= self.blocks[i].size;
-        self.stats.requested -= self.blocks[i].requested;
+        self.stats.allocated = self.stats.allocated.saturating_sub(self.blocks[i].size);
+        self.stats.requested = self.stats.requested.saturating_sub(self.blocks[i].requested);
         // Merge with the previous and next blocks of the segment when they are free.
         let mut cur = i;
         if let Some(p) = self.blocks[cur].prev.filter(|&p| !self.blocks[p].allocated) {
@@ -302,7 +304,7 @@ impl CachingAllocatorModel {
                 let seg = self.blocks[entry.2].segment;
                 self.blocks[entry.2].live = false;
                 self.segments[seg].released = true;
-                self.stats.reserved -= self.segments[seg].size;
+                self.stats.reserved = self.stats.reserved.saturating_sub(self.segments[seg].size);
                 self.stats.segment_frees += 1;
             }
         }
@@ -334,6 +336,17 @@ impl CachingAllocatorModel {
 #[cfg(test)]
 mod zero_byte_tests {
     use super::*;
+
+    #[test]
+    fn absurd_sizes_saturate_instead_of_wrapping() {
+        let mut m = CachingAllocatorModel::new();
+        for _ in 0..4 {
+            m.malloc(1 << 62).unwrap();
+        }
+        m.malloc(u64::MAX).unwrap();
+        assert_eq!(m.stats().allocated, u64::MAX, "four 2^62 blocks: not wrapped to 0");
+        assert_eq!(m.stats().peak_reserved, u64::MAX);
+    }
 
     #[test]
     fn zero_bytes_take_no_block() {
