@@ -261,7 +261,7 @@ pub struct Estimate {
     /// directly (reorders, scratch space); no GPU kernel makes them, so they are left out of the
     /// figures above and reported here.
     pub cpu_only_temporaries: u64,
-    /// Allocations recorded.
+    /// Allocations recorded (of more than 0 bytes: a 0-byte request takes no block on a GPU).
     pub allocations: u64,
     /// Values the run read from meta tensors (`.item()`, data-dependent control flow): a meta
     /// tensor holds no data, so each read 0 and a branch on it may not be the one a real run
@@ -359,7 +359,7 @@ pub(crate) fn finish_estimate(
         cuda: timeline.cuda,
         baseline_allocated: timeline.baseline_allocated,
         cpu_only_temporaries: timeline.cpu_only_peak,
-        allocations: events.iter().filter(|e| e.kind == EventKind::Alloc).count() as u64,
+        allocations: events.iter().filter(|e| e.kind == EventKind::Alloc && e.size > 0).count() as u64,
         meta_scalar_reads: sizes.meta_scalar_reads,
         seconds: start.elapsed().as_secs_f64(),
     };
