@@ -14,7 +14,7 @@
 //!   fetches the handle inside its kernel, after its output tensor was allocated (structured
 //!   kernels allocate `out` in `set_output` before `impl` runs): the workspace is placed right after
 //!   the first such op's first allocation and never freed. Size: `CUBLAS_WORKSPACE_CONFIG`, else
-//!   `:4096:2:16:8` (8 MiB + 128 KiB), or 32 MiB on sm 9.0 ([`DeviceProfile::cublas_workspace_bytes`]).
+//!   `:4096:2:16:8` (8 MiB + 128 KiB), or 32 MiB on sm 9.0 ([`DeviceProfile::cublas_workspace_bytes`](super::profile::DeviceProfile::cublas_workspace_bytes)).
 //!   The cuBLASLt workspace (`getCUDABlasLtWorkspace`, 1 MiB unless `CUBLASLT_WORKSPACE_SIZE`) is
 //!   only taken by `addmm` with a bias when both matrices have more than one row and column
 //!   (`Blas.cpp`, `useLtInterface`); it is not placed (at most 1 MiB, in the small pool).
