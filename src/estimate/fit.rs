@@ -196,6 +196,17 @@ pub fn budget(profile: &DeviceProfile, memory_bytes: Option<u64>) -> DeviceProfi
     DeviceProfile { memory_bytes: memory_bytes.unwrap_or(profile.memory_bytes), ..profile.clone() }
 }
 
+/// A run that fails at a size above 1 (a model with a fixed context length, say) names the size
+/// and how to stay below it.
+fn beyond_the_model(e: Error, value: i64) -> Error {
+    match e {
+        Error::EstimateInput(m) if value > 1 => Error::EstimateInput(format!(
+            "{m} (the search tried {value}; --max, or the `max` argument, keeps it below what the model can take)"
+        )),
+        e => e,
+    }
+}
+
 /// The prediction for one run's trace on `profile`, per rank when `parallelism` is given.
 fn judge(
     trace: &tracker_log::Trace,
@@ -245,7 +256,7 @@ pub fn fit_torchscript(
         |v| {
             let o =
                 EstimateOptions { input_shape: dimension.apply(&options.input_shape, v)?, ..options.clone() };
-            let (_, trace) = estimate_torchscript_traced(path, &o)?;
+            let (_, trace) = estimate_torchscript_traced(path, &o).map_err(|e| beyond_the_model(e, v))?;
             Ok(judge(&trace, optimizer, profile, parallelism))
         },
         on_probe,
@@ -278,7 +289,7 @@ pub fn fit_training_step<M>(
                     .unwrap_or(options.target_shape.clone()),
                 ..options.clone()
             };
-            let (_, trace) = training_step(&build, &loss, &o)?;
+            let (_, trace) = training_step(&build, &loss, &o).map_err(|e| beyond_the_model(e, v))?;
             Ok(judge(&trace, options.optimizer, profile, None))
         },
         on_probe,
