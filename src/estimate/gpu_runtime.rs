@@ -29,9 +29,11 @@
 //!   device but the CPU, `max_pool2d` calls `max_pool2d_with_indices`, `MaxPooling.cpp`), dropout
 //!   masks (`native_dropout` returns its bool mask on CUDA as on meta), attention's logsumexp (this
 //!   crate's meta kernel for fused attention returns it as the flash kernel does). cuDNN
-//!   batch-norm's reserve space (`cudnnGetBatchNormalizationTrainingExReserveSpaceSize` with
-//!   `CUDNN_BATCHNORM_OPS_BN`, no fused activation) is empty, and its eval-mode extra outputs are
-//!   0-byte tensors the allocator never sees.
+//!   batch-norm's reserve space and workspace (`aten/src/ATen/native/cudnn/BatchNorm.cpp`, sized
+//!   by `cudnnGetBatchNormalizationTrainingExReserveSpaceSize`/`...WorkspaceSize` for
+//!   `CUDNN_BATCHNORM_OPS_BN`, no fused activation) are cuDNN's choice and small next to the
+//!   activation they normalise (a bitmask at most); they are not placed. Its eval-mode extra
+//!   outputs are 0-byte tensors the allocator never sees.
 use serde::Serialize;
 
 use tracker_log::caching_allocator::{BlockId, CachingAllocatorModel};
