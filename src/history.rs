@@ -11,8 +11,9 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
+pub use tracker_log::memviz::Frame;
 use tracker_log::memviz::{self, Block, Segment, Snapshot, TraceEntry};
-pub use tracker_log::memviz::{read_snapshot_trace, Frame};
+pub use tracker_log::trace::read_snapshot_trace;
 use tracker_log::{Category, Phase, Replay, Trace, TraceEvent};
 
 use crate::error::Result;

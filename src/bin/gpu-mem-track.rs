@@ -16,11 +16,11 @@ mod common;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use tracker_log::memviz::read_snapshot_trace;
 use tracker_log::nvml::NvmlReader;
 use tracker_log::plot::{plot_log_file, plot_timeline};
 use tracker_log::report::{analyse_file, combine, render_text};
 use tracker_log::simulated_nvml::SimulatedNvml;
+use tracker_log::trace::read_snapshot_trace;
 use tracker_log::watch::{run_watch, NvmlSource, StopReason, WatchConfig, WatchTarget};
 
 /// The binary that runs models (links libtorch).

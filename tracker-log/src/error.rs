@@ -1,5 +1,6 @@
 //! Typed errors of the libtorch-free layer. Every failure names what was wrong: the file, the
 //! option, the device.
+use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
@@ -38,8 +39,32 @@ pub enum Error {
     LogRead { path: PathBuf, source: io::Error },
     /// A log file's text is not in the gpu_mem_track format.
     #[error(transparent)]
-    LogParse(#[from] crate::log::LogParseError),
+    LogParse(#[from] LogParseError),
 }
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A line that is not in the log format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogParseError {
+    /// File the text came from, when known.
+    pub path: Option<PathBuf>,
+    /// 1-based line number.
+    pub line: usize,
+    /// What is wrong.
+    pub reason: String,
+    /// The start of the offending line.
+    pub text: String,
+}
+
+impl fmt::Display for LogParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(p) = &self.path {
+            write!(f, "{}:", p.display())?;
+        }
+        write!(f, "line {}: {}: {:?}", self.line, self.reason, self.text)
+    }
+}
+
+impl std::error::Error for LogParseError {}

@@ -1,14 +1,13 @@
 //! PyTorch memory-snapshot pickles, the structure of `torch.cuda.memory._snapshot()` that
 //! PyTorch's `torch.cuda._memory_viz` tools and the memory_viz page read: writing them, and
-//! reading one (ours or PyTorch's) back as a [`Trace`].
-use std::collections::HashMap;
+//! reading one (ours or PyTorch's) back ([`read_device_traces`]; `trace::read_snapshot_trace` makes
+//! a trace of it).
 use std::io::Write;
 use std::path::Path;
 
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::trace::{Category, Phase, Trace, TraceEvent};
 
 /// One stack frame, as memory_viz shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -36,7 +35,7 @@ pub struct TraceEntry<'a> {
     pub time_us: i64,
     /// Call stack, innermost first.
     pub frames: &'a [Frame],
-    /// Category name (see [`Category::name`]).
+    /// Category name (`Category::name` in the trace module).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub category: Option<&'static str>,
 }
@@ -134,19 +133,34 @@ pub fn write(path: &Path, mut snapshot: Snapshot<'_>) -> Result<()> {
     file.flush().map_err(io)
 }
 
+/// What a `device_traces` entry read back records (other actions are skipped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryAction {
+    /// `alloc`: a block handed out.
+    Alloc,
+    /// `free_completed`: a block back in the allocator.
+    FreeCompleted,
+}
+
 /// One `device_traces` entry as read back (other keys ignored).
-struct ReadEntry<'a> {
-    action: &'a str,
-    addr: u64,
-    size: u64,
-    time_us: i64,
-    category: Option<&'a str>,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotEntry {
+    /// Allocation or free.
+    pub action: EntryAction,
+    /// Address.
+    pub addr: u64,
+    /// Bytes.
+    pub size: u64,
+    /// Microseconds (0 when the entry has none).
+    pub time_us: i64,
+    /// Category name, when the writer gave one.
+    pub category: Option<String>,
 }
 
 /// The `device_traces` of a decoded snapshot, walked without recursion (the shape is fixed:
 /// dict -> list of devices -> list of entry dicts), so no nesting in the file can overflow
 /// the stack.
-fn device_traces<'a>(p: &crate::pickle::Pickle<'a>) -> std::result::Result<Vec<Vec<ReadEntry<'a>>>, String> {
+fn device_traces(p: &crate::pickle::Pickle<'_>) -> std::result::Result<Vec<Vec<SnapshotEntry>>, String> {
     let traces =
         p.get(p.root, "device_traces").ok_or("it has no `device_traces` (is it a memory snapshot?)")?;
     let devices = p.items(traces).ok_or("`device_traces` is not a list")?;
@@ -159,9 +173,11 @@ fn device_traces<'a>(p: &crate::pickle::Pickle<'a>) -> std::result::Result<Vec<V
             let action = p.get(entry, "action").and_then(|a| p.text(a));
             let action = action.ok_or_else(|| format!("{} has no text `action`", at()))?;
             // Only allocations and frees are read; other entries may lack addresses.
-            if action != "alloc" && action != "free_completed" {
-                continue;
-            }
+            let action = match action {
+                "alloc" => EntryAction::Alloc,
+                "free_completed" => EntryAction::FreeCompleted,
+                _ => continue,
+            };
             let unsigned = |key: &str| {
                 let v = p.get(entry, key).and_then(|v| p.int(v));
                 v.and_then(|v| u64::try_from(v).ok())
@@ -174,12 +190,12 @@ fn device_traces<'a>(p: &crate::pickle::Pickle<'a>) -> std::result::Result<Vec<V
                     .ok_or_else(|| format!("{}: bad `time_us`", at()))?,
                 None => 0,
             };
-            read.push(ReadEntry {
+            read.push(SnapshotEntry {
                 action,
                 addr: unsigned("addr")?,
                 size: unsigned("size")?,
                 time_us,
-                category: p.get(entry, "category").and_then(|c| p.text(c)),
+                category: p.get(entry, "category").and_then(|c| p.text(c)).map(str::to_owned),
             });
         }
         out.push(read);
@@ -188,76 +204,16 @@ fn device_traces<'a>(p: &crate::pickle::Pickle<'a>) -> std::result::Result<Vec<V
 }
 
 /// Reads the allocations and frees of a memory snapshot pickle (written by this crate, or by
-/// PyTorch's `torch.cuda.memory._dump_snapshot`) as a [`Trace`]; several devices' events are
-/// merged by time, so the peak is of memory live at once on all of them. Entries without a
-/// `category` (PyTorch's own) are temporaries when freed within the trace, else unknown.
+/// PyTorch's `torch.cuda.memory._dump_snapshot`): one list of entries per device, in file order.
 ///
 /// # Errors
 /// [`Error::SnapshotRead`] naming the file when it cannot be read or has no `device_traces`.
-pub fn read_snapshot_trace(path: &Path) -> Result<Trace> {
+pub fn read_device_traces(path: &Path) -> Result<Vec<Vec<SnapshotEntry>>> {
     let fail = |reason: String| Error::SnapshotRead { path: path.to_owned(), reason };
     let bytes = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
     // Our own iterative reader: serde-pickle recurses on nested values (a stack overflow on a
     // deeply nested file) and copies values on DUP and memo PUT (unbounded memory).
     let pickle =
         crate::pickle::parse(&bytes).map_err(|e| fail(format!("not a memory snapshot pickle: {e}")))?;
-    let device_traces = device_traces(&pickle).map_err(|e| fail(format!("not a memory snapshot: {e}")))?;
-    let mut events = Vec::new();
-    for entries in &device_traces {
-        let mut open: HashMap<u64, usize> = HashMap::new();
-        let mut freed = vec![false; entries.len()];
-        for (i, e) in entries.iter().enumerate() {
-            match e.action {
-                "alloc" => {
-                    open.insert(e.addr, i);
-                }
-                "free_completed" => {
-                    if let Some(a) = open.remove(&e.addr) {
-                        freed[a] = true;
-                    }
-                }
-                _ => {}
-            }
-        }
-        let mut category_of: HashMap<u64, Category> = HashMap::new();
-        for (i, e) in entries.iter().enumerate() {
-            let alloc = match e.action {
-                "alloc" => true,
-                "free_completed" => false,
-                _ => continue,
-            };
-            let category = if alloc {
-                let c = e.category.and_then(Category::from_name).unwrap_or(if freed[i] {
-                    Category::Temporary
-                } else {
-                    Category::Unknown
-                });
-                category_of.insert(e.addr, c);
-                c
-            } else {
-                // A free of memory allocated before the trace began: nothing to subtract.
-                let Some(c) = category_of.remove(&e.addr) else { continue };
-                c
-            };
-            events.push((
-                e.time_us,
-                TraceEvent {
-                    alloc,
-                    id: e.addr as i64,
-                    size: e.size,
-                    phase: Phase::Unmarked,
-                    iteration: 0,
-                    op: String::new(),
-                    top_op: String::new(),
-                    category,
-                },
-            ));
-        }
-    }
-    if events.is_empty() {
-        return Err(fail("it records no allocation".into()));
-    }
-    // A stable sort keeps each device's order among events of the same microsecond.
-    events.sort_by_key(|(time, _)| *time);
-    Ok(Trace { events: events.into_iter().map(|(_, e)| e).collect() })
+    device_traces(&pickle).map_err(|e| fail(format!("not a memory snapshot: {e}")))
 }

@@ -9,8 +9,8 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::caching_allocator::{BlockId, CachingAllocatorModel};
-use crate::error::Result;
-use crate::memviz::{self, Block, Frame, Segment, Snapshot, TraceEntry};
+use crate::error::{Error, Result};
+use crate::memviz::{self, Block, EntryAction, Frame, Segment, Snapshot, TraceEntry};
 
 /// What an allocation holds, judged from the phase that made it and how long it lived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -269,7 +269,7 @@ impl Trace {
     /// Each entry carries its `category`.
     ///
     /// # Errors
-    /// [`Error::SnapshotWrite`](crate::Error::SnapshotWrite) naming the file.
+    /// [`Error::SnapshotWrite`] naming the file.
     pub fn dump_snapshot(&self, path: &Path) -> Result<()> {
         let mut model = CachingAllocatorModel::new();
         let mut blocks: HashMap<i64, BlockId> = HashMap::new();
@@ -334,6 +334,71 @@ impl Trace {
             .collect();
         memviz::write(path, Snapshot { segments, device_traces: vec![trace] })
     }
+}
+
+/// Reads the allocations and frees of a memory snapshot pickle (written by this crate, or by
+/// PyTorch's `torch.cuda.memory._dump_snapshot`) as a [`Trace`]; several devices' events are
+/// merged by time, so the peak is of memory live at once on all of them. Entries without a
+/// `category` (PyTorch's own) are temporaries when freed within the trace, else unknown.
+///
+/// # Errors
+/// [`Error::SnapshotRead`] naming the file when it cannot be read, has no `device_traces`, or
+/// records no allocation.
+pub fn read_snapshot_trace(path: &Path) -> Result<Trace> {
+    let device_traces = memviz::read_device_traces(path)?;
+    let mut events = Vec::new();
+    for entries in &device_traces {
+        let mut open: HashMap<u64, usize> = HashMap::new();
+        let mut freed = vec![false; entries.len()];
+        for (i, e) in entries.iter().enumerate() {
+            match e.action {
+                EntryAction::Alloc => {
+                    open.insert(e.addr, i);
+                }
+                EntryAction::FreeCompleted => {
+                    if let Some(a) = open.remove(&e.addr) {
+                        freed[a] = true;
+                    }
+                }
+            }
+        }
+        let mut category_of: HashMap<u64, Category> = HashMap::new();
+        for (i, e) in entries.iter().enumerate() {
+            let alloc = e.action == EntryAction::Alloc;
+            let category = if alloc {
+                let c = e.category.as_deref().and_then(Category::from_name).unwrap_or(if freed[i] {
+                    Category::Temporary
+                } else {
+                    Category::Unknown
+                });
+                category_of.insert(e.addr, c);
+                c
+            } else {
+                // A free of memory allocated before the trace began: nothing to subtract.
+                let Some(c) = category_of.remove(&e.addr) else { continue };
+                c
+            };
+            events.push((
+                e.time_us,
+                TraceEvent {
+                    alloc,
+                    id: e.addr as i64,
+                    size: e.size,
+                    phase: Phase::Unmarked,
+                    iteration: 0,
+                    op: String::new(),
+                    top_op: String::new(),
+                    category,
+                },
+            ));
+        }
+    }
+    if events.is_empty() {
+        return Err(Error::SnapshotRead { path: path.to_owned(), reason: "it records no allocation".into() });
+    }
+    // A stable sort keeps each device's order among events of the same microsecond.
+    events.sort_by_key(|(time, _)| *time);
+    Ok(Trace { events: events.into_iter().map(|(_, e)| e).collect() })
 }
 
 #[cfg(test)]

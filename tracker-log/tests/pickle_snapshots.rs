@@ -3,7 +3,8 @@
 use std::path::Path;
 
 use proptest::prelude::*;
-use tracker_log::memviz::{read_snapshot_trace, write, Snapshot, TraceEntry};
+use tracker_log::memviz::{write, Snapshot, TraceEntry};
+use tracker_log::trace::read_snapshot_trace;
 
 fn entry(action: &'static str, addr: u64, size: u64, time_us: i64) -> TraceEntry<'static> {
     TraceEntry { action, addr, size, stream: 0, time_us, frames: &[], category: Some("activation") }

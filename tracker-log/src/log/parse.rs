@@ -1,38 +1,14 @@
 //! Reads logs back: ours and those written by Pytorch-Memory-Utils (whose `-` lines end in a space
 //! and whose numbers are truncated rather than rounded).
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use super::{
     AtLine, GroupLine, LogBlock, LogHeader, MemoryField, ParsedLog, SourceLocation, FIRST_FIELDS, TENSOR_USED,
 };
 use crate::diff::Sign;
+pub use crate::error::LogParseError;
 use crate::error::{Error, Result};
 use crate::group::TensorClass;
-
-/// A line that is not in the log format.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogParseError {
-    /// File the text came from, when known.
-    pub path: Option<PathBuf>,
-    /// 1-based line number.
-    pub line: usize,
-    /// What is wrong.
-    pub reason: String,
-    /// The start of the offending line.
-    pub text: String,
-}
-
-impl fmt::Display for LogParseError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(p) = &self.path {
-            write!(f, "{}:", p.display())?;
-        }
-        write!(f, "line {}: {}: {:?}", self.line, self.reason, self.text)
-    }
-}
-
-impl std::error::Error for LogParseError {}
 
 /// Quoted text in error reasons is cut to this many characters, so a message stays one short line
 /// whatever the input.
