@@ -166,246 +166,256 @@ fn signed_le(bytes: &[u8]) -> Option<i128> {
 /// [`PickleError`] for a truncated pickle, an unknown opcode, a stack or memo misuse, a
 /// malformed protocol-0 number.
 pub(crate) fn parse(data: &[u8]) -> Result<Pickle<'_>, PickleError> {
-    let mut c = Cursor { data, pos: 0, at: 0 };
-    let mut nodes: Vec<Node<'_>> = Vec::new();
-    let mut stack: Vec<Id> = Vec::new();
-    let mut marks: Vec<usize> = Vec::new();
-    let mut memo: HashMap<u64, Id> = HashMap::new();
-    while c.pos < data.len() {
-        c.at = c.pos;
-        let op = data[c.pos];
-        c.pos += 1;
-        let at = c.at;
-        let underflow = || PickleError { at, what: "malformed pickle: stack underflow".into() };
-        let pop_mark = |stack: &mut Vec<Id>, marks: &mut Vec<usize>| -> Result<Vec<Id>, PickleError> {
-            let m = marks.pop().ok_or_else(underflow)?;
-            // A POP may have taken items below the mark already.
-            Ok(stack.split_off(m.min(stack.len())))
+    let mut m = Machine {
+        c: Cursor { data, pos: 0, at: 0 },
+        nodes: Vec::new(),
+        stack: Vec::new(),
+        marks: Vec::new(),
+        memo: HashMap::new(),
+    };
+    while m.c.pos < data.len() {
+        m.c.at = m.c.pos;
+        let op = data[m.c.pos];
+        m.c.pos += 1;
+        if op == b'.' {
+            let root = m.pop()?;
+            return Ok(Pickle { nodes: m.nodes, root });
+        }
+        let pushed = if is_scalar(op) {
+            let value = scalar(op, &mut m.c)?;
+            Some(m.new_node(value)?)
+        } else {
+            m.step(op)?
         };
-        let node = match op {
-            b'.' => {
-                let root = stack.pop().ok_or_else(underflow)?;
-                return Ok(Pickle { nodes, root });
-            }
-            b'(' => {
-                marks.push(stack.len());
-                None
-            }
-            b'0' => {
-                stack.pop().ok_or_else(underflow)?;
-                None
-            }
-            b'1' => {
-                pop_mark(&mut stack, &mut marks)?;
-                None
-            }
-            // DUP: the same node again, not a copy.
-            b'2' => Some(*stack.last().ok_or_else(underflow)?),
-            0x80 => {
-                c.take(1)?;
-                None
-            }
-            // FRAME: a length hint only; the opcodes that follow are read as usual.
-            0x95 => {
-                c.take(8)?;
-                None
-            }
-            b'N' => Some(new(&mut nodes, at, Node::None)?),
-            0x88 => Some(new(&mut nodes, at, Node::Bool(true))?),
-            0x89 => Some(new(&mut nodes, at, Node::Bool(false))?),
-            b'J' => Some(new(&mut nodes, at, Node::Int(i128::from(c.uint(4)? as u32 as i32)))?),
-            b'K' => Some(new(&mut nodes, at, Node::Int(i128::from(c.uint(1)?)))?),
-            b'M' => Some(new(&mut nodes, at, Node::Int(i128::from(c.uint(2)?)))?),
-            0x8a => {
-                let n = signed_le(c.counted(1)?).map_or(Node::Other, Node::Int);
-                Some(new(&mut nodes, at, n)?)
-            }
-            0x8b => {
-                let n = signed_le(c.counted(4)?).map_or(Node::Other, Node::Int);
-                Some(new(&mut nodes, at, n)?)
-            }
-            b'G' => Some(new(&mut nodes, at, Node::Float(f64::from_be_bytes(c.uint(8)?.to_le_bytes())))?),
-            b'I' | b'L' => {
-                let line = c.line()?;
-                let text = std::str::from_utf8(line).unwrap_or("").trim().trim_end_matches('L');
-                let n = match text {
-                    "00" => Node::Bool(false),
-                    "01" => Node::Bool(true),
-                    t => t.parse().map(Node::Int).map_err(|_| c.err("malformed protocol-0 integer"))?,
-                };
-                Some(new(&mut nodes, at, n)?)
-            }
-            b'F' => {
-                let line = c.line()?;
-                let f = std::str::from_utf8(line).ok().and_then(|t| t.trim().parse().ok());
-                Some(new(&mut nodes, at, Node::Float(f.ok_or_else(|| c.err("malformed protocol-0 float"))?))?)
-            }
-            0x8c => Some(new(&mut nodes, at, Node::Text(c.counted(1)?))?),
-            b'X' => Some(new(&mut nodes, at, Node::Text(c.counted(4)?))?),
-            0x8d => Some(new(&mut nodes, at, Node::Text(c.counted(8)?))?),
-            b'U' => Some(new(&mut nodes, at, Node::Bytes(c.counted(1)?))?),
-            b'T' | b'B' => Some(new(&mut nodes, at, Node::Bytes(c.counted(4)?))?),
-            b'C' => Some(new(&mut nodes, at, Node::Bytes(c.counted(1)?))?),
-            0x8e | 0x96 => Some(new(&mut nodes, at, Node::Bytes(c.counted(8)?))?),
-            b'S' | b'V' => Some(new(&mut nodes, at, Node::Text(c.line()?))?),
-            b']' => Some(new(&mut nodes, at, Node::List(Vec::new()))?),
-            b')' => Some(new(&mut nodes, at, Node::Tuple(Vec::new()))?),
-            b'}' => Some(new(&mut nodes, at, Node::Dict(Vec::new()))?),
-            0x8f => Some(new(&mut nodes, at, Node::Other)?),
-            b'l' => {
-                let items = pop_mark(&mut stack, &mut marks)?;
-                Some(new(&mut nodes, at, Node::List(items))?)
-            }
-            b't' => {
-                let items = pop_mark(&mut stack, &mut marks)?;
-                Some(new(&mut nodes, at, Node::Tuple(items))?)
-            }
-            0x85..=0x87 => {
-                let n = usize::from(op - 0x84);
-                let from = stack.len().checked_sub(n).ok_or_else(underflow)?;
-                let items = stack.split_off(from);
-                Some(new(&mut nodes, at, Node::Tuple(items))?)
-            }
-            b'd' => {
-                let items = pop_mark(&mut stack, &mut marks)?;
-                let pairs = items.chunks_exact(2).map(|p| (p[0], p[1])).collect();
-                Some(new(&mut nodes, at, Node::Dict(pairs))?)
-            }
-            b'a' | b'e' => {
-                let items = if op == b'a' {
-                    vec![stack.pop().ok_or_else(underflow)?]
-                } else {
-                    pop_mark(&mut stack, &mut marks)?
-                };
-                let top = *stack.last().ok_or_else(underflow)?;
-                // Appending to an object calls its `append`/`extend`: nothing to keep.
-                if let Node::List(v) = &mut nodes[top as usize] {
-                    v.extend(items);
-                }
-                None
-            }
-            b's' | b'u' => {
-                let items = if op == b's' {
-                    let from = stack.len().checked_sub(2).ok_or_else(underflow)?;
-                    stack.split_off(from)
-                } else {
-                    pop_mark(&mut stack, &mut marks)?
-                };
-                let top = *stack.last().ok_or_else(underflow)?;
-                if let Node::Dict(d) = &mut nodes[top as usize] {
-                    d.extend(items.chunks_exact(2).map(|p| (p[0], p[1])));
-                }
-                None
-            }
-            // ADDITEMS (to a set), FROZENSET.
-            0x90 => {
-                pop_mark(&mut stack, &mut marks)?;
-                stack.last().ok_or_else(underflow)?;
-                None
-            }
-            0x91 => {
-                pop_mark(&mut stack, &mut marks)?;
-                Some(new(&mut nodes, at, Node::Other)?)
-            }
-            // Memo.
-            b'q' | b'r' | b'p' | 0x94 => {
-                let key = match op {
-                    b'q' => c.uint(1)?,
-                    b'r' => c.uint(4)?,
-                    b'p' => {
-                        let line = c.line()?;
-                        memo_key(&c, line)?
-                    }
-                    _ => memo.len() as u64,
-                };
-                memo.insert(key, *stack.last().ok_or_else(underflow)?);
-                None
-            }
-            b'h' | b'j' | b'g' => {
-                let key = match op {
-                    b'h' => c.uint(1)?,
-                    b'j' => c.uint(4)?,
-                    _ => {
-                        let line = c.line()?;
-                        memo_key(&c, line)?
-                    }
-                };
-                Some(
-                    *memo
-                        .get(&key)
-                        .ok_or_else(|| c.err(format!("malformed pickle: memo {key} was never set")))?,
-                )
-            }
-            // Objects and globals: their arguments are consumed, the result is opaque.
-            b'c' => {
-                c.line()?;
-                c.line()?;
-                Some(new(&mut nodes, at, Node::Other)?)
-            }
-            0x93 | b'R' | 0x81 => {
-                let from = stack.len().checked_sub(2).ok_or_else(underflow)?;
-                stack.truncate(from);
-                Some(new(&mut nodes, at, Node::Other)?)
-            }
-            0x92 => {
-                let from = stack.len().checked_sub(3).ok_or_else(underflow)?;
-                stack.truncate(from);
-                Some(new(&mut nodes, at, Node::Other)?)
-            }
-            // BUILD: sets the state of the object below; nothing to keep.
-            b'b' => {
-                stack.pop().ok_or_else(underflow)?;
-                stack.last().ok_or_else(underflow)?;
-                None
-            }
-            b'i' => {
-                c.line()?;
-                c.line()?;
-                pop_mark(&mut stack, &mut marks)?;
-                Some(new(&mut nodes, at, Node::Other)?)
-            }
-            b'o' => {
-                pop_mark(&mut stack, &mut marks)?;
-                Some(new(&mut nodes, at, Node::Other)?)
-            }
-            b'P' => {
-                c.line()?;
-                Some(new(&mut nodes, at, Node::Other)?)
-            }
-            b'Q' => {
-                stack.pop().ok_or_else(underflow)?;
-                Some(new(&mut nodes, at, Node::Other)?)
-            }
-            0x82 => {
-                c.take(1)?;
-                Some(new(&mut nodes, at, Node::Other)?)
-            }
-            0x83 => {
-                c.take(2)?;
-                Some(new(&mut nodes, at, Node::Other)?)
-            }
-            0x84 => {
-                c.take(4)?;
-                Some(new(&mut nodes, at, Node::Other)?)
-            }
-            0x97 => Some(new(&mut nodes, at, Node::Other)?),
-            0x98 => {
-                stack.last().ok_or_else(underflow)?;
-                None
-            }
-            _ => return Err(c.err(format!("not a pickle: unknown opcode 0x{op:02x}"))),
-        };
-        stack.extend(node);
+        m.stack.extend(pushed);
     }
     Err(PickleError { at: data.len(), what: "the pickle is cut short: no STOP opcode".into() })
 }
 
-/// Adds a node. Each opcode makes at most one, so ids fit unless the data is over 4 GiB, which
-/// is refused rather than wrapped.
-fn new<'a>(nodes: &mut Vec<Node<'a>>, at: usize, n: Node<'a>) -> Result<Id, PickleError> {
-    let id = Id::try_from(nodes.len()).map_err(|_| PickleError { at, what: "too many values".into() })?;
-    nodes.push(n);
-    Ok(id)
+/// The pickle machine's state: the values made so far, its stack, marks and memo.
+struct Machine<'a> {
+    c: Cursor<'a>,
+    nodes: Vec<Node<'a>>,
+    stack: Vec<Id>,
+    marks: Vec<usize>,
+    memo: HashMap<u64, Id>,
+}
+
+impl<'a> Machine<'a> {
+    fn underflow(&self) -> PickleError {
+        PickleError { at: self.c.at, what: "malformed pickle: stack underflow".into() }
+    }
+
+    fn pop(&mut self) -> Result<Id, PickleError> {
+        self.stack.pop().ok_or_else(|| self.underflow())
+    }
+
+    fn top(&self) -> Result<Id, PickleError> {
+        self.stack.last().copied().ok_or_else(|| self.underflow())
+    }
+
+    /// The top `n` items, taken off the stack.
+    fn pop_n(&mut self, n: usize) -> Result<Vec<Id>, PickleError> {
+        let from = self.stack.len().checked_sub(n).ok_or_else(|| self.underflow())?;
+        Ok(self.stack.split_off(from))
+    }
+
+    /// The items above the last mark, taken off the stack with the mark.
+    fn pop_mark(&mut self) -> Result<Vec<Id>, PickleError> {
+        let m = self.marks.pop().ok_or_else(|| self.underflow())?;
+        // A POP may have taken items below the mark already.
+        Ok(self.stack.split_off(m.min(self.stack.len())))
+    }
+
+    /// Adds a node. Each opcode makes at most one, so ids fit unless the data is over 4 GiB,
+    /// which is refused rather than wrapped.
+    fn new_node(&mut self, n: Node<'a>) -> Result<Id, PickleError> {
+        let id = Id::try_from(self.nodes.len())
+            .map_err(|_| PickleError { at: self.c.at, what: "too many values".into() })?;
+        self.nodes.push(n);
+        Ok(id)
+    }
+
+    /// Runs one opcode other than STOP and the scalars; returns what it pushes.
+    fn step(&mut self, op: u8) -> Result<Option<Id>, PickleError> {
+        match op {
+            b'(' => self.marks.push(self.stack.len()),
+            b'0' => drop(self.pop()?),
+            b'1' => drop(self.pop_mark()?),
+            // DUP: the same node again, not a copy.
+            b'2' => return self.top().map(Some),
+            // PROTO; FRAME (a length hint only: the opcodes that follow are read as usual).
+            0x80 => drop(self.c.take(1)?),
+            0x95 => drop(self.c.take(8)?),
+            b']' | b')' | b'}' | b'l' | b't' | 0x85..=0x87 | b'd' | b'a' | b'e' | b's' | b'u' => {
+                return self.container(op)
+            }
+            b'q' | b'r' | b'p' | 0x94 | b'h' | b'j' | b'g' => return self.memo_op(op),
+            _ => return self.object(op),
+        }
+        Ok(None)
+    }
+
+    /// Lists, tuples and dicts: made empty, from marked or counted items, or appended to.
+    fn container(&mut self, op: u8) -> Result<Option<Id>, PickleError> {
+        let node = match op {
+            b']' => Node::List(Vec::new()),
+            b')' => Node::Tuple(Vec::new()),
+            b'}' => Node::Dict(Vec::new()),
+            b'l' => Node::List(self.pop_mark()?),
+            b't' => Node::Tuple(self.pop_mark()?),
+            0x85..=0x87 => Node::Tuple(self.pop_n(usize::from(op - 0x84))?),
+            b'd' => Node::Dict(self.pop_mark()?.chunks_exact(2).map(|p| (p[0], p[1])).collect()),
+            b'a' | b'e' => {
+                let items = if op == b'a' { vec![self.pop()?] } else { self.pop_mark()? };
+                // Appending to an object calls its `append`/`extend`: nothing to keep.
+                let top = self.top()? as usize;
+                if let Node::List(v) = &mut self.nodes[top] {
+                    v.extend(items);
+                }
+                return Ok(None);
+            }
+            _ => {
+                let items = if op == b's' { self.pop_n(2)? } else { self.pop_mark()? };
+                let top = self.top()? as usize;
+                if let Node::Dict(d) = &mut self.nodes[top] {
+                    d.extend(items.chunks_exact(2).map(|p| (p[0], p[1])));
+                }
+                return Ok(None);
+            }
+        };
+        self.new_node(node).map(Some)
+    }
+
+    /// PUT (remembers the top of the stack under a key) and GET (pushes it again).
+    fn memo_op(&mut self, op: u8) -> Result<Option<Id>, PickleError> {
+        let key = match op {
+            b'q' | b'h' => self.c.uint(1)?,
+            b'r' | b'j' => self.c.uint(4)?,
+            b'p' | b'g' => {
+                let line = self.c.line()?;
+                memo_key(&self.c, line)?
+            }
+            _ => self.memo.len() as u64, // MEMOIZE
+        };
+        if matches!(op, b'q' | b'r' | b'p' | 0x94) {
+            let top = self.top()?;
+            self.memo.insert(key, top);
+            return Ok(None);
+        }
+        let id = self.memo.get(&key).copied();
+        id.map(Some).ok_or_else(|| self.c.err(format!("malformed pickle: memo {key} was never set")))
+    }
+
+    /// Objects, globals, sets and extensions: their arguments are consumed, the result is
+    /// opaque (`Node::Other`).
+    fn object(&mut self, op: u8) -> Result<Option<Id>, PickleError> {
+        match op {
+            0x8f => {}
+            b'c' => {
+                self.c.line()?;
+                self.c.line()?;
+            }
+            0x93 | b'R' | 0x81 => drop(self.pop_n(2)?),
+            0x92 => drop(self.pop_n(3)?),
+            b'i' => {
+                self.c.line()?;
+                self.c.line()?;
+                self.pop_mark()?;
+            }
+            b'o' | 0x91 => drop(self.pop_mark()?),
+            b'P' => drop(self.c.line()?),
+            b'Q' => drop(self.pop()?),
+            0x82 => drop(self.c.take(1)?),
+            0x83 => drop(self.c.take(2)?),
+            0x84 => drop(self.c.take(4)?),
+            0x97 => {}
+            // ADDITEMS (to a set), BUILD (sets the state of the object below), READONLY_BUFFER:
+            // nothing to keep, nothing pushed.
+            0x90 => {
+                self.pop_mark()?;
+                self.top()?;
+                return Ok(None);
+            }
+            b'b' => {
+                self.pop()?;
+                self.top()?;
+                return Ok(None);
+            }
+            0x98 => {
+                self.top()?;
+                return Ok(None);
+            }
+            _ => return Err(self.c.err(format!("not a pickle: unknown opcode 0x{op:02x}"))),
+        }
+        self.new_node(Node::Other).map(Some)
+    }
+}
+
+/// Whether `op` pushes a scalar (none, bool, number, text, bytes) that [`scalar`] reads.
+fn is_scalar(op: u8) -> bool {
+    matches!(
+        op,
+        b'N' | 0x88
+            | 0x89
+            | b'J'
+            | b'K'
+            | b'M'
+            | 0x8a
+            | 0x8b
+            | b'G'
+            | b'I'
+            | b'L'
+            | b'F'
+            | 0x8c
+            | b'X'
+            | 0x8d
+            | b'U'
+            | b'T'
+            | b'B'
+            | b'C'
+            | 0x8e
+            | 0x96
+            | b'S'
+            | b'V'
+    )
+}
+
+/// Reads the argument of a scalar opcode (see [`is_scalar`]) and returns its value.
+fn scalar<'a>(op: u8, c: &mut Cursor<'a>) -> Result<Node<'a>, PickleError> {
+    Ok(match op {
+        b'N' => Node::None,
+        0x88 => Node::Bool(true),
+        0x89 => Node::Bool(false),
+        b'J' => Node::Int(i128::from(c.uint(4)? as u32 as i32)),
+        b'K' => Node::Int(i128::from(c.uint(1)?)),
+        b'M' => Node::Int(i128::from(c.uint(2)?)),
+        0x8a => signed_le(c.counted(1)?).map_or(Node::Other, Node::Int),
+        0x8b => signed_le(c.counted(4)?).map_or(Node::Other, Node::Int),
+        b'G' => Node::Float(f64::from_be_bytes(c.uint(8)?.to_le_bytes())),
+        b'I' | b'L' => {
+            let line = c.line()?;
+            let text = std::str::from_utf8(line).unwrap_or("").trim().trim_end_matches('L');
+            match text {
+                "00" => Node::Bool(false),
+                "01" => Node::Bool(true),
+                t => t.parse().map(Node::Int).map_err(|_| c.err("malformed protocol-0 integer"))?,
+            }
+        }
+        b'F' => {
+            let line = c.line()?;
+            let f = std::str::from_utf8(line).ok().and_then(|t| t.trim().parse().ok());
+            Node::Float(f.ok_or_else(|| c.err("malformed protocol-0 float"))?)
+        }
+        0x8c => Node::Text(c.counted(1)?),
+        b'X' => Node::Text(c.counted(4)?),
+        0x8d => Node::Text(c.counted(8)?),
+        b'U' | b'C' => Node::Bytes(c.counted(1)?),
+        b'T' | b'B' => Node::Bytes(c.counted(4)?),
+        0x8e | 0x96 => Node::Bytes(c.counted(8)?),
+        b'S' | b'V' => Node::Text(c.line()?),
+        _ => return Err(c.err(format!("not a pickle: unknown opcode 0x{op:02x}"))),
+    })
 }
 
 fn memo_key(c: &Cursor<'_>, line: &[u8]) -> Result<u64, PickleError> {

@@ -340,7 +340,6 @@ where
         .y_label_area_size(80)
         .build_cartesian_2d(x_min - 0.5..x_max + 0.5, 0.0..y_top)
         .map_err(e)?;
-    let points = c.series.iter().map(|s| s.points.len()).max().unwrap_or(0);
     // Ticks fall on whole track points (plotters may pick halves on short ranges: left blank).
     let label_of = |x: &f64| {
         if (x - x.round()).abs() > 1e-6 {
@@ -374,11 +373,37 @@ where
         .axis_desc_style((FONT, 16))
         .draw()
         .map_err(e)?;
+    let (px, py) = chart.plotting_area().get_pixel_range();
+    draw_lines(root, &mut chart, c, (x_min, x_max), (px.clone(), py.clone()))?;
+    if let Some((_, x, y, _)) = &c.highest {
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((*x, *y)) + Circle::new((0, 0), 7, RED.stroke_width(3)),
+            ))
+            .map_err(e)?;
+    }
+    draw_legend(&mut chart)?;
+    Ok((px, py))
+}
+
+/// Draws each series of `c` as a line (and a square per point on short logs), clipped to the
+/// plot area `(px, py)` in pixels, with its legend entry.
+fn draw_lines<'a, DB: DrawingBackend + 'a>(
+    root: &DrawingArea<DB, Shift>,
+    chart: &mut Chart<'a, DB>,
+    c: &LogChart,
+    (x_min, x_max): (f64, f64),
+    (px, py): (std::ops::Range<i32>, std::ops::Range<i32>),
+) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
+    let points = c.series.iter().map(|s| s.points.len()).max().unwrap_or(0);
     // Lines are drawn in pixels, as 1-px polylines side by side for width, clamped to the plot
     // area: plotters' own thick lines are polygons whose joins spike far out of the data at
     // sharp turns and jump to the image's corner where two points share a pixel (a zero-length
     // segment has no direction), which drew over the title and below 0 on long logs.
-    let (px, py) = chart.plotting_area().get_pixel_range();
     let dense = c.series.iter().any(|s| decimated_len(s.points.len()) > COLUMNS / 3);
     // Nested widths so equal lines all show: peak allocated is a wide pale band, allocated a
     // medium line on it, tensor-used a thin dark line on top.
@@ -390,7 +415,9 @@ where
         let width = line_width(&s.name, dense);
         let color = if width >= 7 { color.mix(0.35) } else { color.to_rgba() };
         let mut pixels: Vec<(i32, i32)> = Vec::new();
-        for p in decimate(&s.points, x_min, x_max, COLUMNS) {
+        // One column per pixel of the plot area, so every pixel column gets its envelope.
+        let columns = usize::try_from(px.end - px.start).unwrap_or(COLUMNS).max(1);
+        for p in decimate(&s.points, x_min, x_max, columns) {
             let (x, y) = chart.backend_coord(&p);
             let q = (x.clamp(px.start, px.end - 1), y.clamp(py.start, py.end - 1));
             if pixels.last() != Some(&q) {
@@ -424,15 +451,7 @@ where
             }
         }
     }
-    if let Some((_, x, y, _)) = &c.highest {
-        chart
-            .draw_series(std::iter::once(
-                EmptyElement::at((*x, *y)) + Circle::new((0, 0), 7, RED.stroke_width(3)),
-            ))
-            .map_err(e)?;
-    }
-    draw_legend(&mut chart)?;
-    Ok((px, py))
+    Ok(())
 }
 
 /// Line width in pixels by series: nested, widest drawn first (see `draw`).
