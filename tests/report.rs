@@ -5,7 +5,7 @@ mod common;
 use std::path::Path;
 
 use common::cpu_tracker;
-use gpu_mem_track::log::{parse_log, parse_log_file, parse_log_lenient};
+use gpu_mem_track::log::{parse_log_file, parse_log_lenient};
 use gpu_mem_track::report::{analyse, combine, render_text, Dialect};
 use gpu_mem_track::{track, MemTracker, TrackedDevice};
 use tch::{Device, Kind, Tensor};
@@ -26,40 +26,6 @@ fn python_log_peak_and_growth() {
     assert!((growth[0].1 - 240.0).abs() < 1e-9);
     assert_eq!(growth[1].0, "main.py line 12: <module>");
     assert!(r.leak_suspects.is_empty());
-}
-
-/// The Python tool's way of printing a growing group: the new count with `+`, the old with `-`.
-fn python_loop_log(counts: &[u64]) -> String {
-    let mut s = String::from("GPU Memory Track | 01-Jan-24-00:00:00 | Total Tensor Used Memory:0.0    Mb Total Allocated Memory:0.0    Mb\n\n");
-    let mut prev = 0;
-    for (i, &n) in counts.iter().enumerate() {
-        if n != prev {
-            s += &format!("+ | {n} * Size:(1024,)             | Memory: 0.0039 M | <class 'torch.Tensor'> | torch.float32\n");
-            if prev > 0 {
-                s += &format!("- | {prev} * Size:(1024,)             | Memory: 0.0039 M | <class 'torch.Tensor'> | torch.float32 \n");
-            }
-        }
-        s += &format!(
-            "\nAt train.py line 20: train                           Total Tensor Used Memory:{:<7.1}Mb Total Allocated Memory:{:<7.1}Mb\n\n",
-            i as f64, i as f64
-        );
-        prev = n;
-    }
-    s
-}
-
-#[test]
-fn python_log_growing_group_is_a_leak_suspect() {
-    let log = parse_log(&python_loop_log(&[1, 2, 3, 4])).unwrap();
-    let r = analyse(Path::new("x.txt"), &log, vec![], 10);
-    assert_eq!(r.leak_suspects.len(), 1);
-    let s = &r.leak_suspects[0];
-    assert_eq!(s.counts, vec![1, 2, 3, 4]);
-    assert_eq!(s.at, "train.py line 20: train");
-    assert_eq!(s.group, "Size:(1024,) torch.float32 <class 'torch.Tensor'>");
-    assert_eq!(s.grown_bytes, Some(3 * 1024 * 4));
-    let steady = parse_log(&python_loop_log(&[2, 2, 2, 2])).unwrap();
-    assert!(analyse(Path::new("x.txt"), &steady, vec![], 10).leak_suspects.is_empty());
 }
 
 fn loop_log(leak: bool) -> (MemTracker, tempfile::TempDir) {

@@ -248,3 +248,17 @@ fn python_fixture_report_is_unchanged() {
     assert_eq!((s.counts.clone(), s.grown_bytes), (vec![1, 2, 3, 4], Some(3 * 1024 * 4)));
     assert!(render_text(&combine(vec![r])).contains("1 -> 2 -> 3 -> 4 (4 visits"));
 }
+
+/// The Python tool's way of printing a growing group (the new count with `+`, the old with `-`)
+/// reads as absolute counts: a group that grows every visit is a leak suspect, a steady one not.
+#[test]
+fn python_log_growing_group_is_a_leak_suspect() {
+    let r = report_of(&python_counts("(1024,)", &[1, 2, 3, 4]));
+    assert_eq!(r.leak_suspects.len(), 1);
+    let s = &r.leak_suspects[0];
+    assert_eq!(s.counts, vec![1, 2, 3, 4]);
+    assert_eq!(s.at, "train.py line 20: train");
+    assert_eq!(s.group, "Size:(1024,) torch.float32 <class 'torch.Tensor'>");
+    assert_eq!(s.grown_bytes, Some(3 * 1024 * 4));
+    assert!(report_of(&python_counts("(1024,)", &[2, 2, 2, 2])).leak_suspects.is_empty());
+}
