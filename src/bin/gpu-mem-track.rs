@@ -94,8 +94,8 @@ enum Command {
         /// Log every process on the device.
         #[arg(long)]
         all: bool,
-        /// Time between samples, e.g. `500ms`, `2s`.
-        #[arg(long, default_value = "1s", value_parser = parse_duration)]
+        /// Time between samples, e.g. `500ms`, `2s` (at least 1ms).
+        #[arg(long, default_value = "1s", value_parser = parse_interval)]
         interval: Duration,
         /// Stop after this long, e.g. `10m`.
         #[arg(long, value_parser = parse_duration)]
@@ -131,6 +131,16 @@ struct PickleTimeline {
     /// Ignored for a pickle (its events carry their own phases).
     #[arg(long)]
     mode: Option<String>,
+}
+
+/// A sampling interval: a duration of at least 1 ms (0 would write samples as fast as the disk
+/// takes them).
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_millis(1) {
+        return Err(format!("{s:?} is shorter than 1ms"));
+    }
+    Ok(d)
 }
 
 /// `250ms`, `2s`, `1.5s`, `10m`, `1h`; a bare number is seconds.
@@ -305,4 +315,39 @@ fn run(cli: Cli) -> Result<()> {
 
 fn main() -> ExitCode {
     common::exit_code(run(Cli::parse())) // usage errors exit with 2
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units_and_refuse_the_rest() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        for bad in ["", "ms", "-1s", "1d", "1e400s", "NaNs", "99999999999999999999h"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} parsed");
+        }
+        assert!(parse_interval("0s").unwrap_err().contains("shorter than 1ms"));
+        assert_eq!(parse_interval("1ms"), Ok(Duration::from_millis(1)));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_text_gives_a_duration_or_an_error_never_a_panic(s in "\\PC{0,40}") {
+            let _ = parse_duration(&s);
+            let _ = parse_interval(&s);
+        }
+
+        #[test]
+        fn whole_milliseconds_round_trip(ms in 0u64..=(100 * 365 * 86_400_000u64)) {
+            // Through seconds as f64: exact to well under a microsecond at any length up to a century.
+            let d = parse_duration(&format!("{ms}ms")).expect("a valid duration");
+            let want = Duration::from_millis(ms);
+            proptest::prop_assert!(d.abs_diff(want) < Duration::from_micros(1), "{d:?} vs {want:?}");
+        }
+    }
 }

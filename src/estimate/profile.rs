@@ -89,7 +89,8 @@ impl DeviceProfile {
         for pair in nums.get(1..).unwrap_or(&[]).chunks(2) {
             if let [size, count] = pair {
                 if let (Ok(s), Ok(c)) = (size.trim().parse::<u64>(), count.trim().parse::<u64>()) {
-                    total += s * 1024 * c;
+                    // Saturating: an absurd setting reads as "more than any GPU", never wraps.
+                    total = s.saturating_mul(1024).saturating_mul(c).saturating_add(total);
                     found = true;
                 }
             }
@@ -203,6 +204,11 @@ mod tests {
         assert_eq!(p.cublas_workspace_bytes(Some(":16:8")), 128 * 1024, "the deterministic setting");
         assert_eq!(p.cublas_workspace_bytes(Some(":4096:2:16:8")), 8 * MIB + 128 * 1024);
         assert_eq!(p.cublas_workspace_bytes(Some("garbage")), 8 * MIB + 128 * 1024, "unparsable: default");
+        assert_eq!(
+            p.cublas_workspace_bytes(Some(":18446744073709551615:2")),
+            u64::MAX,
+            "saturates, never wraps"
+        );
     }
 
     fn event(alloc: bool, id: i64, bytes: u64, phase: Phase, op: &str) -> TraceEvent {
