@@ -584,6 +584,14 @@ where
     chart
         .configure_mesh()
         .x_desc("allocation event")
+        // Events are whole numbers: "1000", not "1000.0" (fractional ticks are left blank).
+        .x_label_formatter(&|x: &f64| {
+            if (x - x.round()).abs() > 1e-6 {
+                String::new()
+            } else {
+                format!("{}", x.round() as i64)
+            }
+        })
         .y_desc("MiB")
         .label_style((FONT, 14))
         .axis_desc_style((FONT, 16))
