@@ -76,8 +76,10 @@ impl DeviceProfile {
 
     /// The cuBLAS workspace PyTorch allocates per handle and stream (one for a single-stream
     /// program): `CUBLAS_WORKSPACE_CONFIG` (`:SIZE_KiB:COUNT` pairs, summed) when set, else 32 MiB
-    /// on Hopper (sm 9.0) and `:4096:2:16:8` (8 MiB + 128 KiB) elsewhere. cuBLASLt shares it
-    /// (the unified workspace is PyTorch's default).
+    /// on Hopper (sm 9.0) and `:4096:2:16:8` (8 MiB + 128 KiB) elsewhere
+    /// (`CublasHandlePool.cpp`, `parseChosenWorkspaceSize`). cuBLASLt's own workspace is apart
+    /// from it unless `TORCH_CUBLASLT_UNIFIED_WORKSPACE=1` (`getCUDABlasLtWorkspace`); see
+    /// [`gpu_runtime`](super::gpu_runtime) for when it is taken.
     pub fn cublas_workspace_bytes(&self, workspace_config: Option<&str>) -> u64 {
         let default =
             if self.compute_capability == (9, 0) { 4096 * 8 * 1024 } else { 4096 * 1024 * 2 + 16 * 1024 * 8 };
