@@ -5,7 +5,7 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::export_model;
+use common::{export_models, exported_model};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpu-mem-track");
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/pytorch_memory_utils.txt");
@@ -144,8 +144,7 @@ fn estimate_errors_are_one_line() {
 )]
 #[test]
 fn estimate_names_an_op_without_meta_kernel_and_falls_back_to_cpu_when_allowed() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = export_model(dir.path(), "nonzero").expect("exporting the model needs Python with torch");
+    let (_dir, model) = exported_model("nonzero");
     let m = model.to_str().unwrap();
     one_line_error(&run(&["estimate", m, "--input", "4x8"]), "aten::nonzero has no meta kernel");
     let o = run(&["estimate", m, "--input", "4x8", "--allow-cpu", "--json"]);
@@ -162,8 +161,7 @@ fn estimate_names_an_op_without_meta_kernel_and_falls_back_to_cpu_when_allowed()
 )]
 #[test]
 fn estimate_with_an_input_of_the_wrong_rank_names_the_shape() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = export_model(dir.path(), "cnn").expect("exporting the model needs Python with torch");
+    let (_dir, model) = exported_model("cnn");
     let o = run(&["estimate", model.to_str().unwrap(), "--input", "32x64"]);
     one_line_error(&o, "forward failed for input [32, 64]");
 }
@@ -174,8 +172,7 @@ fn estimate_with_an_input_of_the_wrong_rank_names_the_shape() {
 )]
 #[test]
 fn timeline_reads_a_snapshot_and_its_peak_is_the_caching_allocator_models() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = export_model(dir.path(), "cnn").expect("exporting the model needs Python with torch");
+    let (dir, model) = exported_model("cnn");
     let (m, pickle, json) =
         (model.to_str().unwrap(), dir.path().join("cnn.pickle"), dir.path().join("t.json"));
     let o = run(&[
@@ -257,8 +254,7 @@ fn model_paths_outputs_and_durations_are_named_for_what_they_are() {
 )]
 #[test]
 fn snapshot_paths_damaged_models_overflows_and_data_branches_are_reported() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = export_model(dir.path(), "cnn").expect("exporting the model needs Python with torch");
+    let (dir, model) = exported_model("cnn");
     let m = model.to_str().unwrap();
     // A snapshot into a missing folder: named as a snapshot, the OS reason once.
     let o = run(&["estimate", m, "--input", "1x3x8x8", "--snapshot", "/nonexistent/dir/x.pickle"]);
@@ -281,7 +277,7 @@ fn snapshot_paths_damaged_models_overflows_and_data_branches_are_reported() {
     let o = run(&["estimate", m, "--input", "1000000000000000x3x32x32", "--method", "static"]);
     one_line_error(&o, "2^63 bytes");
     // A branch on data: meta reads 0 and says so.
-    let branch = export_model(dir.path(), "itembranch").unwrap();
+    let branch = export_models(dir.path(), &["itembranch"]).remove(0);
     let o = run(&["estimate", branch.to_str().unwrap(), "--input", "4x8"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = String::from_utf8_lossy(&o.stdout);
@@ -300,8 +296,7 @@ fn snapshot_paths_damaged_models_overflows_and_data_branches_are_reported() {
 )]
 #[test]
 fn fit_finds_the_boundary_and_ranks_divide_the_optimizer_state() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = export_model(dir.path(), "mlp").expect("exporting the model needs Python with torch");
+    let (_dir, model) = exported_model("mlp");
     let m = model.to_str().unwrap();
     let o = run(&["fit", m, "--input", "1x256", "--optimizer", "adam", "--gpu-mem", "600MiB", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -1,24 +1,14 @@
 //! Meta-device estimates equal the wrapped CPU allocator's measurement of the same run.
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use common::python_with_torch;
+use common::{export_models, python_with_torch};
 use gpu_mem_track::estimate::{
     estimate_static, estimate_torchscript, Estimate, EstimateDevice, EstimateOptions, Mode, Optimizer,
     Precision,
 };
 use gpu_mem_track::Error;
-
-/// Exports models of `tests/fixtures/export_models.py`; the tests calling it are ignored where no
-/// Python with torch was found at build time.
-fn export(dir: &Path, names: &[&str]) -> Vec<PathBuf> {
-    let python = python_with_torch().expect("a Python with torch");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/export_models.py");
-    let out = std::process::Command::new(python).arg(script).arg(dir).args(names).output().unwrap();
-    assert!(out.status.success(), "export failed: {}", String::from_utf8_lossy(&out.stderr));
-    names.iter().map(|n| dir.join(format!("{n}.pt"))).collect()
-}
 
 fn run(model: &Path, shape: &[i64], ids: bool, mode: Mode, device: EstimateDevice) -> Estimate {
     let options = EstimateOptions {
@@ -45,7 +35,7 @@ fn within(meta: u64, cpu: u64, pct: f64, what: &str) {
 #[test]
 fn meta_matches_the_cpu_allocator_within_2_percent() {
     let dir = tempfile::tempdir().unwrap();
-    let models = export(dir.path(), &["mlp", "cnn", "resnetlike", "transformer"]);
+    let models = export_models(dir.path(), &["mlp", "cnn", "resnetlike", "transformer"]);
     let shapes: [(&[i64], bool); 4] =
         [(&[256, 256], false), (&[32, 3, 64, 64], false), (&[16, 3, 32, 32], false), (&[8, 64], true)];
     for (model, (shape, ids)) in models.iter().zip(shapes) {
@@ -78,7 +68,7 @@ fn meta_matches_the_cpu_allocator_within_2_percent() {
 #[test]
 fn transposed_grouped_convolution_and_group_norm_run_on_meta() {
     let dir = tempfile::tempdir().unwrap();
-    let models = export(dir.path(), &["decoder"]);
+    let models = export_models(dir.path(), &["decoder"]);
     let train = Mode::Train(Optimizer::SgdMomentum);
     let meta = run(&models[0], &[8, 32, 16, 16], false, train, EstimateDevice::Meta);
     let cpu = run(&models[0], &[8, 32, 16, 16], false, train, EstimateDevice::Cpu);
@@ -105,7 +95,7 @@ fn bad_models_and_inputs_are_one_line_errors() {
     let e = estimate_torchscript(&junk, &opts).unwrap_err();
     assert!(e.to_string().starts_with("cannot load") && e.to_string().contains("junk.pt"), "{e}");
     assert_eq!(e.to_string().lines().count(), 1);
-    let models = export(dir.path(), &["mlp"]);
+    let models = export_models(dir.path(), &["mlp"]);
     let wrong = EstimateOptions { input_shape: vec![4, 100], ..EstimateOptions::default() };
     let e = estimate_torchscript(&models[0], &wrong).unwrap_err();
     let msg = e.to_string();
@@ -120,7 +110,7 @@ fn bad_models_and_inputs_are_one_line_errors() {
 #[test]
 fn static_ir_estimate_agrees_with_meta_for_inference() {
     let dir = tempfile::tempdir().unwrap();
-    let models = export(dir.path(), &["cnn", "resnetlike", "transformer"]);
+    let models = export_models(dir.path(), &["cnn", "resnetlike", "transformer"]);
     for (model, shape) in models[..2].iter().zip([[32i64, 3, 64, 64], [16, 3, 32, 32]]) {
         let options = EstimateOptions { input_shape: shape.to_vec(), ..EstimateOptions::default() };
         let meta = estimate_torchscript(model, &options).unwrap();
@@ -155,7 +145,7 @@ fn model_size_of_a_varstore_and_of_a_torchscript_model() {
     assert_eq!((s.grad_bytes, s.optimizer_state_bytes), (s.param_bytes, 2 * s.param_bytes));
 
     let dir = tempfile::tempdir().unwrap();
-    let models = export(dir.path(), &["mlp"]);
+    let models = export_models(dir.path(), &["mlp"]);
     let options = EstimateOptions { input_shape: vec![64, 256], ..EstimateOptions::default() };
     let s = torchscript_size(&models[0], &options, Optimizer::SgdMomentum).unwrap();
     assert_eq!(s.param_count, 256 * 512 + 512 + 512 * 10 + 10);
@@ -178,7 +168,7 @@ fn live_tensors_at_the_peak_are_grouped_like_the_log() {
     use gpu_mem_track::estimate::peak_tensors;
     use gpu_mem_track::TensorClass;
     let dir = tempfile::tempdir().unwrap();
-    let models = export(dir.path(), &["cnn"]);
+    let models = export_models(dir.path(), &["cnn"]);
     let e = run(&models[0], &[32, 3, 64, 64], false, Mode::Train(Optimizer::Adam), EstimateDevice::Meta);
     let groups = peak_tensors(&models[0], &e).unwrap();
     let bytes = |g: &gpu_mem_track::log::GroupLine| (g.memory_mib * 1048576.0).round() as u64;
@@ -200,7 +190,7 @@ fn live_tensors_at_the_peak_are_grouped_like_the_log() {
 fn eager_lifetimes_match_eager_pytorch_and_torchscript_lifetimes_free_earlier() {
     use gpu_mem_track::estimate::Lifetimes;
     let dir = tempfile::tempdir().unwrap();
-    let models = export(dir.path(), &["transformer", "loop"]);
+    let models = export_models(dir.path(), &["transformer", "loop"]);
     let python = python_with_torch().unwrap();
     // (model, shape, token ids?) with no CPU-only temporaries in eager PyTorch.
     for (model, shape, ids) in [(&models[0], vec![4i64, 64], true), (&models[1], vec![1024, 256], false)] {

@@ -1,7 +1,7 @@
 //! Memory history and snapshots PyTorch's memory_viz tools read.
 mod common;
 
-use common::{cpu_tracker, export_model, python_with_torch};
+use common::{cpu_tracker, exported_model, python_with_torch};
 use gpu_mem_track::history::{Action, HistoryOptions};
 use gpu_mem_track::track;
 use tch::{Device, Kind, Tensor};
@@ -115,8 +115,7 @@ fn stacks_are_resolved_to_rust_functions() {
 #[test]
 fn estimate_trace_categories_sum_to_the_peak_and_its_snapshot_loads_in_memory_viz() {
     use gpu_mem_track::estimate::{estimate_torchscript_traced, Category, EstimateOptions, Mode, Optimizer};
-    let dir = tempfile::tempdir().unwrap();
-    let model = export_model(dir.path(), "cnn").expect("exporting the model needs Python with torch");
+    let (dir, model) = exported_model("cnn");
     let options = EstimateOptions {
         input_shape: vec![32, 3, 64, 64],
         mode: Mode::Train(Optimizer::Adam),
@@ -269,8 +268,7 @@ fn cuda_history_records_the_caching_allocator() {
 #[test]
 fn snapshots_render_in_headless_chromium_without_script_errors() {
     use gpu_mem_track::estimate::{estimate_torchscript_traced, EstimateOptions, Mode, Optimizer};
-    let dir = tempfile::tempdir().unwrap();
-    let model = export_model(dir.path(), "cnn").expect("exporting the model needs Python with torch");
+    let (dir, model) = exported_model("cnn");
     let options = EstimateOptions {
         input_shape: vec![4, 3, 32, 32],
         mode: Mode::Train(Optimizer::Adam),

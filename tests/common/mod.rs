@@ -57,12 +57,19 @@ pub fn python_with_torch() -> Option<std::path::PathBuf> {
     })
 }
 
-/// Exports one model of `tests/fixtures/export_models.py` to `dir`; `None` without a Python with
-/// torch (or if the export fails).
-pub fn export_model(dir: &Path, name: &str) -> Option<std::path::PathBuf> {
-    let python = python_with_torch()?;
+/// Exports models of `tests/fixtures/export_models.py` to `dir`. The tests calling it are
+/// ignored where no Python with torch was found at build time; here a missing one is a failure.
+pub fn export_models(dir: &Path, names: &[&str]) -> Vec<std::path::PathBuf> {
+    let python = python_with_torch().expect("exporting models needs Python with torch");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/export_models.py");
-    let ok =
-        std::process::Command::new(python).arg(script).arg(dir).arg(name).output().ok()?.status.success();
-    ok.then(|| dir.join(format!("{name}.pt")))
+    let out = std::process::Command::new(python).arg(script).arg(dir).args(names).output().unwrap();
+    assert!(out.status.success(), "export failed: {}", String::from_utf8_lossy(&out.stderr));
+    names.iter().map(|n| dir.join(format!("{n}.pt"))).collect()
+}
+
+/// One exported model in a temporary folder (kept as long as the returned guard lives).
+pub fn exported_model(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = export_models(dir.path(), &[name]).remove(0);
+    (dir, model)
 }
