@@ -262,9 +262,7 @@ pub fn plot_log(log: &ParsedLog, title: &str, out: &Path) -> Result<Vec<String>,
 /// [`PlotError::Log`] when the file cannot be read or is not a log; the others as [`plot_log`].
 pub fn plot_log_file(path: &Path, title: &str, out: &Path) -> Result<Vec<String>, PlotError> {
     check_format(out)?;
-    let file = std::fs::File::open(path)
-        .map_err(|source| PlotError::Log(crate::Error::LogRead { path: path.to_owned(), source }))?;
-    let reader = LogReader::new(std::io::BufReader::new(file)).with_path(path);
+    let reader = LogReader::open(path).map_err(PlotError::Log)?;
     let mut chart = LogChart::default();
     for event in reader {
         match event.map_err(PlotError::Log)? {

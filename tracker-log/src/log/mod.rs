@@ -154,3 +154,12 @@ impl ParsedLog {
         out
     }
 }
+
+/// The first `chars` characters of `s` (cut on a character boundary, `…` when cut): text quoted
+/// from outside input stays one short line whatever the input.
+pub(crate) fn clip_chars(s: &str, chars: usize) -> String {
+    match s.char_indices().nth(chars) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_owned(),
+    }
+}

@@ -14,12 +14,9 @@ use crate::group::TensorClass;
 /// whatever the input.
 const QUOTED_CHARS: usize = 60;
 
-/// The start of `s` for an error message (cut on a character boundary, `…` when cut).
+/// The start of `s` for an error message.
 fn clip(s: &str) -> String {
-    match s.char_indices().nth(QUOTED_CHARS) {
-        Some((i, _)) => format!("{}…", &s[..i]),
-        None => s.to_owned(),
-    }
+    super::clip_chars(s, QUOTED_CHARS)
 }
 
 /// A finite number: `inf` and `NaN` parse as `f64` but are no memory figure.
@@ -135,16 +132,13 @@ pub const MAX_BLOCK_CHANGES: usize = 100_000;
 #[derive(Default)]
 struct LineParser {
     in_body: bool,
-    done: bool,
     pending: Vec<GroupLine>,
 }
 
 impl LineParser {
     /// One line, without its line ending; `n` is its 1-based number.
+    /// After [`Parsed::NotALog`] its callers stop reading.
     fn line(&mut self, n: usize, l: &str) -> Option<Parsed> {
-        if self.done {
-            return None;
-        }
         if !self.in_body {
             if l.trim().is_empty() {
                 return None;
@@ -154,10 +148,7 @@ impl LineParser {
                     self.in_body = true;
                     Some(Parsed::Header(h))
                 }
-                Err(reason) => {
-                    self.done = true;
-                    Some(Parsed::NotALog(err(n, l, reason)))
-                }
+                Err(reason) => Some(Parsed::NotALog(err(n, l, reason))),
             };
         }
         let parsed = if l.trim().is_empty() {
@@ -228,6 +219,18 @@ pub struct LogReader<R> {
     line_no: usize,
     buf: Vec<u8>,
     finished: bool,
+}
+
+impl LogReader<std::io::BufReader<std::fs::File>> {
+    /// Streams the log file at `path`, named in its errors.
+    ///
+    /// # Errors
+    /// [`Error::LogRead`] naming the file when it cannot be opened.
+    pub fn open(path: &Path) -> Result<Self> {
+        let file =
+            std::fs::File::open(path).map_err(|source| Error::LogRead { path: path.to_owned(), source })?;
+        Ok(LogReader::new(std::io::BufReader::with_capacity(1 << 16, file)).with_path(path))
+    }
 }
 
 impl<R: std::io::BufRead> LogReader<R> {
@@ -304,7 +307,7 @@ impl<R: std::io::BufRead> Iterator for LogReader<R> {
                 Ok(Some(whole)) => whole,
                 Ok(None) => {
                     self.finished = true;
-                    if !self.parser.in_body && !self.parser.done {
+                    if !self.parser.in_body {
                         let mut e = err(1, "", "empty file: no `GPU Memory Track | ...` header");
                         e.path = self.path.clone();
                         return Some(Err(Error::LogParse(e)));
@@ -326,7 +329,6 @@ impl<R: std::io::BufRead> Iterator for LogReader<R> {
             } else if self.parser.in_body {
                 Some(Parsed::Skipped(err(n, text, format!("line longer than {MAX_LINE_BYTES} bytes"))))
             } else {
-                self.parser.done = true;
                 Some(Parsed::NotALog(err(
                     n,
                     text,

@@ -17,11 +17,11 @@ use std::path::{Path, PathBuf};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::log::writer::parse_log_file_name;
 use crate::log::{
-    LogBlock, LogEvent, LogReader, MemoryField, ParsedLog, ALLOCATED, DEVICE_USED, NVML_USED, PEAK_ALLOCATED,
-    TENSOR_USED,
+    clip_chars, LogBlock, LogEvent, LogReader, MemoryField, ParsedLog, ALLOCATED, DEVICE_USED, NVML_USED,
+    PEAK_ALLOCATED, TENSOR_USED,
 };
 
 pub use leak::LEAK_COUNTS_SHOWN;
@@ -38,14 +38,7 @@ pub const MAX_FIELDS: usize = 32;
 /// The start of `s`, at most [`MAX_TEXT_CHARS`] characters (cut on a character boundary, `…`
 /// when cut).
 pub(crate) fn clip(s: &str) -> String {
-    clip_to(s, MAX_TEXT_CHARS)
-}
-
-fn clip_to(s: &str, chars: usize) -> String {
-    match s.char_indices().nth(chars) {
-        Some((i, _)) => format!("{}…", &s[..i]),
-        None => s.to_owned(),
-    }
+    clip_chars(s, MAX_TEXT_CHARS)
 }
 
 /// How a log's `+`/`-` counts are meant.
@@ -242,13 +235,11 @@ pub fn analyse(path: &Path, log: &ParsedLog, errors: Vec<String>, top: usize) ->
 /// lines and groups (not its length).
 ///
 /// # Errors
-/// [`Error::LogRead`] when the file cannot be opened or read, [`Error::LogParse`] (naming the
+/// [`Error::LogRead`](crate::Error::LogRead) when the file cannot be opened or read, [`Error::LogParse`](crate::Error::LogParse) (naming the
 /// file) when it has no `GPU Memory Track | ...` header. Lines that are not in the format are
 /// skipped and listed in the report.
 pub fn analyse_file(path: &Path, top: usize) -> Result<LogReport> {
-    let file =
-        std::fs::File::open(path).map_err(|source| Error::LogRead { path: path.to_owned(), source })?;
-    analyse_reader(path, std::io::BufReader::with_capacity(1 << 16, file), top)
+    analyse_events(path, LogReader::open(path)?, top)
 }
 
 /// [`analyse_file`] over any reader; `path` names the log in the report and in errors.
@@ -256,8 +247,16 @@ pub fn analyse_file(path: &Path, top: usize) -> Result<LogReport> {
 /// # Errors
 /// As [`analyse_file`].
 pub fn analyse_reader(path: &Path, reader: impl BufRead, top: usize) -> Result<LogReport> {
+    analyse_events(path, LogReader::new(reader).with_path(path), top)
+}
+
+fn analyse_events(
+    path: &Path,
+    events: impl Iterator<Item = Result<LogEvent>>,
+    top: usize,
+) -> Result<LogReport> {
     let mut a = Analyser::new(path, top);
-    for event in LogReader::new(reader).with_path(path) {
+    for event in events {
         match event? {
             LogEvent::Block(b) => a.push_block(&b),
             LogEvent::Skipped(e) => a.push_error(e.to_string()),
@@ -356,7 +355,7 @@ impl Analyser {
     pub fn push_error(&mut self, error: impl Into<String>) {
         self.errors_total += 1;
         if self.errors.len() < MAX_ERRORS_KEPT {
-            self.errors.push(clip_to(&error.into(), 2 * MAX_TEXT_CHARS));
+            self.errors.push(clip_chars(&error.into(), 2 * MAX_TEXT_CHARS));
         }
     }
 
