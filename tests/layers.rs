@@ -29,10 +29,10 @@ fn top_module(src_dir: &Path, file: &Path) -> Option<String> {
     }
 }
 
-/// The file's text before its unit tests.
+/// The file's text before its unit-test module (a lone `#[cfg(test)]` item does not end the code).
 fn code(file: &Path) -> String {
     let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-    match text.find("#[cfg(test)]") {
+    match text.find("#[cfg(test)]\nmod ") {
         Some(i) => text[..i].to_owned(),
         None => text,
     }

@@ -181,11 +181,9 @@ pub(crate) fn parse(data: &[u8]) -> Result<Pickle<'_>, PickleError> {
             let root = m.pop()?;
             return Ok(Pickle { nodes: m.nodes, root });
         }
-        let pushed = if is_scalar(op) {
-            let value = scalar(op, &mut m.c)?;
-            Some(m.new_node(value)?)
-        } else {
-            m.step(op)?
+        let pushed = match scalar(op, &mut m.c)? {
+            Some(value) => Some(m.new_node(value)?),
+            None => m.step(op)?,
         };
         m.stack.extend(pushed);
     }
@@ -352,38 +350,10 @@ impl<'a> Machine<'a> {
     }
 }
 
-/// Whether `op` pushes a scalar (none, bool, number, text, bytes) that [`scalar`] reads.
-fn is_scalar(op: u8) -> bool {
-    matches!(
-        op,
-        b'N' | 0x88
-            | 0x89
-            | b'J'
-            | b'K'
-            | b'M'
-            | 0x8a
-            | 0x8b
-            | b'G'
-            | b'I'
-            | b'L'
-            | b'F'
-            | 0x8c
-            | b'X'
-            | 0x8d
-            | b'U'
-            | b'T'
-            | b'B'
-            | b'C'
-            | 0x8e
-            | 0x96
-            | b'S'
-            | b'V'
-    )
-}
-
-/// Reads the argument of a scalar opcode (see [`is_scalar`]) and returns its value.
-fn scalar<'a>(op: u8, c: &mut Cursor<'a>) -> Result<Node<'a>, PickleError> {
-    Ok(match op {
+/// The value of a scalar opcode (none, bool, number, text, bytes), its argument read; `None`
+/// for other opcodes (nothing read).
+fn scalar<'a>(op: u8, c: &mut Cursor<'a>) -> Result<Option<Node<'a>>, PickleError> {
+    Ok(Some(match op {
         b'N' => Node::None,
         0x88 => Node::Bool(true),
         0x89 => Node::Bool(false),
@@ -414,8 +384,8 @@ fn scalar<'a>(op: u8, c: &mut Cursor<'a>) -> Result<Node<'a>, PickleError> {
         b'T' | b'B' => Node::Bytes(c.counted(4)?),
         0x8e | 0x96 => Node::Bytes(c.counted(8)?),
         b'S' | b'V' => Node::Text(c.line()?),
-        _ => return Err(c.err(format!("not a pickle: unknown opcode 0x{op:02x}"))),
-    })
+        _ => return Ok(None),
+    }))
 }
 
 fn memo_key(c: &Cursor<'_>, line: &[u8]) -> Result<u64, PickleError> {

@@ -103,6 +103,8 @@ struct LogChart {
     more_places: bool,
     /// The highest value: (series, x, MiB, where).
     highest: Option<(usize, f64, f64, String)>,
+    /// Lowest and highest x of the points drawn.
+    x_range: Option<(f64, f64)>,
     warnings: Vec<String>,
     more_warnings: usize,
 }
@@ -129,6 +131,7 @@ impl LogChart {
             }
         };
         self.series[i].points.push((x, y));
+        self.x_range = Some(self.x_range.map_or((x, x), |(lo, hi)| (lo.min(x), hi.max(x))));
         if self.highest.as_ref().is_none_or(|h| y > h.2) {
             self.highest = Some((i, x, y, place()));
         }
@@ -231,15 +234,6 @@ fn decimate(points: &[(f64, f64)], x_min: f64, x_max: f64, columns: usize) -> Ve
     out
 }
 
-/// Points [`decimate`] keeps of `n`, at most.
-fn decimated_len(n: usize) -> usize {
-    if n <= 4 * COLUMNS {
-        n
-    } else {
-        4 * COLUMNS
-    }
-}
-
 /// Draws `log` to `out` (`.svg` or `.png`). Returns the warnings about values not drawn (the
 /// first few, then a count).
 ///
@@ -322,10 +316,9 @@ where
     let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
     root.fill(&WHITE).map_err(e)?;
     let (head, body) = root.split_vertically(76);
-    let xs = || c.series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
-    let (x_min, x_max) = (xs().fold(f64::INFINITY, f64::min), xs().fold(f64::NEG_INFINITY, f64::max));
-    let (x_min, x_max) = if x_min.is_finite() { (x_min, x_max.max(x_min + 1.0)) } else { (0.0, 1.0) };
-    let y_max = c.series.iter().flat_map(|s| s.points.iter().map(|p| p.1)).fold(0.0f64, f64::max);
+    let (x_min, x_max) = c.x_range.map_or((0.0, 1.0), |(lo, hi)| (lo, hi.max(lo + 1.0)));
+    // `highest` is the largest value drawn (all of them are at least 0).
+    let y_max = c.highest.as_ref().map_or(0.0, |h| h.2);
     let y_top = if y_max > 0.0 { y_max * 1.12 } else { 1.0 };
     let highest = c.highest.as_ref().map_or(String::new(), |(i, _, y, place)| {
         format!("highest: {y:.1} MiB ({}) at {place}", c.series[*i].name)
@@ -339,14 +332,10 @@ where
         .build_cartesian_2d(x_min - 0.5..x_max + 0.5, 0.0..y_top)
         .map_err(e)?;
     // Ticks fall on whole track points (plotters may pick halves on short ranges: left blank).
-    let label_of = |x: &f64| {
-        if (x - x.round()).abs() > 1e-6 {
-            String::new()
-        } else if c.places.is_empty() {
-            format!("{}", x.round() as i64)
-        } else {
-            c.places.get((x.round() as usize).wrapping_sub(1)).cloned().unwrap_or_default()
-        }
+    let label_of = |x: &f64| match whole(*x) {
+        None => String::new(),
+        Some(n) if c.places.is_empty() => n.to_string(),
+        Some(n) => c.places.get((n as usize).wrapping_sub(1)).cloned().unwrap_or_default(),
     };
     let x_desc = match (c.watch, c.places.is_empty()) {
         (true, _) => "sample".to_owned(),
@@ -402,7 +391,9 @@ where
     // area: plotters' own thick lines are polygons whose joins spike far out of the data at
     // sharp turns and jump to the image's corner where two points share a pixel (a zero-length
     // segment has no direction), which drew over the title and below 0 on long logs.
-    let dense = c.series.iter().any(|s| decimated_len(s.points.len()) > COLUMNS / 3);
+    let dense = c.series.iter().any(|s| s.points.len() > COLUMNS / 3);
+    // One column per pixel of the plot area, so every pixel column gets its envelope.
+    let columns = usize::try_from(px.end - px.start).unwrap_or(COLUMNS).max(1);
     // Nested widths so equal lines all show: peak allocated is a wide pale band, allocated a
     // medium line on it, tensor-used a thin dark line on top.
     let mut order: Vec<usize> = (0..c.series.len()).collect();
@@ -413,8 +404,6 @@ where
         let width = line_width(&s.name, dense);
         let color = if width >= 7 { color.mix(0.35) } else { color.to_rgba() };
         let mut pixels: Vec<(i32, i32)> = Vec::new();
-        // One column per pixel of the plot area, so every pixel column gets its envelope.
-        let columns = usize::try_from(px.end - px.start).unwrap_or(COLUMNS).max(1);
         for p in decimate(&s.points, x_min, x_max, columns) {
             let (x, y) = chart.backend_coord(&p);
             let q = (x.clamp(px.start, px.end - 1), y.clamp(py.start, py.end - 1));
@@ -536,6 +525,12 @@ pub fn plot_timeline(trace: &crate::trace::Trace, title: &str, out: &Path) -> Re
     draw_to_file!(out, |root| draw_timeline(root, &points, title))
 }
 
+/// `x` as a whole number, if it is one: axes count track points and events, so plotters' ticks
+/// between them are left blank.
+fn whole(x: f64) -> Option<i64> {
+    ((x - x.round()).abs() <= 1e-6).then(|| x.round() as i64)
+}
+
 /// A long timeline reduced to the highest point of each pixel column (and the last point), so
 /// the stacked areas show every peak and draw in bounded time.
 fn highest_per_column(
@@ -549,11 +544,12 @@ fn highest_per_column(
     let last = points.last().cloned();
     let mut out: Vec<crate::trace::TimelinePoint> = Vec::with_capacity(columns + 1);
     for chunk in points.chunks(per) {
-        if let Some(p) = chunk.iter().max_by_key(|p| p.total) {
+        // The first of equal maxima, as `Trace::peak` names it.
+        if let Some(p) = chunk.iter().rev().max_by_key(|p| p.total) {
             out.push(p.clone());
         }
     }
-    out.extend(last);
+    out.extend(last.filter(|l| out.last().is_none_or(|p| p.event != l.event)));
     out
 }
 
@@ -583,13 +579,7 @@ where
         .configure_mesh()
         .x_desc("allocation event")
         // Events are whole numbers: "1000", not "1000.0" (fractional ticks are left blank).
-        .x_label_formatter(&|x: &f64| {
-            if (x - x.round()).abs() > 1e-6 {
-                String::new()
-            } else {
-                format!("{}", x.round() as i64)
-            }
-        })
+        .x_label_formatter(&|x: &f64| whole(*x).map_or_else(String::new, |n| n.to_string()))
         .y_desc("MiB")
         .label_style((FONT, 14))
         .axis_desc_style((FONT, 16))
