@@ -413,7 +413,6 @@ fn run_model(args: &EstimateArgs, options: &mut EstimateOptions) -> Result<(Esti
     Ok(result?)
 }
 
-/// The figures of a GPU profile, unless the user asked for the plain model (`cuda`) or none.
 /// The figures of the GPU profiles asked for: none for `cuda` (the plain model) or `none`, every
 /// preset for `all`.
 fn gpu_predictions(device_profile: &str, trace: &Trace) -> Result<Vec<GpuPrediction>> {

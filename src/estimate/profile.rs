@@ -6,9 +6,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::gpu_runtime::{
-    largest_cudnn_workspace, place_runtime_allocations, replay_with_runtime, RuntimeSizes,
-};
+use super::gpu_runtime::{place_runtime_allocations, replay_with_runtime, RuntimeKind, RuntimeSizes};
 use crate::error::{Error, Result};
 use tracker_log::Trace;
 
@@ -143,15 +141,25 @@ pub struct GpuPrediction {
 /// every tensor (see [`gpu_runtime`](super::gpu_runtime) for each rule and its PyTorch source).
 /// `workspace_config` is `CUBLAS_WORKSPACE_CONFIG`.
 pub fn predict(profile: &DeviceProfile, trace: &Trace, workspace_config: Option<&str>) -> GpuPrediction {
-    let has_matmul =
-        !place_runtime_allocations(trace, RuntimeSizes { cublas_workspace: 1, cudnn_workspaces: false })
-            .is_empty();
-    let cublas = if has_matmul { profile.cublas_workspace_bytes(workspace_config) } else { 0 };
-    let run = |cudnn_workspaces| {
-        let sizes = RuntimeSizes { cublas_workspace: cublas, cudnn_workspaces };
-        replay_with_runtime(trace, &place_runtime_allocations(trace, sizes))
+    // One placement for the high end; the low end is it without the cuDNN workspaces.
+    let sizes = RuntimeSizes {
+        cublas_workspace: profile.cublas_workspace_bytes(workspace_config),
+        cudnn_workspaces: true,
     };
-    let (low, high) = (run(false), run(true));
+    let high_runtime = place_runtime_allocations(trace, sizes);
+    let low_runtime: Vec<_> =
+        high_runtime.iter().copied().filter(|r| r.kind == RuntimeKind::CublasWorkspace).collect();
+    let cublas = low_runtime.first().map_or(0, |r| r.bytes);
+    let cudnn_workspace_max = high_runtime
+        .iter()
+        .filter(|r| r.kind == RuntimeKind::CudnnWorkspace)
+        .map(|r| r.bytes)
+        .max()
+        .unwrap_or(0);
+    let low = replay_with_runtime(trace, &low_runtime);
+    // Without convolutions both ends are the same replay.
+    let high =
+        if low_runtime.len() == high_runtime.len() { low } else { replay_with_runtime(trace, &high_runtime) };
     // A different placement can, in rare layouts, split blocks differently: keep the range ordered.
     let range = |a: u64, b: u64| Range { low: a.min(b), high: a.max(b) };
     let peak_allocated = range(low.peak_allocated, high.peak_allocated);
@@ -160,7 +168,7 @@ pub fn predict(profile: &DeviceProfile, trace: &Trace, workspace_config: Option<
     GpuPrediction {
         profile: profile.clone(),
         cublas_workspace: cublas,
-        cudnn_workspace_max: largest_cudnn_workspace(trace),
+        cudnn_workspace_max,
         baseline_allocated: low.baseline_allocated,
         peak_allocated,
         peak_delta: Range {

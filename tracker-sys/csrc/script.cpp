@@ -255,7 +255,6 @@ struct RecorderGuard {
   ~RecorderGuard() { gmt_free_string(gmt_recorder_stop()); }
 };
 
-// The first line of a TorchScript error ("RuntimeError: ..." without the script traceback).
 // The first non-empty line of libtorch's message (after any Python-style "RuntimeError: "), so
 // "cannot load X as TorchScript: <reason>" never ends in an empty reason.
 std::string short_message(const std::exception& e) {
