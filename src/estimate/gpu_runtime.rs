@@ -72,9 +72,9 @@ fn is_cublas_call(e: &TraceEvent) -> bool {
 /// convolution kernel innermost; backward ones under `ConvolutionBackward0`. Other ops under the
 /// same outer op (the `aten::add` that accumulates a gradient) run after the call returned.
 fn is_convolution(e: &TraceEvent) -> bool {
-    let top = e.top_op.to_ascii_lowercase();
-    let op = e.op.to_ascii_lowercase();
-    top.contains("conv") && (is_allocation_primitive(&e.op) || op.contains("conv"))
+    // Case-insensitive without allocating: this runs for every event of every replay.
+    let conv = |s: &str| s.as_bytes().windows(4).any(|w| w.eq_ignore_ascii_case(b"conv"));
+    conv(&e.top_op) && (is_allocation_primitive(&e.op) || conv(&e.op))
 }
 
 /// What a GPU library allocation is.
@@ -182,7 +182,8 @@ pub struct GpuReplay {
 }
 
 /// Replays `trace` and the `runtime` allocations (sorted by [`RuntimeAllocation::after_event`])
-/// through one caching allocator model.
+/// through one caching allocator model. Allocations only a CPU run makes (oneDNN's own, see
+/// [`Estimate::cpu_only_temporaries`](super::Estimate::cpu_only_temporaries)) are left out.
 pub fn replay_with_runtime(trace: &Trace, runtime: &[RuntimeAllocation]) -> GpuReplay {
     let mut model = CachingAllocatorModel::new();
     let mut blocks: std::collections::HashMap<i64, BlockId> = std::collections::HashMap::new();
@@ -195,8 +196,10 @@ pub fn replay_with_runtime(trace: &Trace, runtime: &[RuntimeAllocation]) -> GpuR
             baseline = Some(model.stats().allocated);
         }
         if e.alloc {
-            // The CUDA allocator returns no block for 0 bytes (`NativeCachingAllocator::allocate`).
-            if e.size > 0 {
+            // oneDNN's own scratch memory of a CPU run (`--allow-cpu`) has no GPU counterpart; its
+            // frees then find no block. The CUDA allocator returns no block for 0 bytes
+            // (`NativeCachingAllocator::allocate`).
+            if e.size > 0 && !super::cpu_only_op(&e.op) {
                 if let Ok(b) = model.malloc(e.size) {
                     blocks.insert(e.id, b);
                 }
@@ -386,6 +389,17 @@ mod tests {
         assert_eq!(place_runtime_allocations(&with("aten::mm"), sizes).len(), 1);
         assert_eq!(place_runtime_allocations(&with("aten::addmm.out"), sizes).len(), 1);
         assert!(place_runtime_allocations(&with("aten::mmx"), sizes).is_empty());
+    }
+
+    #[test]
+    fn onednn_scratch_of_a_cpu_run_is_not_replayed_on_the_gpu() {
+        let t = trace(vec![
+            ev(true, 1, 4, Phase::Forward, "aten::relu"),
+            ev(true, 2, 64, Phase::Forward, "aten::mkldnn_convolution"),
+            ev(false, 2, 64, Phase::Forward, "aten::mkldnn_convolution"),
+        ]);
+        let r = replay(&t, RuntimeSizes::default());
+        assert_eq!(r.peak_allocated, 4 * MIB);
     }
 
     #[test]
