@@ -336,3 +336,28 @@ fn fit_finds_the_boundary_and_ranks_divide_the_optimizer_state() {
         v["rank"]["cuda"]["peak_allocated"].as_u64().unwrap() < v["cuda"]["peak_allocated"].as_u64().unwrap()
     );
 }
+
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
+#[test]
+fn timeline_draws_one_rank_when_ranks_share_the_model_states() {
+    let (dir, model) = exported_model("mlp");
+    let m = model.to_str().unwrap();
+    let parameter_bytes_at_peak = |extra: &[&str]| {
+        let out = dir.path().join("t.json");
+        let mut args =
+            vec!["timeline", m, "--input", "4x256", "--mode", "train", "-o", out.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let o = run(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+        let bytes =
+            v["peak"]["bytes"].as_array().unwrap().iter().find(|c| c[0] == "parameter").unwrap()[1].clone();
+        bytes.as_u64().unwrap()
+    };
+    let whole = parameter_bytes_at_peak(&[]);
+    let rank = parameter_bytes_at_peak(&["--world-size", "4", "--shard", "zero3"]);
+    assert!(whole > 0 && rank * 3 < whole, "one of 4 ZeRO-3 ranks holds {rank} of {whole} parameter bytes");
+}

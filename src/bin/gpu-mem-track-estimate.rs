@@ -153,7 +153,7 @@ struct FitArgs {
     json: bool,
 }
 
-/// The model and run shared by `estimate` and `timeline`.
+/// The model and run shared by `estimate`, `fit` and `timeline`.
 #[derive(clap::Args)]
 struct ModelArgs {
     /// TorchScript model file (`torch.jit.script(model).save(...)`).
@@ -528,7 +528,7 @@ fn timeline(args: ModelArgs, mode: ModeArg, output: &Path) -> Result<()> {
     let is_json = common::timeline_is_json(output)?;
     let model = args.model.clone();
     let name = model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-    let (estimate, trace, title) = if model.extension().is_some_and(|x| x == "pickle") {
+    let (estimate, mut trace, mut title) = if model.extension().is_some_and(|x| x == "pickle") {
         (None, read_snapshot_trace(&model)?, name)
     } else {
         let options = args.options(mode, EstimateDevice::Meta);
@@ -538,6 +538,11 @@ fn timeline(args: ModelArgs, mode: ModeArg, output: &Path) -> Result<()> {
         let title = format!("{name} {:?}", e.options.input_shape);
         (Some(e), trace, title)
     };
+    // One rank's memory, as `estimate` gives its figures, when sharding or precision was asked for.
+    if let Some(p) = args.parallelism() {
+        trace = per_rank_trace(&trace, args.optimizer, &p).0;
+        title = format!("{title}, one of {} ranks ({:?}, {:?})", p.world_size, p.shard, p.precision);
+    }
     if is_json {
         common::write_timeline_json(&trace, serde_json::to_value(&estimate)?, output)?;
     } else {
