@@ -65,9 +65,14 @@ impl Pair {
     }
 
     fn pad_head(&mut self, visits: usize) {
-        while self.head.len() < visits.min(LEAK_COUNTS_SHOWN) {
-            self.head.push(self.last);
-        }
+        pad_counts(&mut self.head, self.last, visits);
+    }
+
+    /// The counts shown for the first `visits` visits: the head, then the last count repeated.
+    fn counts(&self, visits: usize) -> Vec<u64> {
+        let mut counts = self.head.clone();
+        pad_counts(&mut counts, self.last, visits);
+        counts
     }
 
     /// The count at visit `k`.
@@ -113,16 +118,17 @@ pub(super) struct LeakTracker {
     block_ids: Vec<u32>,
 }
 
+/// Fills `counts` with `last` up to the counts shown for `visits` visits.
+fn pad_counts(counts: &mut Vec<u64>, last: u64, visits: usize) {
+    let n = counts.len().max(visits.min(LEAK_COUNTS_SHOWN));
+    counts.resize(n, last);
+}
+
 impl LeakTracker {
     fn intern(&mut self, c: &GroupLine) -> u32 {
         self.key.clear();
-        let _ = write!(
-            self.key,
-            "Size:{} {} <class '{}'>",
-            crate::log::format::python_tuple(&c.shape),
-            c.dtype,
-            c.class.python_name()
-        );
+        let _ =
+            write!(self.key, "Size:{} {} {}", crate::log::format::python_tuple(&c.shape), c.dtype, c.class);
         if let Some(&id) = self.ids.get(self.key.as_str()) {
             return id;
         }
@@ -247,10 +253,7 @@ impl LeakTracker {
                 let bytes = g
                     .itemsize
                     .map(|s| g.elems.and_then(|e| e.checked_mul(s)).and_then(|b| b.checked_mul(grown)));
-                let mut counts = p.head.clone();
-                while counts.len() < l.visits.min(LEAK_COUNTS_SHOWN) {
-                    counts.push(p.last);
-                }
+                let counts = p.counts(l.visits);
                 out.push(LeakSuspect {
                     group: g.text.clone(),
                     at: line_text.get(line).cloned().unwrap_or_default(),
