@@ -139,7 +139,7 @@ impl LogChart {
 
     fn block(&mut self, b: &LogBlock) {
         let loc = &b.at.location;
-        let place = || format!("{} line {}: {}", loc.file, loc.line, loc.function);
+        let place = || loc.to_string();
         if b.at.field(TENSOR_USED).is_some() {
             // Track points count from 1, as the axis says.
             self.tracker_blocks += 1;

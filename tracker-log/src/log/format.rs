@@ -87,7 +87,7 @@ pub fn group_line(g: &GroupLine) -> String {
 
 /// The `At` line without newline.
 pub fn at_line(at: &AtLine) -> String {
-    let place = format!("{} line {}: {}", at.location.file, at.location.line, at.location.function);
+    let place = at.location.to_string();
     let mut out = format!("At {place:<50}");
     for f in &at.fields {
         push_field(&mut out, f);

@@ -96,6 +96,13 @@ pub struct SourceLocation {
     pub function: String,
 }
 
+/// `file line N: function`, as the `At` line names the place (padded there to 50 columns).
+impl std::fmt::Display for SourceLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} line {}: {}", self.file, self.line, self.function)
+    }
+}
+
 /// One `At` line.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AtLine {

@@ -368,7 +368,7 @@ impl Analyser {
         }
         let loc = &b.at.location;
         self.place.clear();
-        let _ = write!(self.place, "{} line {}: {}", loc.file, loc.line, loc.function);
+        let _ = write!(self.place, "{loc}");
         let line = match self.line_ids.get(self.place.as_str()) {
             Some(&id) => id,
             None => {
