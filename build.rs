@@ -2,7 +2,7 @@
 //! LD_LIBRARY_PATH. Link arguments never reach other packages, so the libtorch folder is also
 //! exported (`links = "gpu_mem_track"`): a dependent's build script reads it as
 //! `DEP_GPU_MEM_TRACK_LIBTORCH_LIB` and sets its own rpath. libtorch_cuda needs nothing here: the
-//! shim references it (tracker-sys), which keeps it linked in every binary that uses the library.
+//! shim references it (gpu-mem-track-sys), which keeps it linked in every binary that uses the library.
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -56,7 +56,7 @@ fn python_with(modules: &[&str]) -> bool {
 
 fn main() {
     probe_test_environment();
-    // The libtorch folder follows these (through torch-sys and tracker-sys); rerunning on them
+    // The libtorch folder follows these (through torch-sys and gpu-mem-track-sys); rerunning on them
     // keeps a moved checkout or a new venv from keeping an rpath into the old one.
     for var in ["LIBTORCH", "LIBTORCH_USE_PYTORCH", "VIRTUAL_ENV", "PATH"] {
         println!("cargo:rerun-if-env-changed={var}");

@@ -94,6 +94,8 @@ fn arg(name: &str, default: i64) -> Result<i64> {
 }
 
 fn main() -> Result<()> {
+    // What this build and machine can do (libtorch, tch, CUDA, CUDA history, NVML).
+    println!("{}\n", gpu_mem_track::capabilities());
     tracing_subscriber::fmt().with_env_filter("gpu_mem_track=warn").with_writer(std::io::stderr).init();
     let epochs = arg("--epochs", 3)?;
     let batch_size = arg("--batch", 128)?;

@@ -10,7 +10,7 @@ pub enum Error {
     /// Writing or reading a log, a snapshot or NVML figures failed (the libtorch-free layer's
     /// error: log folder, prefix, file and NVML problems, each naming what was wrong).
     #[error(transparent)]
-    Log(#[from] tracker_log::Error),
+    Log(#[from] gpu_mem_track_log::Error),
     /// CUDA was asked for but this process cannot use it.
     #[error("CUDA is not available: {reason}")]
     CudaUnavailable { reason: String },
@@ -29,6 +29,10 @@ pub enum Error {
     /// An op of the model has no meta-device kernel; the estimate can run on the CPU instead.
     #[error("operator {op} has no meta kernel, so the model cannot run on the meta device (allow a CPU run to estimate it anyway)")]
     MissingMetaKernel { op: String },
+    /// This build left a capability out (`gpu_mem_track::capabilities()` lists them): the reason
+    /// says what was missing when it was compiled and how to get it.
+    #[error("this build of gpu-mem-track has no {capability}: {reason}")]
+    NotInThisBuild { capability: &'static str, reason: String },
     /// A call into libtorch failed; the message is libtorch's.
     #[error("libtorch call {call} failed: {message}")]
     Libtorch { call: &'static str, message: String },

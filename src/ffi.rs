@@ -1,12 +1,16 @@
-//! Safe wrappers over `tracker-sys`: the only module of this crate with `unsafe` code.
+//! Safe wrappers over `gpu-mem-track-sys`: the only module of this crate with `unsafe` code.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_void, CStr, CString};
 use std::ptr::NonNull;
 
-use tracker_sys as sys;
+use gpu_mem_track_sys as sys;
+/// What the build script of the sys crate found (libtorch version, CUDA headers, tch version).
+pub(crate) use sys::{
+    CUDA_HISTORY_MISSING, CUDA_MEMORY_INFO, LIBTORCH_VERSION, TORCH_SYS_VERSION, TORCH_VERSION_CHECK_BYPASSED,
+};
 
-use tracker_log::{Category, DType, Phase};
+use gpu_mem_track_log::{Category, DType, Phase};
 
 use crate::error::{Error, Result};
 
@@ -245,6 +249,12 @@ pub(crate) fn install() -> Result<()> {
     check("CPU allocator install", unsafe { sys::gmt_cpu_allocator_install() })
 }
 
+/// Whether the shim references libtorch_cuda (the libtorch in use ships it).
+pub(crate) fn libtorch_has_cuda() -> bool {
+    // SAFETY: returns a constant.
+    unsafe { sys::gmt_torch_cuda_linked() != 0 }
+}
+
 pub(crate) fn registry_installed() -> bool {
     // SAFETY: reads an atomic flag.
     unsafe { sys::gmt_registry_installed() != 0 }
@@ -299,7 +309,7 @@ pub(crate) fn registry_name(id: i32) -> Option<String> {
     (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 
-/// libtorch's name of a scalar type ("Float", "BFloat16", ...), to check tracker-log's table.
+/// libtorch's name of a scalar type ("Float", "BFloat16", ...), to check gpu-mem-track-log's table.
 #[cfg(test)]
 pub(crate) fn scalar_type_name(scalar_type: i32) -> &'static str {
     // SAFETY: returns a pointer to a static string (c10::toString) or a literal.
@@ -408,6 +418,14 @@ pub(crate) fn cpu_allocator_installed() -> bool {
 pub(crate) fn cuda_device_count() -> usize {
     // SAFETY: guarded on the C++ side; never throws.
     unsafe { sys::gmt_cuda_device_count() }.max(0) as usize
+}
+
+/// The file libtorch_cpu was loaded from, as the dynamic loader names it.
+pub(crate) fn libtorch_location() -> Option<String> {
+    // SAFETY: returns null or a string the loader owns for as long as libtorch stays loaded
+    // (for the life of the process: it is linked, not dlopen'ed); copied at once.
+    let p = unsafe { sys::gmt_libtorch_location() };
+    (!p.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 
 pub(crate) fn cuda_stats(device: usize, reset_peak: bool) -> Result<CudaStats> {
@@ -851,9 +869,9 @@ pub(crate) fn peak_snapshot_records() -> (Vec<TensorRecord>, Vec<i64>) {
 
 #[cfg(test)]
 mod tests {
-    use tracker_log::DType;
+    use gpu_mem_track_log::DType;
 
-    /// tracker-log names dtypes without libtorch: its table must match libtorch's own.
+    /// gpu-mem-track-log names dtypes without libtorch: its table must match libtorch's own.
     #[test]
     fn dtype_table_matches_libtorch() {
         for n in 0..46 {

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
-pub use tracker_log::memviz::Frame;
-use tracker_log::memviz::{self, Block, Segment, Snapshot, TraceEntry};
-pub use tracker_log::trace::read_snapshot_trace;
-use tracker_log::{Category, Phase, Replay, Trace, TraceEvent};
+pub use gpu_mem_track_log::memviz::Frame;
+use gpu_mem_track_log::memviz::{self, Block, Segment, Snapshot, TraceEntry};
+pub use gpu_mem_track_log::trace::read_snapshot_trace;
+use gpu_mem_track_log::{Category, Phase, Replay, Trace, TraceEvent};
 
 use crate::error::Result;
 use crate::ffi::{self, EventKind};

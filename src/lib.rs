@@ -100,6 +100,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod capabilities;
 pub mod device;
 mod error;
 pub mod estimate;
@@ -113,26 +114,27 @@ mod tracker;
 
 /// SVG/PNG charts of logs and timelines (feature `plot`).
 #[cfg(feature = "plot")]
-pub use tracker_log::plot;
+pub use gpu_mem_track_log::plot;
 /// The libtorch-free layer, re-exported: the log format, reports, NVML, traces, snapshots.
-pub use tracker_log::{diff, log, memviz, nvml, report, watch};
+pub use gpu_mem_track_log::{diff, log, memviz, nvml, report, watch};
 
+pub use capabilities::{capabilities, Capabilities};
 pub use device::{cpu_allocator_stats, cuda_device_count, empty_cuda_cache, AllocatorReading, TrackedDevice};
 pub use error::{Error, Result};
+/// The error of the libtorch-free layer, inside [`Error::Log`].
+pub use gpu_mem_track_log::Error as LogError;
+pub use gpu_mem_track_log::{GroupChange, Sign};
+/// Tracks on entry to a function and on every exit (`return`, `?`, end of body, unwinding).
+///
+/// `#[track_memory]` uses the default tracker; `#[track_memory(tracker = expr)]` any expression
+/// that derefs to a `MemTracker` and outlives the call.
+pub use gpu_mem_track_macros::track_memory;
 pub use site::Site;
 pub use snapshot::{DType, GroupKey, TensorClass, TensorInfo};
 pub use tracker::{
     default_tracker, install, is_installed, registry_callbacks, registry_entries, set_default_tracker,
     set_registry_enabled, MemTracker, MemTrackerBuilder, TrackPoint, DEFAULT_LOG_DIR,
 };
-/// The error of the libtorch-free layer, inside [`Error::Log`].
-pub use tracker_log::Error as LogError;
-pub use tracker_log::{GroupChange, Sign};
-/// Tracks on entry to a function and on every exit (`return`, `?`, end of body, unwinding).
-///
-/// `#[track_memory]` uses the default tracker; `#[track_memory(tracker = expr)]` any expression
-/// that derefs to a `MemTracker` and outlives the call.
-pub use tracker_macros::track_memory;
 
 /// Takes a track point here: `track!()` uses the default tracker, `track!(tracker)` the given one
 /// (anything that derefs to a `MemTracker`: the tracker, a reference, an `Arc`, a `LazyLock`).

@@ -2,8 +2,8 @@
 //! by (shape, dtype, class), with each storage's bytes counted once.
 use std::hash::{Hash, Hasher};
 
+pub use gpu_mem_track_log::group::{DType, GroupKey, GroupTotals, TensorClass};
 use rustc_hash::FxHashMap;
-pub use tracker_log::group::{DType, GroupKey, GroupTotals, TensorClass};
 
 use crate::ffi::{self, TensorRecord};
 

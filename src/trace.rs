@@ -1,9 +1,9 @@
 //! Recorded allocation events (from the shim's recorder) as categorised traces: the step that
 //! both live memory history and estimates take before they replay events through
-//! [`tracker_log::Replay`] or the caching-allocator model.
+//! [`gpu_mem_track_log::Replay`] or the caching-allocator model.
 use std::collections::{HashMap, HashSet};
 
-use tracker_log::{Category, Phase, Trace, TraceEvent};
+use gpu_mem_track_log::{Category, Phase, Trace, TraceEvent};
 
 use crate::ffi::{op_name, AllocEvent, EventKind};
 

@@ -109,8 +109,10 @@ impl MemTrackerBuilder {
             Some(d) => d,
             None => {
                 let d = PathBuf::from(DEFAULT_LOG_DIR);
-                std::fs::create_dir_all(&d)
-                    .map_err(|source| tracker_log::Error::LogDirUnwritable { path: d.clone(), source })?;
+                std::fs::create_dir_all(&d).map_err(|source| gpu_mem_track_log::Error::LogDirUnwritable {
+                    path: d.clone(),
+                    source,
+                })?;
                 d
             }
         };
@@ -367,6 +369,12 @@ impl MemTracker {
         match self.device {
             TrackedDevice::Cpu => history::start(ffi::DeviceKind::Cpu, options)?,
             TrackedDevice::Cuda(i) => {
+                if !ffi::cuda_history_compiled() {
+                    return Err(Error::NotInThisBuild {
+                        capability: "CUDA memory history",
+                        reason: ffi::CUDA_HISTORY_MISSING.to_owned(),
+                    });
+                }
                 ffi::cuda_history_attach(i).map_err(|e| Error::CudaUnavailable {
                     reason: format!("cannot record the memory history of {}: {e}", self.device),
                 })?;
@@ -384,7 +392,7 @@ impl MemTracker {
     /// Marks `tensor` as the input batch in the recorded history (no-op when nothing records, or
     /// when its memory was allocated before the recording started).
     pub fn tag_input(&self, tensor: &tch::Tensor) {
-        ffi::history_tag_tensor(tensor, tracker_log::Category::Input);
+        ffi::history_tag_tensor(tensor, gpu_mem_track_log::Category::Input);
     }
 
     /// Runs an optimizer step (`|| opt.step()`) as a phase of the recorded history: memory it
@@ -397,7 +405,7 @@ impl MemTracker {
         // Gradients live now are tagged before the step can drop them.
         ffi::history_tag_registered();
         let n = self.optimizer_steps.fetch_add(1, Ordering::Relaxed) + 1;
-        ffi::recorder_set_phase(Some(tracker_log::Phase::Optimizer), n);
+        ffi::recorder_set_phase(Some(gpu_mem_track_log::Phase::Optimizer), n);
         let out = step();
         ffi::recorder_set_phase(None, n);
         out
@@ -459,7 +467,7 @@ impl MemTracker {
     /// I/O errors of `out`; [`Error::Libtorch`] when the registry cannot be read.
     pub fn print_all_tensors(&self, mut out: impl Write) -> Result<()> {
         let tensors = self.live_tensors()?;
-        let io = |source| tracker_log::Error::LogWrite {
+        let io = |source| gpu_mem_track_log::Error::LogWrite {
             path: PathBuf::from("<print_all_tensors writer>"),
             source,
         };

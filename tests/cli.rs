@@ -1,14 +1,14 @@
-//! The command line: exit codes (0 ok, 1 error, 2 usage), one-line errors naming the file or
-//! option, `report`, `plot` (a valid SVG and PNG) and `watch` without NVML.
+//! The libtorch half of the command line, `gpu-mem-track-estimate` (what `gpu-mem-track estimate`,
+//! `fit` and `timeline MODEL` run): exit codes (0 ok, 1 error, 2 usage), one-line errors naming
+//! the file or option, estimates, fits and timelines. The lean half's own tests are in
+//! `gpu-mem-track-cli/tests/cli.rs`.
 mod common;
 
-use std::path::Path;
 use std::process::{Command, Output};
 
 use common::{export_models, exported_model};
 
-const BIN: &str = env!("CARGO_BIN_EXE_gpu-mem-track");
-const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/pytorch_memory_utils.txt");
+const BIN: &str = env!("CARGO_BIN_EXE_gpu-mem-track-estimate");
 
 fn run(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("binary runs")
@@ -23,95 +23,6 @@ fn one_line_error(o: &Output, needle: &str) {
     let e = stderr(o);
     assert_eq!(e.trim_end().lines().count(), 1, "one line: {e}");
     assert!(e.starts_with("error: ") && e.contains(needle), "{e}");
-}
-
-#[test]
-fn report_prints_the_peak_and_json() {
-    let o = run(&["report", FIXTURE]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let text = String::from_utf8(o.stdout).unwrap();
-    assert!(text.contains("peak Total Allocated Memory: 316.4 MiB at main.py line 14: <module>"), "{text}");
-    let o = run(&["report", "--json", FIXTURE, FIXTURE]);
-    assert!(o.status.success());
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["logs"].as_array().unwrap().len(), 2);
-    assert_eq!(v["logs"][0]["peak"]["mib"], 316.4);
-    assert_eq!(v["logs"][0]["dialect"], "pytorch_memory_utils");
-    assert_eq!(v["sum_of_peaks_mib"], 632.8);
-}
-
-#[test]
-fn bad_inputs_are_one_line_errors_naming_the_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let missing = dir.path().join("missing.txt");
-    one_line_error(&run(&["report", missing.to_str().unwrap()]), "missing.txt");
-    let garbage = dir.path().join("garbage.bin");
-    std::fs::write(&garbage, [0u8, 159, 146, 150, 255, 0, 1, 2, 3]).unwrap();
-    one_line_error(&run(&["report", garbage.to_str().unwrap()]), "garbage.bin");
-    let empty = dir.path().join("empty.txt");
-    std::fs::write(&empty, "").unwrap();
-    one_line_error(&run(&["report", empty.to_str().unwrap()]), "empty file");
-    one_line_error(
-        &run(&["plot", FIXTURE, "-o", dir.path().join("x.jpg").to_str().unwrap()]),
-        ".svg or .png",
-    );
-}
-
-#[test]
-fn usage_errors_exit_2_and_every_subcommand_has_help() {
-    assert_eq!(run(&["report"]).status.code(), Some(2));
-    assert_eq!(run(&["frobnicate"]).status.code(), Some(2));
-    assert_eq!(run(&["watch", "--interval", "fast"]).status.code(), Some(2));
-    assert_eq!(run(&["watch", "--pid", "1", "--all"]).status.code(), Some(2));
-    for sub in ["report", "plot", "watch"] {
-        let o = run(&[sub, "--help"]);
-        assert!(o.status.success());
-        assert!(String::from_utf8_lossy(&o.stdout).contains("Usage: gpu-mem-track"));
-    }
-}
-
-#[test]
-fn plot_writes_a_valid_svg_and_png() {
-    let dir = tempfile::tempdir().unwrap();
-    let svg = dir.path().join("mem.svg");
-    let o = run(&["plot", FIXTURE, "-o", svg.to_str().unwrap(), "--title", "fixture"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let text = std::fs::read_to_string(&svg).unwrap();
-    let doc = roxmltree::Document::parse(&text).expect("well-formed SVG");
-    assert_eq!(doc.root_element().tag_name().name(), "svg");
-    let texts: Vec<String> = doc
-        .descendants()
-        .filter(|n| n.tag_name().name() == "text")
-        .filter_map(|n| n.text().map(|t| t.trim().to_owned()))
-        .collect();
-    assert!(texts.iter().any(|t| t == "MiB"), "y axis in MiB: {texts:?}");
-    assert!(
-        texts
-            .iter()
-            .any(|t| t == "highest: 316.4 MiB (Total Tensor Used Memory) at main.py line 14: <module>"),
-        "{texts:?}"
-    );
-    assert!(texts.iter().any(|t| t == "Total Tensor Used Memory"), "legend: {texts:?}");
-    assert!(texts.iter().any(|t| t == "main.py:12"), "source lines as labels: {texts:?}");
-
-    let png = dir.path().join("mem.png");
-    let o = run(&["plot", FIXTURE, "-o", png.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let bytes = std::fs::read(&png).unwrap();
-    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
-    assert!(bytes.len() > 10_000);
-    if let Ok(keep) = std::env::var("GMT_KEEP_PLOT") {
-        std::fs::copy(&png, Path::new(&keep)).unwrap();
-    }
-}
-
-#[cfg_attr(gmt_gpu, ignore = "tests the path without NVML; this machine has an NVIDIA driver")]
-#[test]
-fn watch_without_nvml_fails_cleanly() {
-    let dir = tempfile::tempdir().unwrap();
-    let o = run(&["watch", "--samples", "1", "--log-dir", dir.path().to_str().unwrap()]);
-    one_line_error(&o, "NVML");
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "no file left behind");
 }
 
 #[test]
@@ -208,24 +119,18 @@ fn timeline_reads_a_snapshot_and_its_peak_is_the_caching_allocator_models() {
     assert_eq!(run(&["timeline", m, "-o", json.to_str().unwrap()]).status.code(), Some(2));
 }
 
-/// `report`, `plot`, `watch` and `--help` start without libtorch: the binary does not link it;
-/// `estimate` goes through the second binary, which does.
+/// The estimator links libtorch (the lean `gpu-mem-track` does not: its own tests check that).
 #[test]
-fn the_gpu_mem_track_binary_links_no_libtorch() {
-    let ldd = |exe: &str| {
-        let out = std::process::Command::new("ldd").arg(exe).output().expect("ldd");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let lean = ldd(env!("CARGO_BIN_EXE_gpu-mem-track"));
-    assert!(!lean.contains("torch"), "gpu-mem-track links libtorch:\n{lean}");
-    let estimate = ldd(env!("CARGO_BIN_EXE_gpu-mem-track-estimate"));
-    assert!(estimate.contains("libtorch_cpu.so"), "{estimate}");
+fn the_estimate_binary_links_libtorch_and_has_help() {
+    let out = Command::new("ldd").arg(BIN).output().expect("ldd");
+    let ldd = String::from_utf8_lossy(&out.stdout);
+    assert!(ldd.contains("libtorch_cpu.so"), "{ldd}");
     let o = run(&["estimate", "--help"]);
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("--device-profile"));
 }
 
 #[test]
-fn model_paths_outputs_and_durations_are_named_for_what_they_are() {
+fn model_paths_and_outputs_are_named_for_what_they_are() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
     one_line_error(&run(&["estimate", d, "--input", "1x3x8x8"]), "is a directory");
@@ -240,12 +145,6 @@ fn model_paths_outputs_and_durations_are_named_for_what_they_are() {
         &run(&["timeline", pickle.to_str().unwrap(), "-o", txt.to_str().unwrap()]),
         ".svg, .png or .json",
     );
-    // Absurd durations were a panic (exit 101) in Duration::from_secs_f64.
-    for args in [["--duration", "99999999999999999999h"], ["--interval", "20000000000000000000s"]] {
-        let o = run(&["watch", args[0], args[1], "--log-dir", d]);
-        assert_eq!(o.status.code(), Some(2), "a usage error, not a panic: {}", stderr(&o));
-        assert!(stderr(&o).contains(args[0]), "{}", stderr(&o));
-    }
 }
 
 #[cfg_attr(

@@ -86,9 +86,28 @@ fn dependent_crate_runs_without_ld_library_path_and_keeps_libtorch_cuda() {
 
     let out = run(Command::new(&exe).env_remove("LD_LIBRARY_PATH"));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    // 256 x 1024 f32.
-    assert!(stdout.contains("tensor_bytes=1048576\n"), "unexpected output:\n{stdout}");
+    // The input (256 x 1024 f32), the weight (64 x 1024) and bias (64), and the activation
+    // (relu's output, 256 x 64; autograd keeps no other storage alive).
+    let want = (256 * 1024 + 64 * 1024 + 64 + 256 * 64) * 4;
+    assert!(stdout.contains(&format!("tensor_bytes={want}\n")), "unexpected output:\n{stdout}");
     assert!(stdout.contains("cuda_available="), "unexpected output:\n{stdout}");
+    // Parameters and activations are logged as such.
+    let param = "<class 'torch.nn.parameter.Parameter'> | torch.float32";
+    for line in [
+        format!("+ | 1 * Size:(64, 1024)           | Memory: 0.25 M | {param}"),
+        format!("+ | 1 * Size:(64,)                | Memory: 0.0002 M | {param}"),
+        "+ | 1 * Size:(256, 1024)          | Memory: 1.0 M | <class 'torch.Tensor'> | torch.float32"
+            .to_owned(),
+        "+ | 1 * Size:(256, 64)            | Memory: 0.0625 M | <class 'torch.Tensor'> | torch.float32"
+            .to_owned(),
+    ] {
+        assert!(stdout.lines().any(|l| l == line), "no line {line:?} in:\n{stdout}");
+    }
+    // The libtorch and tch it was built with are the ones this test was built with.
+    assert!(
+        stdout.contains(&format!("libtorch={}\n", gpu_mem_track::capabilities().libtorch_version)),
+        "{stdout}"
+    );
 
     let out = run(Command::new("ldd").arg(&exe).env_remove("LD_LIBRARY_PATH"));
     let ldd = String::from_utf8_lossy(&out.stdout);

@@ -1,5 +1,5 @@
 //! The code's layering holds: no import cycle between the modules of either library crate, and
-//! the C boundary (`tracker_sys::`, its `GMT_*` codes) is read in `src/ffi.rs` only.
+//! the C boundary (`gpu_mem_track_sys::`, its `GMT_*` codes) is read in `src/ffi.rs` only.
 //!
 //! A module's imports are the `crate::<module>` paths in its files outside `#[cfg(test)]` (tests
 //! may reach anywhere); submodules count as their top-level module.
@@ -99,7 +99,7 @@ fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>>
 
 #[test]
 fn no_import_cycle_between_modules() {
-    for crate_src in ["src", "tracker-log/src"] {
+    for crate_src in ["src", "gpu-mem-track-log/src"] {
         let graph = import_graph(&Path::new(ROOT).join(crate_src));
         assert!(graph.len() > 5, "{crate_src}: found only {graph:?}");
         if let Some(cycle) = find_cycle(&graph) {
@@ -127,7 +127,15 @@ fn cycle_finder_sees_a_cycle() {
 #[test]
 fn only_ffi_reads_the_c_boundary() {
     let mut files = Vec::new();
-    for dir in ["src", "tracker-log/src", "tests", "benches", "examples", "tracker-macros/src"] {
+    for dir in [
+        "src",
+        "gpu-mem-track-log/src",
+        "gpu-mem-track-cli/src",
+        "tests",
+        "benches",
+        "examples",
+        "tracker-macros/src",
+    ] {
         rust_files(&Path::new(ROOT).join(dir), &mut files);
     }
     let ffi = Path::new(ROOT).join("src/ffi.rs");
@@ -137,11 +145,11 @@ fn only_ffi_reads_the_c_boundary() {
         .filter(|f| **f != ffi && **f != this)
         .filter(|f| {
             let text = std::fs::read_to_string(f).expect("readable source");
-            text.contains("tracker_sys")
+            text.contains("gpu_mem_track_sys")
         })
         .map(|f| f.display().to_string())
         .collect();
-    assert!(offenders.is_empty(), "tracker_sys used outside src/ffi.rs: {offenders:?}");
+    assert!(offenders.is_empty(), "gpu_mem_track_sys used outside src/ffi.rs: {offenders:?}");
     let ffi_text = std::fs::read_to_string(&ffi).expect("src/ffi.rs");
-    assert!(ffi_text.contains("tracker_sys"), "src/ffi.rs no longer wraps tracker_sys?");
+    assert!(ffi_text.contains("gpu_mem_track_sys"), "src/ffi.rs no longer wraps gpu_mem_track_sys?");
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 const LIBTORCH_LIB: &str = env!("GMT_LIBTORCH_LIB");
 
 /// Uses the library as every tracking program does. Libraries are linked only when referenced, and
-/// libtorch_cuda is referenced by the shim code this reaches (tracker-sys's
+/// libtorch_cuda is referenced by the shim code this reaches (gpu-mem-track-sys's
 /// `gmt_torch_cuda_linked`); a binary that never uses the library links no libtorch at all.
 fn use_the_library() {
     gpu_mem_track::install().expect("install the registry and the CPU allocator");
@@ -39,5 +39,48 @@ fn libtorch_cuda_is_linked_when_the_install_has_it() {
     } else {
         println!("skipped: this libtorch has no libtorch_cuda.so (CPU-only build)");
         assert!(!maps.contains("libtorch_cuda.so"));
+    }
+}
+
+/// `capabilities()` reports the libtorch this binary really runs on, the tch of this build (the
+/// torch-sys version the workspace's lockfile picked), and whether CUDA is in, each checked here
+/// against a second source.
+#[test]
+fn capabilities_name_the_libtorch_tch_and_cuda_of_this_build() {
+    let caps = gpu_mem_track::capabilities();
+    let loaded = caps.libtorch_loaded_from.as_deref().expect("the loader names libtorch_cpu");
+    assert!(
+        Path::new(loaded).canonicalize().unwrap()
+            == Path::new(LIBTORCH_LIB).join("libtorch_cpu.so").canonicalize().unwrap(),
+        "{loaded} is not in {LIBTORCH_LIB}"
+    );
+    // The Python package beside the library states its version in version.py.
+    let version_py = Path::new(LIBTORCH_LIB).join("../version.py");
+    if let Ok(text) = std::fs::read_to_string(&version_py) {
+        let line = text.lines().find(|l| l.starts_with("__version__")).expect("__version__ in version.py");
+        let python_version = line.split('\'').nth(1).expect("quoted version").split('+').next().unwrap();
+        assert_eq!(caps.libtorch_version, python_version, "{line}");
+    }
+    let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock")).unwrap();
+    let torch_sys = lock
+        .split("[[package]]")
+        .find(|p| p.contains("name = \"torch-sys\""))
+        .expect("torch-sys in Cargo.lock");
+    assert!(
+        torch_sys.contains(&format!("version = \"{}\"", caps.tch_version.expect("found the lockfile"))),
+        "{torch_sys}"
+    );
+    assert_eq!(caps.cuda_compiled, Path::new(LIBTORCH_LIB).join("libtorch_cuda.so").exists());
+    assert_eq!(
+        caps.cuda_memory_info,
+        caps.libtorch_version != "2.9.0" && !caps.libtorch_version.starts_with("2.9.")
+    );
+    // What is left out says why; the text names each part.
+    if !caps.cuda_history_compiled && caps.cuda_compiled {
+        assert!(caps.cuda_history_missing.is_some_and(|why| why.contains("CUDA")), "{caps:?}");
+    }
+    let text = caps.to_string();
+    for part in ["libtorch", "tch", "CUDA history", "NVML"] {
+        assert!(text.contains(part), "{text}");
     }
 }

@@ -8,9 +8,6 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-#[path = "common/mod.rs"]
-mod common;
-
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use gpu_mem_track::estimate::fit::{
@@ -525,7 +522,7 @@ fn estimate(args: EstimateArgs) -> Result<()> {
 }
 
 fn timeline(args: ModelArgs, mode: ModeArg, output: &Path) -> Result<()> {
-    let is_json = common::timeline_is_json(output)?;
+    let is_json = gpu_mem_track_cli::timeline_is_json(output)?;
     let model = args.model.clone();
     let name = model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     let (estimate, mut trace, mut title) = if model.extension().is_some_and(|x| x == "pickle") {
@@ -544,7 +541,7 @@ fn timeline(args: ModelArgs, mode: ModeArg, output: &Path) -> Result<()> {
         title = format!("{title}, one of {} ranks ({:?}, {:?})", p.world_size, p.shard, p.precision);
     }
     if is_json {
-        common::write_timeline_json(&trace, serde_json::to_value(&estimate)?, output)?;
+        gpu_mem_track_cli::write_timeline_json(&trace, serde_json::to_value(&estimate)?, output)?;
     } else {
         plot_timeline(&trace, &title, output)?;
     }
@@ -629,5 +626,5 @@ fn print_fit(r: &FitResult, dim: &str, model: &Path) {
 }
 
 fn main() -> ExitCode {
-    common::exit_code(run(Cli::parse())) // usage errors exit with 2
+    gpu_mem_track_cli::exit_code(run(Cli::parse())) // usage errors exit with 2
 }

@@ -209,7 +209,7 @@ fn beyond_the_model(e: Error, value: i64) -> Error {
 
 /// The prediction for one run's trace on `profile`, per rank when `parallelism` is given.
 fn judge(
-    trace: &tracker_log::Trace,
+    trace: &gpu_mem_track_log::Trace,
     optimizer: Optimizer,
     profile: &DeviceProfile,
     parallelism: Option<&Parallelism>,

@@ -36,8 +36,8 @@
 //!   outputs are 0-byte tensors the allocator never sees.
 use serde::Serialize;
 
-use tracker_log::caching_allocator::{BlockId, CachingAllocatorModel};
-use tracker_log::{Phase, Trace, TraceEvent};
+use gpu_mem_track_log::caching_allocator::{BlockId, CachingAllocatorModel};
+use gpu_mem_track_log::{Phase, Trace, TraceEvent};
 
 /// Ops whose kernels call cuBLAS (the innermost op an allocation is recorded under).
 const CUBLAS_OPS: [&str; 8] = [
@@ -235,7 +235,7 @@ pub fn replay_with_runtime(trace: &Trace, runtime: &[RuntimeAllocation]) -> GpuR
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tracker_log::Category;
+    use gpu_mem_track_log::Category;
 
     const MIB: u64 = 1 << 20;
 

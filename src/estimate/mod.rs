@@ -1,7 +1,7 @@
 //! Estimating memory without a GPU: a whole TorchScript model run on the meta device (exact
 //! tensor sizes, no data, no compute) with every allocation recorded, replayed through a model of
 //! the CUDA caching allocator to predict `memory_allocated` and `memory_reserved`.
-pub use tracker_log::caching_allocator;
+pub use gpu_mem_track_log::caching_allocator;
 pub mod fit;
 pub mod gpu_runtime;
 mod native;
@@ -10,10 +10,10 @@ mod saved;
 pub mod sharding;
 mod size;
 
+pub use gpu_mem_track_log::{Category, Phase, TimelinePoint, Trace, TraceEvent};
 pub use native::{training_step, NativeStepOptions};
 pub use saved::{memory_for_backward, memory_for_backward_excluding, SavedByOp, SavedReport};
 pub use size::{optimizer_state_bytes, torchscript_size, varstore_size, Activations, ModelSize};
-pub use tracker_log::{Category, Phase, TimelinePoint, Trace, TraceEvent};
 
 use std::collections::HashMap;
 use std::fmt;
@@ -23,8 +23,8 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use tracker_log::caching_allocator::{BlockId, CachingAllocatorModel, CachingStats};
-use tracker_log::{DType, Replay};
+use gpu_mem_track_log::caching_allocator::{BlockId, CachingAllocatorModel, CachingStats};
+use gpu_mem_track_log::{DType, Replay};
 
 use crate::ffi::{self, AllocEvent, DeviceKind, EventKind, OptimizerKind};
 
@@ -659,7 +659,7 @@ pub fn peak_tensors(path: &Path, estimate: &Estimate) -> Result<Vec<crate::log::
     Ok(groups
         .into_iter()
         .map(|(key, totals)| crate::log::GroupLine {
-            sign: tracker_log::Sign::Plus,
+            sign: gpu_mem_track_log::Sign::Plus,
             count: totals.count,
             shape: key.shape.to_vec(),
             memory_mib: totals.bytes as f64 / crate::log::format::MIB,

@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::estimate::Estimate;
 use crate::ffi::{self, DeviceKind};
 use crate::snapshot::dtype_of;
-use tracker_log::DType;
+use gpu_mem_track_log::DType;
 
 /// What a tch-native training step is estimated with.
 #[derive(Debug, Clone, PartialEq)]

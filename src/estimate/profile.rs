@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::gpu_runtime::{place_runtime_allocations, replay_with_runtime, RuntimeKind, RuntimeSizes};
 use crate::error::{Error, Result};
-use tracker_log::Trace;
+use gpu_mem_track_log::Trace;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -184,7 +184,7 @@ pub fn predict(profile: &DeviceProfile, trace: &Trace, workspace_config: Option<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tracker_log::{Category, Phase, TraceEvent};
+    use gpu_mem_track_log::{Category, Phase, TraceEvent};
 
     fn profile(cc: (u32, u32)) -> DeviceProfile {
         DeviceProfile {

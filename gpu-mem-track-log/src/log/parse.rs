@@ -1,0 +1,528 @@
+//! Reads logs back: ours and those written by Pytorch-Memory-Utils (whose `-` lines end in a space
+//! and whose numbers are truncated rather than rounded).
+use std::path::{Path, PathBuf};
+
+use super::{
+    AtLine, GroupLine, LogBlock, LogHeader, MemoryField, ParsedLog, SourceLocation, FIRST_FIELDS, TENSOR_USED,
+};
+use crate::diff::Sign;
+pub use crate::error::LogParseError;
+use crate::error::{Error, Result};
+use crate::group::TensorClass;
+
+/// Quoted text in error reasons is cut to this many characters, so a message stays one short line
+/// whatever the input.
+const QUOTED_CHARS: usize = 60;
+
+/// The start of `s` for an error message.
+fn clip(s: &str) -> String {
+    super::clip_chars(s, QUOTED_CHARS)
+}
+
+/// A finite number: `inf` and `NaN` parse as `f64` but are no memory figure.
+fn parse_finite(s: &str) -> Option<f64> {
+    s.parse::<f64>().ok().filter(|v| v.is_finite())
+}
+
+fn err(line: usize, text: &str, reason: impl Into<String>) -> LogParseError {
+    let text: String = text.chars().take(100).collect();
+    LogParseError { path: None, line, reason: reason.into(), text }
+}
+
+/// Parses a log strictly: the first bad line is an error.
+///
+/// # Errors
+/// [`LogParseError`] naming the first line that is not in the format.
+pub fn parse_log(text: &str) -> Result<ParsedLog, LogParseError> {
+    let (log, errors) = parse_inner(text, true);
+    match errors.into_iter().next() {
+        Some(e) => Err(e),
+        None => Ok(log.expect("strict parse without errors yields a log")),
+    }
+}
+
+/// Parses what can be parsed: bad lines are skipped and returned as errors. `None` when even the
+/// header is missing.
+pub fn parse_log_lenient(text: &str) -> (Option<ParsedLog>, Vec<LogParseError>) {
+    parse_inner(text, false)
+}
+
+/// Parses raw bytes strictly; text that is not UTF-8 is an error naming its line.
+///
+/// # Errors
+/// [`LogParseError`] for invalid UTF-8 or the first line not in the format.
+pub fn parse_log_bytes(bytes: &[u8]) -> Result<ParsedLog, LogParseError> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => parse_log(text),
+        Err(e) => {
+            let good = &bytes[..e.valid_up_to()];
+            let line = good.iter().filter(|&&b| b == b'\n').count() + 1;
+            let start = good.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1);
+            let text = String::from_utf8_lossy(&bytes[start..bytes.len().min(start + 100)]);
+            Err(err(line, &text, "not UTF-8 text (is this a gpu_mem_track log?)"))
+        }
+    }
+}
+
+/// Reads and parses a log file strictly.
+///
+/// # Errors
+/// [`Error::LogRead`] when the file cannot be read, [`Error::LogParse`] (with the path) when it
+/// is not a log.
+pub fn parse_log_file(path: impl AsRef<Path>) -> Result<ParsedLog> {
+    let path = path.as_ref();
+    let bytes = std::fs::read(path).map_err(|source| Error::LogRead { path: path.to_owned(), source })?;
+    parse_log_bytes(&bytes).map_err(|mut e| {
+        e.path = Some(path.to_owned());
+        Error::LogParse(e)
+    })
+}
+
+fn parse_inner(text: &str, strict: bool) -> (Option<ParsedLog>, Vec<LogParseError>) {
+    let mut errors = Vec::new();
+    let mut parser = LineParser::default();
+    let mut log: Option<ParsedLog> = None;
+    for (i, l) in text.lines().enumerate() {
+        match parser.line(i + 1, l.strip_suffix('\r').unwrap_or(l)) {
+            None => {}
+            Some(Parsed::Header(header)) => {
+                log = Some(ParsedLog { header, blocks: Vec::new(), trailing_changes: Vec::new() })
+            }
+            Some(Parsed::Block(b)) => log.as_mut().expect("blocks follow the header").blocks.push(b),
+            Some(Parsed::Skipped(e)) => {
+                errors.push(e);
+                if strict {
+                    return (None, errors);
+                }
+            }
+            Some(Parsed::NotALog(e)) => {
+                errors.push(e);
+                return (None, errors);
+            }
+        }
+    }
+    match log {
+        None => {
+            errors.push(err(1, "", "empty file: no `GPU Memory Track | ...` header"));
+            (None, errors)
+        }
+        Some(mut log) => {
+            log.trailing_changes = parser.take_pending();
+            (Some(log), errors)
+        }
+    }
+}
+
+/// What one line gave.
+enum Parsed {
+    Header(LogHeader),
+    Block(LogBlock),
+    /// A line not in the format (skipped).
+    Skipped(LogParseError),
+    /// The first non-blank line is not a header: nothing more is read.
+    NotALog(LogParseError),
+}
+
+/// Group lines one block may hold before further ones are skipped: a block of a real log has one
+/// line per tensor group (hundreds), so this only bounds the memory a damaged file can take.
+pub const MAX_BLOCK_CHANGES: usize = 100_000;
+
+/// The line-by-line state shared by [`parse_log`] and [`LogReader`]: whether the header was seen,
+/// and the group lines of the block being read.
+#[derive(Default)]
+struct LineParser {
+    in_body: bool,
+    pending: Vec<GroupLine>,
+}
+
+impl LineParser {
+    /// One line, without its line ending; `n` is its 1-based number.
+    /// After [`Parsed::NotALog`] its callers stop reading.
+    fn line(&mut self, n: usize, l: &str) -> Option<Parsed> {
+        if !self.in_body {
+            if l.trim().is_empty() {
+                return None;
+            }
+            return match parse_header(l) {
+                Ok(h) => {
+                    self.in_body = true;
+                    Some(Parsed::Header(h))
+                }
+                Err(reason) => Some(Parsed::NotALog(err(n, l, reason))),
+            };
+        }
+        let parsed = if l.trim().is_empty() {
+            return None;
+        } else if l.starts_with("+ |") || l.starts_with("- |") {
+            match parse_group_line(l) {
+                Ok(_) if self.pending.len() >= MAX_BLOCK_CHANGES => {
+                    Err(format!("more than {MAX_BLOCK_CHANGES} group lines before one `At` line; skipped"))
+                }
+                Ok(g) => {
+                    self.pending.push(g);
+                    return None;
+                }
+                Err(e) => Err(e),
+            }
+        } else if let Some(rest) = l.strip_prefix("At ") {
+            parse_at(rest).map(|at| Parsed::Block(LogBlock { changes: self.take_pending(), at, line_no: n }))
+        } else {
+            Err("not a `+`/`-` group line, an `At` line or a blank line".to_owned())
+        };
+        Some(parsed.unwrap_or_else(|reason| Parsed::Skipped(err(n, l, reason))))
+    }
+
+    fn take_pending(&mut self) -> Vec<GroupLine> {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+/// Lines longer than this are skipped unread (a log line is a few hundred bytes), so a file with
+/// no line breaks cannot make [`LogReader`] hold it whole.
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+
+/// One item of a log read by [`LogReader`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum LogEvent {
+    /// The first line (always the first item of a log).
+    Header(LogHeader),
+    /// A track point.
+    Block(LogBlock),
+    /// A line that is not in the format, skipped (a partial report names it).
+    Skipped(LogParseError),
+    /// Group lines after the last `At` line (a log cut off mid-block); the last item, when any.
+    Trailing(Vec<GroupLine>),
+}
+
+/// Reads a log one block at a time, so a log of any size is read in bounded memory.
+///
+/// Tolerates what [`parse_log_lenient`] tolerates and more: CRLF line ends, NUL bytes, lines that
+/// are not UTF-8 (read lossily, as `String::from_utf8_lossy` would), a last line cut short and
+/// over-long lines (skipped, see [`MAX_LINE_BYTES`]). Items are
+/// `Ok(`[`LogEvent`]`)`; a file that cannot be read or has no header ends with one `Err`
+/// ([`Error::LogRead`], [`Error::LogParse`], naming the path given to [`LogReader::with_path`]).
+///
+/// ```
+/// use gpu_mem_track_log::log::{LogEvent, LogReader};
+/// let text = "GPU Memory Track | t | Total Tensor Used Memory:0.0    Mb\r\n\r\n\
+///             At a.rs line 1: f  Total Tensor Used Memory:1.0    Mb\r\njunk\n";
+/// let items: Vec<_> = LogReader::new(text.as_bytes()).collect::<Result<_, _>>()?;
+/// assert!(matches!(items[0], LogEvent::Header(_)));
+/// assert!(matches!(&items[1], LogEvent::Block(b) if b.at.tensor_used_mib() == Some(1.0)));
+/// assert!(matches!(&items[2], LogEvent::Skipped(e) if e.line == 4));
+/// # Ok::<(), gpu_mem_track_log::Error>(())
+/// ```
+pub struct LogReader<R> {
+    reader: R,
+    path: Option<PathBuf>,
+    parser: LineParser,
+    line_no: usize,
+    buf: Vec<u8>,
+    finished: bool,
+}
+
+impl LogReader<std::io::BufReader<std::fs::File>> {
+    /// Streams the log file at `path`, named in its errors.
+    ///
+    /// # Errors
+    /// [`Error::LogRead`] naming the file when it cannot be opened.
+    pub fn open(path: &Path) -> Result<Self> {
+        let file =
+            std::fs::File::open(path).map_err(|source| Error::LogRead { path: path.to_owned(), source })?;
+        Ok(LogReader::new(std::io::BufReader::with_capacity(1 << 16, file)).with_path(path))
+    }
+}
+
+impl<R: std::io::BufRead> LogReader<R> {
+    /// A reader over `reader`.
+    pub fn new(reader: R) -> Self {
+        LogReader {
+            reader,
+            path: None,
+            parser: LineParser::default(),
+            line_no: 0,
+            buf: Vec::new(),
+            finished: false,
+        }
+    }
+
+    /// Names the file in fatal errors.
+    pub fn with_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.path = Some(path.into());
+        self
+    }
+
+    fn path(&self) -> PathBuf {
+        self.path.clone().unwrap_or_else(|| PathBuf::from("<input>"))
+    }
+
+    /// Reads one line into `buf` (without its `\n`), at most [`MAX_LINE_BYTES`] of it; returns
+    /// `Ok(None)` at the end, `Ok(Some(false))` for a line that was too long (its rest is
+    /// consumed and dropped).
+    fn read_line(&mut self) -> std::io::Result<Option<bool>> {
+        self.buf.clear();
+        let mut too_long = false;
+        let mut any = false;
+        loop {
+            let chunk = match self.reader.fill_buf() {
+                Ok(c) => c,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if chunk.is_empty() {
+                return Ok(any.then_some(!too_long));
+            }
+            any = true;
+            let (take, end) = match chunk.iter().position(|&b| b == b'\n') {
+                Some(i) => (i, true),
+                None => (chunk.len(), false),
+            };
+            if !too_long {
+                if self.buf.len() + take > MAX_LINE_BYTES {
+                    too_long = true;
+                    let room = MAX_LINE_BYTES - self.buf.len();
+                    self.buf.extend_from_slice(&chunk[..room]);
+                } else {
+                    self.buf.extend_from_slice(&chunk[..take]);
+                }
+            }
+            self.reader.consume(take + usize::from(end));
+            if end {
+                // `str::lines` drops the `\r` of a `\r\n` end; the parser drops one more.
+                if !too_long && self.buf.last() == Some(&b'\r') {
+                    self.buf.pop();
+                }
+                return Ok(Some(!too_long));
+            }
+        }
+    }
+}
+
+impl<R: std::io::BufRead> Iterator for LogReader<R> {
+    type Item = Result<LogEvent>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while !self.finished {
+            let whole = match self.read_line() {
+                Ok(Some(whole)) => whole,
+                Ok(None) => {
+                    self.finished = true;
+                    if !self.parser.in_body {
+                        let mut e = err(1, "", "empty file: no `GPU Memory Track | ...` header");
+                        e.path = self.path.clone();
+                        return Some(Err(Error::LogParse(e)));
+                    }
+                    let trailing = self.parser.take_pending();
+                    return (!trailing.is_empty()).then_some(Ok(LogEvent::Trailing(trailing)));
+                }
+                Err(source) => {
+                    self.finished = true;
+                    return Some(Err(Error::LogRead { path: self.path(), source }));
+                }
+            };
+            self.line_no += 1;
+            let n = self.line_no;
+            let text = String::from_utf8_lossy(&self.buf);
+            let text = text.strip_suffix('\r').unwrap_or(&text);
+            let parsed = if whole {
+                self.parser.line(n, text)
+            } else if self.parser.in_body {
+                Some(Parsed::Skipped(err(n, text, format!("line longer than {MAX_LINE_BYTES} bytes"))))
+            } else {
+                Some(Parsed::NotALog(err(
+                    n,
+                    text,
+                    format!("first line longer than {MAX_LINE_BYTES} bytes: not a gpu_mem_track log"),
+                )))
+            };
+            match parsed {
+                None => {}
+                Some(Parsed::Header(h)) => return Some(Ok(LogEvent::Header(h))),
+                Some(Parsed::Block(b)) => return Some(Ok(LogEvent::Block(b))),
+                Some(Parsed::Skipped(e)) => return Some(Ok(LogEvent::Skipped(e))),
+                Some(Parsed::NotALog(mut e)) => {
+                    self.finished = true;
+                    e.path = self.path.clone();
+                    return Some(Err(Error::LogParse(e)));
+                }
+            }
+        }
+        None
+    }
+}
+
+fn parse_header(l: &str) -> Result<LogHeader, String> {
+    let rest = l
+        .strip_prefix("GPU Memory Track | ")
+        .ok_or("not a gpu_mem_track log: the first line must start with `GPU Memory Track | `")?;
+    let (timestamp, fields) = rest.split_once(" | ").ok_or("header has no ` | ` after the timestamp")?;
+    Ok(LogHeader { timestamp: timestamp.trim().to_owned(), fields: parse_fields(fields)? })
+}
+
+/// `Label:12.3   Mb Label2:0.0    Mb ...`
+fn parse_fields(mut s: &str) -> Result<Vec<MemoryField>, String> {
+    let mut out = Vec::new();
+    loop {
+        s = s.trim_start();
+        if s.is_empty() {
+            return Ok(out);
+        }
+        let colon = s.find(':').ok_or_else(|| format!("expected `Label:value Mb`, found {:?}", clip(s)))?;
+        let label = s[..colon].trim();
+        let after = &s[colon + 1..];
+        let mb = after.find("Mb").ok_or_else(|| format!("field {:?} has no `Mb` unit", clip(label)))?;
+        let value = after[..mb].trim();
+        let mib = parse_finite(value)
+            .ok_or_else(|| format!("field {:?} has a bad number {:?}", clip(label), clip(value)))?;
+        if label.is_empty() {
+            return Err("a memory field has no label".into());
+        }
+        out.push(MemoryField { label: label.to_owned(), mib });
+        s = &after[mb + 2..];
+    }
+}
+
+fn parse_group_line(l: &str) -> Result<GroupLine, String> {
+    let sign = if l.starts_with('+') { Sign::Plus } else { Sign::Minus };
+    let parts: Vec<&str> = l[3..].split(" | ").map(str::trim).collect();
+    let [count_shape, memory, class, dtype] = parts[..] else {
+        return Err(format!("a group line has 5 `|`-separated columns, this one has {}", parts.len() + 1));
+    };
+    let (count, shape) = count_shape.split_once(" * Size:").ok_or("expected `N * Size:(...)`")?;
+    let count = count.trim().parse::<u64>().map_err(|_| format!("bad tensor count {:?}", clip(count)))?;
+    let shape = parse_shape(shape.trim())?;
+    let memory = memory
+        .strip_prefix("Memory:")
+        .and_then(|m| m.trim().strip_suffix('M'))
+        .ok_or("expected `Memory: <MiB> M`")?
+        .trim();
+    let memory_mib = parse_finite(memory).ok_or_else(|| format!("bad memory figure {:?}", clip(memory)))?;
+    let class = class
+        .strip_prefix("<class '")
+        .and_then(|c| c.strip_suffix("'>"))
+        .ok_or("expected a class like `<class 'torch.Tensor'>`")?;
+    if dtype.is_empty() {
+        return Err("missing dtype column".into());
+    }
+    Ok(GroupLine {
+        sign,
+        count,
+        shape,
+        memory_mib,
+        class: TensorClass::from_python_name(class),
+        dtype: dtype.to_owned(),
+    })
+}
+
+/// `()`, `(512,)`, `(64, 3)`; also `torch.Size([64, 3])`.
+fn parse_shape(s: &str) -> Result<Vec<i64>, String> {
+    let inner = s
+        .strip_prefix("torch.Size([")
+        .and_then(|x| x.strip_suffix("])"))
+        .or_else(|| s.strip_prefix('(').and_then(|x| x.strip_suffix(')')))
+        .ok_or_else(|| format!("bad shape {:?}: expected a tuple like (64, 3)", clip(s)))?;
+    inner
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(|d| d.parse::<i64>().map_err(|_| format!("bad dimension {:?} in shape {:?}", clip(d), clip(s))))
+        .collect()
+}
+
+fn parse_at(rest: &str) -> Result<AtLine, String> {
+    let idx = FIRST_FIELDS
+        .iter()
+        .filter_map(|label| rest.find(&format!(" {label}:")))
+        .min()
+        .ok_or_else(|| format!("`At` line has no `{TENSOR_USED}` field"))?;
+    let place = rest[..idx].trim_end();
+    let fields = parse_fields(&rest[idx..])?;
+    let line_at = place.rfind(" line ").ok_or("`At` line has no `<file> line <n>: <function>` location")?;
+    let (file, after) = (&place[..line_at], &place[line_at + 6..]);
+    let (num, function) = after.split_once(':').ok_or("`At` location has no `:` after the line number")?;
+    let line = num.trim().parse::<u32>().map_err(|_| format!("bad line number {:?}", clip(num)))?;
+    Ok(AtLine {
+        location: SourceLocation { file: file.to_owned(), line, function: function.trim().to_owned() },
+        fields,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::{ALLOCATED, TENSOR_USED};
+
+    /// Written by hand from `gpu_mem_track.py`'s format strings: `-` lines end with a space,
+    /// numbers are `str(x)[:6]`, the first header says `Total Used Memory` as old versions did.
+    const PYTHON_LOG: &str = "GPU Memory Track | 30-Apr-21-20:25:29 | Total Tensor Used Memory:0.0    Mb Total Used Memory:0.0    Mb\n\
+\n\
+\n\
+At main.py line 10: <module>                          Total Tensor Used Memory:0.0    Mb Total Allocated Memory:0.0    Mb\n\
+\n\
++ | 1 * Size:(64, 64, 3, 3)       | Memory: 0.1406 M | <class 'torch.nn.parameter.Parameter'> | torch.float32\n\
++ | 8 * Size:(512,)               | Memory: 0.0156 M | <class 'torch.nn.parameter.Parameter'> | torch.float32\n\
++ | 1 * Size:(14,)                | Memory: 1.3351 M | <class 'torch.Tensor'> | torch.uint8\n\
+\n\
+At main.py line 12: <module>                          Total Tensor Used Memory:76.4   Mb Total Allocated Memory:76.4   Mb\n\
+\n\
+- | 2 * Size:(40, 3, 512, 512)    | Memory: 240.0 M | <class 'torch.Tensor'> | torch.float32 \n\
+\n\
+At /data/u/my project/train.py line 37: train_step                Total Tensor Used Memory:63.0   Mb Total Allocated Memory:63.0   Mb\n\
+\n";
+
+    #[test]
+    fn reads_the_python_tools_log() {
+        let log = parse_log(PYTHON_LOG).unwrap();
+        assert_eq!(log.header.timestamp, "30-Apr-21-20:25:29");
+        assert_eq!(log.header.fields[1].label, "Total Used Memory");
+        assert_eq!(log.blocks.len(), 3);
+        assert!(log.blocks[0].changes.is_empty());
+        let b1 = &log.blocks[1];
+        assert_eq!(b1.changes.len(), 3);
+        assert_eq!(b1.changes[0].shape, vec![64, 64, 3, 3]);
+        assert_eq!(b1.changes[0].class, TensorClass::Parameter);
+        assert_eq!(b1.changes[1].count, 8);
+        assert_eq!(b1.changes[1].shape, vec![512]);
+        assert_eq!(b1.changes[2].memory_mib, 1.3351); // the Python tool's truncation, read as printed
+        assert_eq!(
+            b1.at.location,
+            SourceLocation { file: "main.py".into(), line: 12, function: "<module>".into() }
+        );
+        assert_eq!(b1.at.tensor_used_mib(), Some(76.4));
+        let b2 = &log.blocks[2];
+        assert_eq!(b2.changes[0].sign, Sign::Minus);
+        assert_eq!(b2.changes[0].dtype, "torch.float32");
+        assert_eq!(b2.at.location.file, "/data/u/my project/train.py");
+        assert_eq!(b2.at.location.function, "train_step");
+        assert_eq!(b2.at.field(ALLOCATED), Some(63.0));
+        assert_eq!(b2.at.field(TENSOR_USED), Some(63.0));
+    }
+
+    #[test]
+    fn bad_lines_name_their_line_number() {
+        let e =
+            parse_log("GPU Memory Track | t | Total Tensor Used Memory:0.0    Mb\n\nhello\n").unwrap_err();
+        assert_eq!(e.line, 3);
+        assert!(e.to_string().contains("line 3"), "{e}");
+        let e = parse_log("").unwrap_err();
+        assert!(e.reason.contains("empty"), "{e}");
+        let e = parse_log("not a log\n").unwrap_err();
+        assert_eq!(e.line, 1);
+        let e = parse_log_bytes(b"GPU Memory Track | t | \n\xff\xfe garbage").unwrap_err();
+        assert_eq!(e.line, 2);
+        assert!(e.reason.contains("UTF-8"));
+        let e = parse_log("GPU Memory Track | t | \n+ | 1 * Size:(4,) | Memory: x M | <class 'torch.Tensor'> | torch.float32\n")
+            .unwrap_err();
+        assert!(e.reason.contains("bad memory figure"), "{e}");
+    }
+
+    #[test]
+    fn truncated_log_parses_leniently_with_trailing_changes() {
+        let cut = &PYTHON_LOG[..PYTHON_LOG.find("- | 2").unwrap() + 40];
+        let (log, errors) = parse_log_lenient(cut);
+        let log = log.unwrap();
+        assert_eq!(log.blocks.len(), 2);
+        assert_eq!(errors.len(), 1, "the cut-off line is reported: {errors:?}");
+        assert_eq!(errors[0].line, 12);
+    }
+}

@@ -1,0 +1,77 @@
+// CUDA caching-allocator counters and empty_cache through c10's device-generic allocator interface
+// (the wheel's c10/cuda headers are unusable). Every call is guarded: without a GPU, or with only
+// libtorch_cpu linked, these report "not available" instead of reaching an internal assert.
+#include <ATen/Context.h>
+#include <ATen/DeviceAccelerator.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <dlfcn.h>
+#include <torch/version.h>
+
+#include "common.h"
+
+namespace {
+int32_t device_count() noexcept {
+  try {
+    if (!at::detail::getCUDAHooks().hasCUDA()) return 0;
+    return static_cast<int32_t>(at::detail::getCUDAHooks().deviceCount());
+  } catch (...) {
+    return 0;
+  }
+}
+
+c10::DeviceAllocator* cuda_allocator(int32_t device) {
+  const int32_t n = device_count();
+  if (n == 0) throw std::runtime_error("CUDA is not available (no GPU, driver or libtorch_cuda)");
+  if (device < 0 || device >= n)
+    throw std::out_of_range("CUDA device " + std::to_string(device) + " does not exist (" +
+                            std::to_string(n) + " visible)");
+  return c10::getDeviceAllocator(c10::DeviceType::CUDA);
+}
+}  // namespace
+
+extern "C" {
+
+int32_t gmt_cuda_device_count(void) { return device_count(); }
+
+const char* gmt_libtorch_location(void) {
+  // Which libtorch this process really runs on (a bundle built against one install runs on another).
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&at::globalContext), &info) != 0 && info.dli_fname != nullptr)
+    return info.dli_fname;
+  return nullptr;
+}
+
+gmt_error gmt_cuda_stats_read(int32_t device, int reset_peak, gmt_cuda_stats* out) {
+  GMT_TRY({
+    c10::DeviceAllocator* alloc = cuda_allocator(device);
+    const auto stats = alloc->getDeviceStats(static_cast<c10::DeviceIndex>(device));
+    constexpr auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    gmt_cuda_stats s{};
+    s.allocated_current = stats.allocated_bytes[agg].current;
+    s.allocated_peak = stats.allocated_bytes[agg].peak;
+    s.reserved_current = stats.reserved_bytes[agg].current;
+    s.reserved_peak = stats.reserved_bytes[agg].peak;
+    s.active_current = stats.active_bytes[agg].current;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
+    const auto info = alloc->getMemoryInfo(static_cast<c10::DeviceIndex>(device));
+    s.free_bytes = static_cast<int64_t>(info.first);
+    s.total_bytes = static_cast<int64_t>(info.second);
+#else
+    // DeviceAllocator::getMemoryInfo arrived in 2.10: unknown, never a made-up number.
+    s.free_bytes = -1;
+    s.total_bytes = -1;
+#endif
+    if (reset_peak) alloc->resetPeakStats(static_cast<c10::DeviceIndex>(device));
+    if (out) *out = s;
+  })
+}
+
+gmt_error gmt_cuda_empty_cache(void) {
+  GMT_TRY({
+    if (device_count() == 0) throw std::runtime_error("CUDA is not available (no GPU, driver or libtorch_cuda)");
+    c10::getDeviceAllocator(c10::DeviceType::CUDA)->emptyCache();
+  })
+}
+
+}  // extern "C"

@@ -1,0 +1,97 @@
+// CUDA allocation history through the caching allocator's trace hooks (attachAllocatorTraceTracker):
+// every block handed out or returned and every segment cudaMalloc'd or released is reported to the
+// allocation recorder. Needs the c10/cuda headers, which include the CUDA runtime headers; build.rs
+// defines GMT_HAVE_CUDA_HEADERS only when those and libc10_cuda are present. Otherwise the calls
+// report that this build cannot record CUDA history.
+#include <atomic>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "common.h"
+#include "recorder.h"
+
+#ifdef GMT_HAVE_CUDA_HEADERS
+#include <ATen/Context.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/version.h>
+
+namespace {
+// TraceEntry moved from the CUDA allocator to the device-generic one in 2.11.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11)
+using TraceEntry = c10::CachingDeviceAllocator::TraceEntry;
+#else
+using TraceEntry = c10::cuda::CUDACachingAllocator::TraceEntry;
+#endif
+
+// Device whose events are recorded; -1 = none. The hook cannot be detached, so it stays installed
+// and filters on this.
+std::atomic<int32_t> g_device{-1};
+std::once_flag g_attach_once;
+
+void on_trace(const TraceEntry& te) {
+  // Called under the allocator's lock: only the recorder (no PyTorch calls) may run here.
+  if (te.device_ != g_device.load(std::memory_order_relaxed)) return;
+  using A = TraceEntry::Action;
+  const auto addr = static_cast<int64_t>(te.addr_);
+  const auto size = static_cast<int64_t>(te.size_);
+  switch (te.action_) {
+    case A::ALLOC:
+      gmt::record_alloc(GMT_DEV_CUDA, addr, size);
+      break;
+    case A::FREE_COMPLETED:  // FREE_REQUESTED precedes it; memory is reusable only now
+      gmt::record_free_sized(GMT_DEV_CUDA, addr, size);
+      break;
+    case A::SEGMENT_ALLOC:
+    case A::SEGMENT_MAP:
+      gmt::record_segment(GMT_DEV_CUDA, addr, size, true);
+      break;
+    case A::SEGMENT_FREE:
+    case A::SEGMENT_UNMAP:
+      gmt::record_segment(GMT_DEV_CUDA, addr, size, false);
+      break;
+    default:
+      break;
+  }
+}
+}  // namespace
+
+extern "C" {
+int gmt_cuda_history_compiled(void) { return 1; }
+
+gmt_error gmt_cuda_history_attach(int32_t device) {
+  GMT_TRY({
+    auto& hooks = at::detail::getCUDAHooks();
+    if (!hooks.hasCUDA()) throw std::runtime_error("CUDA is not available (no GPU, driver or libtorch_cuda)");
+    const auto n = static_cast<int32_t>(hooks.deviceCount());
+    if (device < 0 || device >= n)
+      throw std::out_of_range("CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(n) +
+                              " visible)");
+    // The allocator creates its per-device state at CUDA's lazy init; a hook attached before that
+    // would reach no device.
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+    std::call_once(g_attach_once, [] { c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(&on_trace); });
+    g_device.store(device);
+  })
+}
+
+void gmt_cuda_history_detach(void) { g_device.store(-1); }
+}  // extern "C"
+
+#else  // no CUDA headers at build time
+
+extern "C" {
+int gmt_cuda_history_compiled(void) { return 0; }
+
+gmt_error gmt_cuda_history_attach(int32_t) {
+  GMT_TRY({
+    throw std::runtime_error(
+        "this build has no CUDA allocator hooks (the CUDA runtime headers or libc10_cuda were missing when "
+        "gpu-mem-track-sys was compiled)");
+  })
+}
+
+void gmt_cuda_history_detach(void) {}
+}  // extern "C"
+#endif

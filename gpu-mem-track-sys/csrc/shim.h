@@ -1,0 +1,240 @@
+// The C boundary of the gpu-mem-track shim. Every function that can fail returns a heap-allocated
+// error message (free it with gmt_free_string) or NULL on success; no C++ exception crosses it.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef char* gmt_error;
+void gmt_free_string(char* s);
+
+// Device kinds as seen by the shim (decoupled from c10::DeviceType's numbering).
+enum gmt_device_kind { GMT_DEV_ANY = -1, GMT_DEV_CPU = 0, GMT_DEV_CUDA = 1, GMT_DEV_META = 2, GMT_DEV_OTHER = 3 };
+
+// ---- linking (torch_cuda_link.cpp) ----
+// 1 when this build references libtorch_cuda (the libtorch in use ships it), which keeps it linked
+// into every binary that calls this; 0 with a CPU-only libtorch. Call it on a path every user runs.
+int gmt_torch_cuda_linked(void);
+
+// ---- meta kernels (meta_kernels.cpp) ----
+// How many times `.item()` (aten::_local_scalar_dense) ran on a meta tensor since the process
+// started: each returned 0, so data-dependent control flow may have taken another branch.
+int64_t gmt_meta_scalar_reads(void);
+
+// ---- live-tensor registry (registry.cpp) ----
+typedef struct {
+  uint64_t impl_id;        // TensorImpl address: identity while the tensor is alive
+  uint64_t storage_id;     // StorageImpl address, 0 when the tensor has no storage
+  int64_t storage_nbytes;  // bytes of the whole storage (shared by views)
+  int64_t nbytes;          // numel * itemsize of this tensor
+  uint64_t seq;            // registration order (older tensors own shared storages)
+  int64_t dims_offset;     // into the snapshot's dims array
+  int32_t ndim;
+  int32_t scalar_type;     // c10::ScalarType value; name via gmt_scalar_type_name
+  int32_t device_kind;     // gmt_device_kind
+  int32_t device_index;
+  int32_t name_id;         // -1 = unnamed; name via gmt_registry_name
+  uint8_t requires_grad;
+  uint8_t is_leaf;
+  uint8_t storage_shared;  // another TensorImpl (a view, or one the registry cannot see) holds it
+  uint8_t pad_;
+} gmt_tensor_record;
+static_assert(sizeof(gmt_tensor_record) == 72, "gmt_tensor_record is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
+
+typedef struct gmt_snapshot gmt_snapshot;
+
+gmt_error gmt_registry_install(void);          // idempotent, thread-safe
+int gmt_registry_installed(void);
+gmt_error gmt_registry_set_enabled(int enabled);  // pause/resume the op callback (benchmarks)
+gmt_error gmt_registry_register(const void* tensor, const char* name);  // tensor: at::Tensor*
+size_t gmt_registry_entries(void);
+uint64_t gmt_registry_callbacks(void);         // op callbacks seen since installation             // entries, dead ones included until pruned
+const char* gmt_registry_name(int32_t id);     // stable for the process lifetime
+const char* gmt_scalar_type_name(int32_t scalar_type);  // c10 name: "Float", "BFloat16", ...
+int64_t gmt_scalar_type_itemsize(int32_t scalar_type);
+
+gmt_snapshot* gmt_snapshot_new(void);
+void gmt_snapshot_free(gmt_snapshot* s);
+// Fills `s` with every live registered tensor on the device (kind GMT_DEV_ANY = all devices;
+// index -1 = any index of that kind). Prunes dead entries.
+gmt_error gmt_snapshot_take(gmt_snapshot* s, int32_t device_kind, int32_t device_index);
+size_t gmt_snapshot_len(const gmt_snapshot* s);
+const gmt_tensor_record* gmt_snapshot_records(const gmt_snapshot* s);
+const int64_t* gmt_snapshot_dims(const gmt_snapshot* s, size_t* len);
+
+// ---- TorchScript modules (module.cpp) ----
+// module: torch::jit::script::Module*. Registers named parameters and buffers (recursively),
+// names prefixed by `prefix`. Writes the number registered to *count.
+gmt_error gmt_register_module(void* module, const char* prefix, size_t* count);
+
+// ---- wrapped CPU allocator (allocator.cpp) ----
+typedef struct {
+  int64_t current;      // bytes live now
+  int64_t peak;         // highest `current` since the window was last reset
+  int64_t total_peak;   // highest `current` since installation
+  int64_t allocations;  // counts since installation
+  int64_t frees;
+} gmt_alloc_stats;
+static_assert(sizeof(gmt_alloc_stats) == 40, "gmt_alloc_stats is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
+
+gmt_error gmt_cpu_allocator_install(void);     // idempotent, thread-safe
+int gmt_cpu_allocator_installed(void);
+// A peak window: `peak` of a window is the maximum since its last reset. -1 when none is free.
+int32_t gmt_cpu_allocator_open_window(void);
+void gmt_cpu_allocator_close_window(int32_t window);
+// window -1 reads only the global figures (peak = total_peak).
+void gmt_cpu_allocator_stats(int32_t window, int reset_peak, gmt_alloc_stats* out);
+
+// ---- CUDA caching allocator (cuda.cpp) ----
+typedef struct {
+  int64_t allocated_current, allocated_peak;
+  int64_t reserved_current, reserved_peak;
+  int64_t active_current;
+  int64_t free_bytes, total_bytes;  // cudaMemGetInfo; -1 where libtorch lacks getMemoryInfo (< 2.10)
+} gmt_cuda_stats;
+static_assert(sizeof(gmt_cuda_stats) == 56, "gmt_cuda_stats is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
+
+int32_t gmt_cuda_device_count(void);          // 0 when CUDA is absent; never throws
+const char* gmt_libtorch_location(void);       // the file libtorch_cpu was loaded from, or NULL
+gmt_error gmt_cuda_stats_read(int32_t device, int reset_peak, gmt_cuda_stats* out);
+gmt_error gmt_cuda_empty_cache(void);
+// CUDA history (cuda_history.cpp): reports the caching allocator's alloc/free/segment events of
+// `device` to the allocation recorder. Fails when CUDA or the device is unavailable, or when this
+// build had no CUDA headers (gmt_cuda_history_compiled() == 0).
+int gmt_cuda_history_compiled(void);
+gmt_error gmt_cuda_history_attach(int32_t device);
+void gmt_cuda_history_detach(void);
+
+// ---- allocation recorder and meta allocator (recorder.cpp) ----
+typedef struct {
+  int64_t id;           // allocation identity (meta: sequence number; CPU: data pointer)
+  int64_t size;         // bytes (a free: 0, or the block size when the allocator reports it)
+  uint8_t is_free;      // gmt_event_kind: 0 alloc, 1 free; CUDA also reports segments (2, 3)
+  uint8_t phase;        // estimation phase set by the estimator
+  uint8_t device_kind;  // gmt_device_kind
+  uint8_t iteration;    // estimation iteration (1-based; 0 outside iterations)
+  int32_t op;           // innermost op at the time; name via gmt_recorder_op_name
+  int64_t time_ns;      // since the recording started
+  int32_t site;         // track-site tag set by the caller (gmt_recorder_set_site), -1 = none
+  int32_t nframes;      // native frames captured (stacks on)
+  int32_t top_op;       // outermost op at the time (the user-level call); name via gmt_recorder_op_name
+  int32_t category;     // an allocation's gmt_category tag, GMT_CAT_NONE when nothing tagged it
+} gmt_alloc_event;
+static_assert(sizeof(gmt_alloc_event) == 48, "gmt_alloc_event is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
+
+// Deep enough to reach the caller through libtorch's dispatch and tch's wrappers in unoptimised builds.
+#define GMT_STACK_FRAMES 48
+// What the tracker learnt an allocation holds (tags; untagged allocations are judged by lifetime).
+enum gmt_category { GMT_CAT_NONE = 0, GMT_CAT_PARAMETER = 1, GMT_CAT_BUFFER = 2, GMT_CAT_GRADIENT = 3,
+                    GMT_CAT_ACTIVATION = 4, GMT_CAT_INPUT = 5 };
+enum gmt_event_kind { GMT_EVENT_ALLOC = 0, GMT_EVENT_FREE = 1, GMT_EVENT_SEGMENT_ALLOC = 2, GMT_EVENT_SEGMENT_FREE = 3 };
+
+gmt_error gmt_meta_allocator_install(void);  // idempotent
+int64_t gmt_meta_allocator_current(void);    // live meta bytes
+// Records every allocation/free of `device_kind` (GMT_DEV_ANY: all) until stopped. Clears the
+// previous recording; the events stay readable until the next start.
+gmt_error gmt_recorder_start(int32_t device_kind);
+// As gmt_recorder_start, keeping at most `max_events` (oldest dropped; 0 = all) and, when
+// `with_stacks`, the native return addresses of each event.
+gmt_error gmt_recorder_start_history(int32_t device_kind, size_t max_events, int with_stacks);
+int gmt_recorder_active(void);
+void gmt_recorder_progress(int32_t* phase, int32_t* iteration);  // current phase, for progress bars
+void gmt_recorder_set_site(int32_t site);
+// Before a recording: snapshot the live tensors at the end of the op during which event number
+// `event` (0-based) is recorded; read with gmt_peak_snapshot(). Reset when the recording stops.
+void gmt_recorder_snapshot_at(int64_t event);
+gmt_snapshot* gmt_peak_snapshot(void);
+// Copies the stored events in order (and, when `stacks` is not null, GMT_STACK_FRAMES addresses
+// per event); returns how many were copied. `dropped` (optional) gets the count overwritten.
+size_t gmt_recorder_copy(gmt_alloc_event* out, uint64_t* stacks, size_t cap, uint64_t* dropped);
+gmt_error gmt_recorder_stop(void);
+void gmt_recorder_set_phase(int32_t phase, int32_t iteration);
+// Tags the recorded allocation holding the tensor's storage (tensor: at::Tensor*) with a
+// gmt_category; no-op when nothing records or the allocation was made before the recording.
+void gmt_recorder_tag_tensor(const void* tensor, int32_t category);
+// Tags the storages of every explicitly registered tensor: leaves that require grad as parameters
+// (and their .grad as gradients), the others as buffers (registry.cpp).
+void gmt_recorder_tag_registered(void);
+size_t gmt_recorder_len(void);
+int64_t gmt_recorder_peak(void);
+// Allocation ids tagged as parameters by the estimator; returns the count, fills up to `cap`.
+size_t gmt_recorder_parameter_ids(int64_t* out, size_t cap);  // highest live bytes among recorded allocations
+const char* gmt_recorder_op_name(int32_t op);
+
+// ---- TorchScript estimation (script.cpp) ----
+enum gmt_optimizer { GMT_OPT_NONE = 0, GMT_OPT_SGD = 1, GMT_OPT_SGD_MOMENTUM = 2, GMT_OPT_ADAM = 3, GMT_OPT_ADAMW = 4 };
+// GMT_PHASE_NONE: a live program outside any phase it declared.
+enum gmt_phase { GMT_PHASE_LOAD = 0, GMT_PHASE_INPUT = 1, GMT_PHASE_FORWARD = 2, GMT_PHASE_BACKWARD = 3,
+                 GMT_PHASE_OPTIMIZER = 4, GMT_PHASE_NONE = 5 };
+
+typedef struct {
+  const char* path;
+  const int64_t* input_shape;
+  int32_t input_ndim;
+  int32_t dtype;          // c10::ScalarType for parameters and float inputs (6 = float32)
+  int32_t input_is_index; // integer token ids (int64) instead of a float input
+  int32_t train;          // 0: inference (no grad); 1: training steps
+  int32_t optimizer;      // gmt_optimizer
+  int32_t iterations;     // training iterations (2 shows the steady state)
+  int32_t device_kind;    // GMT_DEV_META or GMT_DEV_CPU
+  int32_t eager_lifetimes; // hold values as eager Python would (locals until rebound/return, call inputs until the call returns)
+} gmt_estimate_options;
+static_assert(sizeof(gmt_estimate_options) == 48, "gmt_estimate_options is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
+
+// Sizes of what the run created; timing and peaks come from the recorded events.
+typedef struct {
+  int64_t param_count, param_bytes, buffer_bytes, input_bytes, grad_bytes, optimizer_state_bytes;
+  int64_t output_numel;
+} gmt_estimate_result;
+static_assert(sizeof(gmt_estimate_result) == 56, "gmt_estimate_result is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
+
+// Loads and runs the module on the device with the allocator recorder on; the recording stays
+// readable afterwards (gmt_recorder_*).
+gmt_error gmt_estimate_torchscript(const gmt_estimate_options* options, gmt_estimate_result* out);
+
+// Static inference estimate from the TorchScript IR: shapes propagated from the input, tensors freed
+// after their last use. Activation bytes exclude parameters and the input.
+typedef struct {
+  int64_t activation_peak;  // highest live activation bytes
+  int64_t param_bytes;
+  int64_t nodes, tensor_values, unknown_shapes;
+  int32_t peak_node;
+  char peak_op[64];
+  double seconds;
+} gmt_static_result;
+static_assert(sizeof(gmt_static_result) == 120, "gmt_static_result is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
+gmt_error gmt_estimate_static(const char* path, const int64_t* shape, int32_t ndim, int32_t dtype, int32_t is_index,
+                              gmt_static_result* out);
+
+// ---- tch-native models (script.cpp) ----
+// Moves a variable's data to the device (GMT_DEV_META/CPU) in place, converting floating dtypes
+// to `dtype` (-1: keep). `tensor` is an at::Tensor*.
+gmt_error gmt_tensor_to_device_in_place(void* tensor, int32_t device_kind, int32_t dtype);
+gmt_error gmt_tag_parameter_tensor(const void* tensor);
+// A new at::Tensor* (random floats or zero integers) that the caller owns.
+gmt_error gmt_make_tensor(const int64_t* shape, int32_t ndim, int32_t dtype, int32_t device_kind, void** out);
+void* gmt_optimizer_new(int32_t kind);
+gmt_error gmt_optimizer_step(void* optimizer, const void* const* params, size_t n);
+int64_t gmt_optimizer_state_bytes(void* optimizer);
+void gmt_optimizer_free(void* optimizer);
+// Reports the gradients' bytes, then drops them (zero_grad(set_to_none=True)).
+gmt_error gmt_grads_set_to_none(const void* const* params, size_t n, int64_t* grad_bytes);
+
+// ---- memory saved for backward (saved.cpp) ----
+// Starts capturing the tensors autograd saves on this thread; `excluded` are at::Tensor* whose
+// storages are left out (the inputs). Parameters (leaves requiring grad) are always left out.
+gmt_error gmt_saved_capture_begin(const void* const* excluded, size_t n_excluded);
+// While a memory history records: tag every tensor saved for backward (any thread) as an activation.
+gmt_error gmt_saved_history(int enabled);
+void gmt_saved_capture_end(void);
+// Live saved storages: fills up to `cap` (bytes, op name) pairs; returns how many there are.
+size_t gmt_saved_entries(int64_t* bytes, const char** ops, size_t cap);
+int64_t gmt_saved_parameter_bytes(void);
+int64_t gmt_saved_packed(void);
+
+#ifdef __cplusplus
+}
+#endif

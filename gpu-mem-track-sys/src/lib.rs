@@ -1,0 +1,294 @@
+//! Raw FFI to the gpu-mem-track C++ shim (`csrc/`). This is the only crate that knows libtorch's
+//! C++ side; the safe API lives in the `gpu-mem-track` crate.
+//!
+//! Conventions: functions returning [`gmt_error`] return null on success or a message allocated
+//! with `malloc` that the caller frees with [`gmt_free_string`]. No C++ exception crosses the
+//! boundary.
+#![allow(non_camel_case_types)]
+
+use std::os::raw::{c_char, c_int, c_void};
+
+// Keep torch-sys linked: it provides libtorch's link flags.
+use torch_sys as _;
+
+/// The libtorch this crate was compiled against, from its headers (`TORCH_VERSION_MAJOR`, ...).
+pub const LIBTORCH_VERSION: &str = env!("GMT_LIBTORCH_VERSION");
+/// The torch-sys (and so tch) version of this build, from the build's `Cargo.lock`; empty when the
+/// build script found none (a target folder outside the workspace).
+pub const TORCH_SYS_VERSION: &str = env!("GMT_TORCH_SYS_VERSION");
+/// Whether `LIBTORCH_BYPASS_VERSION_CHECK` was set at build time (a libtorch newer than the one
+/// the tch version was generated for).
+pub const TORCH_VERSION_CHECK_BYPASSED: bool = is_one(env!("GMT_TORCH_VERSION_CHECK_BYPASSED"));
+/// Why this build cannot record CUDA memory history (the CUDA headers it looked for, and how to
+/// get them); empty when it can.
+pub const CUDA_HISTORY_MISSING: &str = env!("GMT_CUDA_HISTORY_MISSING");
+/// Whether libtorch's device allocator reports the device's free and total memory
+/// (`DeviceAllocator::getMemoryInfo`, libtorch 2.10 and later).
+pub const CUDA_MEMORY_INFO: bool = cfg!(gmt_libtorch_2_10);
+
+const fn is_one(s: &str) -> bool {
+    matches!(s.as_bytes(), [b'1'])
+}
+
+/// Null on success, otherwise an owned C string describing the failure.
+pub type gmt_error = *mut c_char;
+
+pub const GMT_DEV_ANY: i32 = -1;
+pub const GMT_DEV_CPU: i32 = 0;
+pub const GMT_DEV_CUDA: i32 = 1;
+pub const GMT_DEV_META: i32 = 2;
+pub const GMT_DEV_OTHER: i32 = 3;
+
+/// One live tensor as the registry sees it (mirrors `gmt_tensor_record` in `csrc/shim.h`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct gmt_tensor_record {
+    pub impl_id: u64,
+    pub storage_id: u64,
+    pub storage_nbytes: i64,
+    pub nbytes: i64,
+    pub seq: u64,
+    pub dims_offset: i64,
+    pub ndim: i32,
+    pub scalar_type: i32,
+    pub device_kind: i32,
+    pub device_index: i32,
+    pub name_id: i32,
+    pub requires_grad: u8,
+    pub is_leaf: u8,
+    pub storage_shared: u8,
+    pub pad_: u8,
+}
+
+/// Opaque snapshot buffer owned by the shim.
+#[repr(C)]
+pub struct gmt_snapshot {
+    _private: [u8; 0],
+}
+
+/// Allocator counters (mirrors `gmt_alloc_stats`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct gmt_alloc_stats {
+    pub current: i64,
+    pub peak: i64,
+    pub total_peak: i64,
+    pub allocations: i64,
+    pub frees: i64,
+}
+
+/// One recorded allocation or free (mirrors `gmt_alloc_event`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct gmt_alloc_event {
+    pub id: i64,
+    pub size: i64,
+    pub is_free: u8,
+    pub phase: u8,
+    pub device_kind: u8,
+    pub iteration: u8,
+    pub op: i32,
+    pub time_ns: i64,
+    pub site: i32,
+    pub nframes: i32,
+    pub top_op: i32,
+    pub category: i32,
+}
+
+/// Native return addresses kept per event when stacks are recorded.
+pub const GMT_STACK_FRAMES: usize = 48;
+
+/// `gmt_alloc_event::is_free` values (`gmt_event_kind`).
+pub const GMT_CAT_NONE: i32 = 0;
+pub const GMT_CAT_PARAMETER: i32 = 1;
+pub const GMT_CAT_BUFFER: i32 = 2;
+pub const GMT_CAT_GRADIENT: i32 = 3;
+pub const GMT_CAT_ACTIVATION: i32 = 4;
+pub const GMT_CAT_INPUT: i32 = 5;
+pub const GMT_EVENT_ALLOC: u8 = 0;
+pub const GMT_EVENT_FREE: u8 = 1;
+pub const GMT_EVENT_SEGMENT_ALLOC: u8 = 2;
+pub const GMT_EVENT_SEGMENT_FREE: u8 = 3;
+
+pub const GMT_OPT_NONE: i32 = 0;
+pub const GMT_OPT_SGD: i32 = 1;
+pub const GMT_OPT_SGD_MOMENTUM: i32 = 2;
+pub const GMT_OPT_ADAM: i32 = 3;
+pub const GMT_OPT_ADAMW: i32 = 4;
+
+pub const GMT_PHASE_LOAD: u8 = 0;
+pub const GMT_PHASE_INPUT: u8 = 1;
+pub const GMT_PHASE_FORWARD: u8 = 2;
+pub const GMT_PHASE_BACKWARD: u8 = 3;
+pub const GMT_PHASE_OPTIMIZER: u8 = 4;
+pub const GMT_PHASE_NONE: u8 = 5;
+
+/// Options of a TorchScript estimate (mirrors `gmt_estimate_options`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct gmt_estimate_options {
+    pub path: *const c_char,
+    pub input_shape: *const i64,
+    pub input_ndim: i32,
+    pub dtype: i32,
+    pub input_is_index: i32,
+    pub train: i32,
+    pub optimizer: i32,
+    pub iterations: i32,
+    pub device_kind: i32,
+    pub eager_lifetimes: i32,
+}
+
+/// Sizes found by a TorchScript estimate (mirrors `gmt_estimate_result`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct gmt_estimate_result {
+    pub param_count: i64,
+    pub param_bytes: i64,
+    pub buffer_bytes: i64,
+    pub input_bytes: i64,
+    pub grad_bytes: i64,
+    pub optimizer_state_bytes: i64,
+    pub output_numel: i64,
+}
+
+/// Static estimate result (mirrors `gmt_static_result`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct gmt_static_result {
+    pub activation_peak: i64,
+    pub param_bytes: i64,
+    pub nodes: i64,
+    pub tensor_values: i64,
+    pub unknown_shapes: i64,
+    pub peak_node: i32,
+    pub peak_op: [c_char; 64],
+    pub seconds: f64,
+}
+
+/// CUDA caching-allocator counters (mirrors `gmt_cuda_stats`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct gmt_cuda_stats {
+    pub allocated_current: i64,
+    pub allocated_peak: i64,
+    pub reserved_current: i64,
+    pub reserved_peak: i64,
+    pub active_current: i64,
+    pub free_bytes: i64,
+    pub total_bytes: i64,
+}
+
+extern "C" {
+    pub fn gmt_free_string(s: *mut c_char);
+
+    /// 1 when the shim references libtorch_cuda (the libtorch in use ships it), 0 otherwise.
+    /// Calling it from code every user of the library runs is what keeps libtorch_cuda linked
+    /// into their binaries (`--as-needed` drops libraries nothing references); see
+    /// `csrc/torch_cuda_link.cpp`.
+    pub fn gmt_torch_cuda_linked() -> c_int;
+    /// `.item()` calls on meta tensors since the process started (each returned 0).
+    pub fn gmt_meta_scalar_reads() -> i64;
+
+    pub fn gmt_registry_install() -> gmt_error;
+    pub fn gmt_registry_installed() -> c_int;
+    pub fn gmt_registry_set_enabled(enabled: c_int) -> gmt_error;
+    /// `tensor` is an `at::Tensor*` (what `tch::Tensor::as_ptr` returns).
+    pub fn gmt_registry_register(tensor: *const c_void, name: *const c_char) -> gmt_error;
+    pub fn gmt_registry_entries() -> usize;
+    pub fn gmt_registry_callbacks() -> u64;
+    pub fn gmt_registry_name(id: i32) -> *const c_char;
+    pub fn gmt_scalar_type_name(scalar_type: i32) -> *const c_char;
+    pub fn gmt_scalar_type_itemsize(scalar_type: i32) -> i64;
+
+    pub fn gmt_snapshot_new() -> *mut gmt_snapshot;
+    pub fn gmt_snapshot_free(s: *mut gmt_snapshot);
+    pub fn gmt_snapshot_take(s: *mut gmt_snapshot, device_kind: i32, device_index: i32) -> gmt_error;
+    pub fn gmt_snapshot_len(s: *const gmt_snapshot) -> usize;
+    pub fn gmt_snapshot_records(s: *const gmt_snapshot) -> *const gmt_tensor_record;
+    pub fn gmt_snapshot_dims(s: *const gmt_snapshot, len: *mut usize) -> *const i64;
+
+    /// `module` is a `torch::jit::script::Module*`.
+    pub fn gmt_register_module(module: *mut c_void, prefix: *const c_char, count: *mut usize) -> gmt_error;
+
+    pub fn gmt_cpu_allocator_install() -> gmt_error;
+    pub fn gmt_cpu_allocator_installed() -> c_int;
+    pub fn gmt_cpu_allocator_open_window() -> i32;
+    pub fn gmt_cpu_allocator_close_window(window: i32);
+    pub fn gmt_cpu_allocator_stats(window: i32, reset_peak: c_int, out: *mut gmt_alloc_stats);
+
+    pub fn gmt_meta_allocator_install() -> gmt_error;
+    pub fn gmt_meta_allocator_current() -> i64;
+    pub fn gmt_recorder_start(device_kind: i32) -> gmt_error;
+    pub fn gmt_recorder_stop() -> gmt_error;
+    pub fn gmt_recorder_set_phase(phase: i32, iteration: i32);
+    pub fn gmt_recorder_tag_tensor(tensor: *const c_void, category: i32);
+    pub fn gmt_recorder_tag_registered();
+    pub fn gmt_recorder_len() -> usize;
+    pub fn gmt_recorder_start_history(device_kind: i32, max_events: usize, with_stacks: c_int) -> gmt_error;
+    pub fn gmt_recorder_active() -> c_int;
+    pub fn gmt_recorder_progress(phase: *mut i32, iteration: *mut i32);
+    pub fn gmt_recorder_set_site(site: i32);
+    pub fn gmt_recorder_snapshot_at(event: i64);
+    pub fn gmt_peak_snapshot() -> *mut gmt_snapshot;
+    pub fn gmt_recorder_copy(
+        out: *mut gmt_alloc_event,
+        stacks: *mut u64,
+        cap: usize,
+        dropped: *mut u64,
+    ) -> usize;
+    pub fn gmt_recorder_peak() -> i64;
+    pub fn gmt_recorder_parameter_ids(out: *mut i64, cap: usize) -> usize;
+    pub fn gmt_recorder_op_name(op: i32) -> *const c_char;
+    pub fn gmt_estimate_torchscript(
+        options: *const gmt_estimate_options,
+        out: *mut gmt_estimate_result,
+    ) -> gmt_error;
+
+    pub fn gmt_estimate_static(
+        path: *const c_char,
+        shape: *const i64,
+        ndim: i32,
+        dtype: i32,
+        is_index: i32,
+        out: *mut gmt_static_result,
+    ) -> gmt_error;
+    pub fn gmt_tensor_to_device_in_place(tensor: *mut c_void, device_kind: i32, dtype: i32) -> gmt_error;
+    pub fn gmt_tag_parameter_tensor(tensor: *const c_void) -> gmt_error;
+    pub fn gmt_make_tensor(
+        shape: *const i64,
+        ndim: i32,
+        dtype: i32,
+        device_kind: i32,
+        out: *mut *mut c_void,
+    ) -> gmt_error;
+    pub fn gmt_optimizer_new(kind: i32) -> *mut c_void;
+    pub fn gmt_optimizer_step(optimizer: *mut c_void, params: *const *const c_void, n: usize) -> gmt_error;
+    pub fn gmt_optimizer_state_bytes(optimizer: *mut c_void) -> i64;
+    pub fn gmt_optimizer_free(optimizer: *mut c_void);
+    pub fn gmt_grads_set_to_none(params: *const *const c_void, n: usize, grad_bytes: *mut i64) -> gmt_error;
+    pub fn gmt_saved_capture_begin(excluded: *const *const c_void, n_excluded: usize) -> gmt_error;
+    pub fn gmt_saved_history(enabled: c_int) -> gmt_error;
+    pub fn gmt_saved_capture_end();
+    pub fn gmt_saved_entries(bytes: *mut i64, ops: *mut *const c_char, cap: usize) -> usize;
+    pub fn gmt_saved_parameter_bytes() -> i64;
+    pub fn gmt_saved_packed() -> i64;
+
+    pub fn gmt_cuda_device_count() -> i32;
+    /// The file libtorch_cpu was loaded from (the loader's string), or null.
+    pub fn gmt_libtorch_location() -> *const c_char;
+    pub fn gmt_cuda_stats_read(device: i32, reset_peak: c_int, out: *mut gmt_cuda_stats) -> gmt_error;
+    pub fn gmt_cuda_empty_cache() -> gmt_error;
+    pub fn gmt_cuda_history_compiled() -> c_int;
+    pub fn gmt_cuda_history_attach(device: i32) -> gmt_error;
+    pub fn gmt_cuda_history_detach();
+}
+
+// The C layouts this crate mirrors (`csrc/shim.h` asserts the same sizes on its side).
+const _: () = assert!(std::mem::size_of::<gmt_tensor_record>() == 72);
+const _: () = assert!(std::mem::size_of::<gmt_alloc_stats>() == 40);
+const _: () = assert!(std::mem::size_of::<gmt_alloc_event>() == 48);
+const _: () = assert!(std::mem::size_of::<gmt_estimate_options>() == 48);
+const _: () = assert!(std::mem::size_of::<gmt_estimate_result>() == 56);
+const _: () = assert!(std::mem::size_of::<gmt_static_result>() == 120);
+const _: () = assert!(std::mem::size_of::<gmt_cuda_stats>() == 56);
