@@ -41,14 +41,29 @@ fn same_dir(a: &Path, b: &Path) -> bool {
 /// the torch wheel (their headers match the CUDA libtorch was built with), `CUDA_HOME`/`CUDA_PATH`,
 /// a conda environment, and the usual toolkit folders.
 fn cuda_include_dirs(libtorch_lib: &Path) -> Result<Vec<PathBuf>, String> {
-    let mut candidates: Vec<PathBuf> = Vec::new();
+    let has = |d: &PathBuf, f: &str| d.join(f).exists();
+    // The wheels first, as a pair if need be (CUDA 12 wheels split runtime and compiler headers
+    // into two packages): their headers match the CUDA libtorch was built with.
+    let mut wheels: Vec<PathBuf> = Vec::new();
     if let Some(site) = libtorch_lib.parent().and_then(Path::parent) {
-        if let Ok(entries) = std::fs::read_dir(site.join("nvidia")) {
-            let mut dirs: Vec<PathBuf> = entries.flatten().map(|e| e.path().join("include")).collect();
-            dirs.sort();
-            candidates.extend(dirs);
+        let nvidia = site.join("nvidia");
+        if let Ok(entries) = std::fs::read_dir(&nvidia) {
+            // Headers installed later (nvidia-cuda-crt, nvidia-cuda-nvcc-cu12) must reach a build
+            // made without them: a new package adds a folder here, a new file lands in an include.
+            println!("cargo:rerun-if-changed={}", nvidia.display());
+            wheels = entries.flatten().map(|e| e.path().join("include")).filter(|d| d.is_dir()).collect();
+            wheels.sort();
+            for d in &wheels {
+                println!("cargo:rerun-if-changed={}", d.display());
+            }
         }
     }
+    let runtime = wheels.iter().find(|d| has(d, "cuda_runtime_api.h"));
+    let crt = wheels.iter().find(|d| has(d, "crt/host_config.h"));
+    if let (Some(r), Some(c)) = (runtime, crt) {
+        return Ok(if r == c { vec![r.clone()] } else { vec![r.clone(), c.clone()] });
+    }
+    let mut candidates = wheels.clone();
     for var in ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"] {
         if let Some(p) = env::var_os(var) {
             candidates.push(PathBuf::from(p).join("include"));
@@ -71,7 +86,6 @@ fn cuda_include_dirs(libtorch_lib: &Path) -> Result<Vec<PathBuf>, String> {
     }
     candidates.push(PathBuf::from("/opt/cuda/include"));
     candidates.push(PathBuf::from("/usr/include"));
-    let has = |d: &PathBuf, f: &str| d.join(f).exists();
     // One folder with both keeps runtime and crt of one release together.
     if let Some(d) = candidates.iter().find(|d| has(d, "cuda_runtime_api.h") && has(d, "crt/host_config.h")) {
         return Ok(vec![d.clone()]);
@@ -83,11 +97,12 @@ fn cuda_include_dirs(libtorch_lib: &Path) -> Result<Vec<PathBuf>, String> {
         (Some(r), None) => Err(format!(
             "{} has cuda_runtime_api.h but no CUDA compiler headers (crt/host_config.h) were found: \
              pip install the CUDA compiler headers of torch's CUDA version (CUDA 13: `nvidia-cuda-crt`, 0.1 MB; \
-             CUDA 12: `nvidia-cuda-nvcc-cu12`) or set CUDA_HOME to a CUDA toolkit",
+             CUDA 12: `nvidia-cuda-nvcc-cu12`) or set CUDA_HOME to a CUDA toolkit, then build again",
             r.display()
         )),
         (None, _) => Err("no CUDA runtime headers (cuda_runtime_api.h) were found in the NVIDIA wheels beside torch, \
-                          CUDA_HOME, CUDA_PATH, CONDA_PREFIX or /usr/local/cuda*: set CUDA_HOME to a CUDA toolkit"
+                          CUDA_HOME, CUDA_PATH, CONDA_PREFIX or /usr/local/cuda*: set CUDA_HOME to a CUDA toolkit \
+                          and build again"
             .to_owned()),
     }
 }
@@ -134,8 +149,9 @@ fn torch_sys_version() -> Option<String> {
     let out = PathBuf::from(env::var_os("OUT_DIR")?);
     for dir in out.ancestors() {
         let lock = dir.join("Cargo.lock");
+        // No rerun-if-changed on it: a new torch-sys reruns this script anyway (it links `tch`),
+        // and watching the lockfile would rebuild the shim on every unrelated dependency change.
         let Ok(text) = std::fs::read_to_string(&lock) else { continue };
-        println!("cargo:rerun-if-changed={}", lock.display());
         let mut lines = text.lines();
         while let Some(line) = lines.next() {
             if line.trim() == "name = \"torch-sys\"" {
@@ -152,6 +168,8 @@ fn main() {
     // PATH and VIRTUAL_ENV pick the Python interpreter, which picks the torch in Python mode.
     for var in [
         "LIBTORCH",
+        "LIBTORCH_INCLUDE",
+        "LIBTORCH_LIB",
         "LIBTORCH_USE_PYTORCH",
         "LIBTORCH_CXX11_ABI",
         "VIRTUAL_ENV",
@@ -181,7 +199,11 @@ fn main() {
             py.lib.display()
         );
     }
-    let include = lib.join("..").join("include");
+    // torch-sys honours LIBTORCH_INCLUDE for installs whose headers are not beside lib/.
+    let include = env::var_os("LIBTORCH_INCLUDE")
+        .map(|dir| PathBuf::from(dir).join("include"))
+        .filter(|dir| dir.is_dir())
+        .unwrap_or_else(|| lib.join("..").join("include"));
     // The C++ branches on TORCH_VERSION_MAJOR/MINOR itself; Rust gets the same as cfgs (a cfg per
     // release that added something the shim uses) and constants for `capabilities()`.
     let (major, minor, patch) = libtorch_version(&include);

@@ -8,21 +8,14 @@ use std::process::{Command, Output};
 
 use common::{export_models, exported_model};
 
+#[path = "common/cli_output.rs"]
+mod cli_output;
+use cli_output::{one_line_error, stderr};
+
 const BIN: &str = env!("CARGO_BIN_EXE_gpu-mem-track-estimate");
 
 fn run(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("binary runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn one_line_error(o: &Output, needle: &str) {
-    assert_eq!(o.status.code(), Some(1), "stderr: {}", stderr(o));
-    let e = stderr(o);
-    assert_eq!(e.trim_end().lines().count(), 1, "one line: {e}");
-    assert!(e.starts_with("error: ") && e.contains(needle), "{e}");
 }
 
 #[test]

@@ -6,23 +6,16 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+#[path = "../../tests/common/cli_output.rs"]
+mod cli_output;
+use cli_output::{one_line_error, stderr};
+
 const BIN: &str = env!("CARGO_BIN_EXE_gpu-mem-track");
 /// A Pytorch-Memory-Utils log; the workspace's shared test data.
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/pytorch_memory_utils.txt");
 
 fn run(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("binary runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn one_line_error(o: &Output, needle: &str) {
-    assert_eq!(o.status.code(), Some(1), "stderr: {}", stderr(o));
-    let e = stderr(o);
-    assert_eq!(e.trim_end().lines().count(), 1, "one line: {e}");
-    assert!(e.starts_with("error: ") && e.contains(needle), "{e}");
 }
 
 #[test]

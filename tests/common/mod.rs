@@ -57,12 +57,20 @@ pub fn python_with_torch() -> Option<std::path::PathBuf> {
     })
 }
 
+/// The folder of the test fixtures: `GMT_TEST_FIXTURES` where the test binaries run away from
+/// this checkout (the GPU bundle ships them), else `tests/fixtures`.
+pub fn fixtures() -> std::path::PathBuf {
+    std::env::var_os("GMT_TEST_FIXTURES")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
+}
+
 /// Exports models of `tests/fixtures/export_models.py` to `dir`. The tests calling it are
 /// ignored where no Python with torch was found at build time; here a missing one is a failure.
 pub fn export_models(dir: &Path, names: &[&str]) -> Vec<std::path::PathBuf> {
     let python = python_with_torch().expect("exporting models needs Python with torch");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/export_models.py");
-    let out = std::process::Command::new(python).arg(script).arg(dir).args(names).output().unwrap();
+    let script = fixtures().join("export_models.py");
+    let out = std::process::Command::new(python).arg(&script).arg(dir).args(names).output().unwrap();
     assert!(out.status.success(), "export failed: {}", String::from_utf8_lossy(&out.stderr));
     names.iter().map(|n| dir.join(format!("{n}.pt"))).collect()
 }
