@@ -130,12 +130,12 @@ fn model_paths_and_outputs_are_named_for_what_they_are() {
     let fifo = dir.path().join("model.fifo");
     assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
     one_line_error(&run(&["estimate", fifo.to_str().unwrap(), "--input", "1x3x8x8"]), "not a regular file");
-    // The output's extension is checked before any work, and the message lists what works.
-    let pickle = dir.path().join("x.pickle");
-    std::fs::write(&pickle, "junk").unwrap();
+    // The output's extension is checked before the model is even opened, and the message lists
+    // what works.
+    let model = dir.path().join("not-yet-exported.pt");
     let txt = dir.path().join("t.txt");
     one_line_error(
-        &run(&["timeline", pickle.to_str().unwrap(), "-o", txt.to_str().unwrap()]),
+        &run(&["timeline", model.to_str().unwrap(), "--input", "1x3x8x8", "-o", txt.to_str().unwrap()]),
         ".svg, .png or .json",
     );
 }
