@@ -282,6 +282,7 @@ fn main() {
         .files([
             "csrc/registry.cpp",
             "csrc/allocator.cpp",
+            "csrc/oom.cpp",
             "csrc/cuda.cpp",
             "csrc/recorder.cpp",
             "csrc/meta_kernels.cpp",

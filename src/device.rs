@@ -141,6 +141,11 @@ pub struct AllocatorReading {
     pub peak_since_previous: u64,
     /// CUDA only: bytes held by the caching allocator (`memory_reserved`).
     pub reserved: Option<u64>,
+    /// Free device memory per the driver (CUDA, libtorch 2.10 and later): the headroom.
+    pub device_free: Option<u64>,
+    /// cudaMalloc failures the caching allocator retried after releasing its cache, since the
+    /// process started (CUDA).
+    pub alloc_retries: Option<u64>,
 }
 
 /// Reads a device's allocator counters; each reading restarts the peak window.
@@ -170,7 +175,13 @@ impl AllocatorCounters {
                     Some(w) => w.read(true),
                     None => ffi::cpu_allocator_stats(),
                 };
-                Ok(AllocatorReading { allocated: s.current, peak_since_previous: s.peak, reserved: None })
+                Ok(AllocatorReading {
+                    allocated: s.current,
+                    peak_since_previous: s.peak,
+                    reserved: None,
+                    device_free: None,
+                    alloc_retries: None,
+                })
             }
             AllocatorCounters::Cuda(i) => {
                 let s = ffi::cuda_stats(*i, true)?;
@@ -178,6 +189,8 @@ impl AllocatorCounters {
                     allocated: s.allocated_current,
                     peak_since_previous: s.allocated_peak,
                     reserved: Some(s.reserved_current),
+                    device_free: s.device_free,
+                    alloc_retries: Some(s.num_alloc_retries),
                 })
             }
         }

@@ -33,6 +33,9 @@ pub enum Error {
     /// says what was missing when it was compiled and how to get it.
     #[error("this build of gpu-mem-track has no {capability}: {reason}")]
     NotInThisBuild { capability: &'static str, reason: String },
+    /// A builder option that cannot apply (the option and why).
+    #[error("option {option}: {reason}")]
+    InvalidOption { option: &'static str, reason: String },
     /// A call into libtorch failed; the message is libtorch's.
     #[error("libtorch call {call} failed: {message}")]
     Libtorch { call: &'static str, message: String },

@@ -108,6 +108,8 @@ pub(crate) enum EventKind {
     SegmentAlloc,
     /// The CUDA caching allocator released (or unmapped) a segment.
     SegmentFree,
+    /// An allocation of `size` bytes was refused; `id` holds the device's free bytes.
+    Oom,
 }
 
 /// One recorded allocation event, typed.
@@ -139,6 +141,7 @@ impl From<&sys::gmt_alloc_event> for AllocEvent {
                 sys::GMT_EVENT_ALLOC => EventKind::Alloc,
                 sys::GMT_EVENT_FREE => EventKind::Free,
                 sys::GMT_EVENT_SEGMENT_ALLOC => EventKind::SegmentAlloc,
+                sys::GMT_EVENT_OOM => EventKind::Oom,
                 _ => EventKind::SegmentFree,
             },
             id: e.id,
@@ -174,6 +177,11 @@ pub(crate) struct CudaStats {
     pub allocated_current: u64,
     pub allocated_peak: u64,
     pub reserved_current: u64,
+    /// Free and total device memory per the driver (libtorch 2.10 and later).
+    pub device_free: Option<u64>,
+    pub device_total: Option<u64>,
+    /// cudaMalloc failures the allocator retried after releasing its cache.
+    pub num_alloc_retries: u64,
 }
 
 fn bytes(v: i64) -> u64 {
@@ -215,6 +223,14 @@ impl TensorRecord {
     /// The registration name's id, if it has one (see [`registry_name`]).
     pub(crate) fn name_id(&self) -> Option<i32> {
         (self.0.name_id >= 0).then_some(self.0.name_id)
+    }
+    /// The op that returned it (see [`registry_op_name`]); `None` when registered explicitly.
+    pub(crate) fn op_id(&self) -> Option<u32> {
+        u32::try_from(self.0.op_id).ok()
+    }
+    /// What the tracker knows it holds (filled by [`RawSnapshot::take_categorized`] only).
+    pub(crate) fn category(&self) -> Option<Category> {
+        category_from_code(self.0.category)
     }
     /// Sizes, from the snapshot's shared dims buffer.
     pub(crate) fn shape<'a>(&self, dims: &'a [i64]) -> &'a [i64] {
@@ -309,6 +325,21 @@ pub(crate) fn registry_name(id: i32) -> Option<String> {
     (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 
+/// An op name as the log prints it: an autograd node's evaluation
+/// (`autograd::engine::evaluate_function: AddmmBackward0`) by its node (`AddmmBackward0`).
+fn tidy_op_name(name: &str) -> &str {
+    name.strip_prefix("autograd::engine::evaluate_function: ").unwrap_or(name)
+}
+
+/// The name of an op the registry saw return tensors (`aten::conv2d`, `AddmmBackward0`).
+pub(crate) fn registry_op_name(id: u32) -> Option<String> {
+    let id = i32::try_from(id).ok()?;
+    // SAFETY: returns null or a pointer into an append-only table that lives for the process.
+    let p = unsafe { sys::gmt_registry_op_name(id) };
+    // SAFETY: non-null pointers are NUL-terminated strings that are never freed.
+    (!p.is_null()).then(|| tidy_op_name(&unsafe { CStr::from_ptr(p) }.to_string_lossy()).to_owned())
+}
+
 /// libtorch's name of a scalar type ("Float", "BFloat16", ...), to check gpu-mem-track-log's table.
 #[cfg(test)]
 pub(crate) fn scalar_type_name(scalar_type: i32) -> &'static str {
@@ -341,10 +372,27 @@ impl RawSnapshot {
         device_kind: DeviceKind,
         device_index: i32,
     ) -> Result<(&[TensorRecord], &[i64])> {
+        self.take_with(device_kind, device_index, false)
+    }
+
+    /// As [`take`](Self::take), with each record's [`category`](TensorRecord::category).
+    pub(crate) fn take_categorized(
+        &mut self,
+        device_kind: DeviceKind,
+        device_index: i32,
+    ) -> Result<(&[TensorRecord], &[i64])> {
+        self.take_with(device_kind, device_index, true)
+    }
+
+    fn take_with(
+        &mut self,
+        device_kind: DeviceKind,
+        device_index: i32,
+        categorized: bool,
+    ) -> Result<(&[TensorRecord], &[i64])> {
+        let take = if categorized { sys::gmt_snapshot_take_categorized } else { sys::gmt_snapshot_take };
         // SAFETY: `self.ptr` is a live snapshot we own exclusively (&mut self).
-        check("snapshot", unsafe {
-            sys::gmt_snapshot_take(self.ptr.as_ptr(), device_kind.code(), device_index)
-        })?;
+        check("snapshot", unsafe { take(self.ptr.as_ptr(), device_kind.code(), device_index) })?;
         // SAFETY: the returned arrays stay valid until the next `take` or drop, both of which
         // need `&mut self`, so the borrow checker enforces their lifetime.
         unsafe {
@@ -409,6 +457,134 @@ pub(crate) fn cpu_allocator_stats() -> AllocStats {
     cpu_allocator_stats_window(-1, false)
 }
 
+/// Sets (or, with `None`, removes) the live-byte limit of the wrapped CPU allocator.
+pub(crate) fn cpu_allocator_set_limit(bytes: Option<u64>) {
+    let v = bytes.map_or(-1, |b| i64::try_from(b).unwrap_or(i64::MAX));
+    // SAFETY: stores an atomic.
+    unsafe { sys::gmt_cpu_allocator_set_limit(v) }
+}
+
+/// The wrapped CPU allocator's live allocations, `(address, bytes)`, sorted by address.
+pub(crate) fn cpu_allocator_live() -> Vec<(u64, u64)> {
+    // The set can grow between the count and the copy: retry with room to spare.
+    let mut cap = 0usize;
+    loop {
+        let mut addrs = vec![0i64; cap];
+        let mut sizes = vec![0i64; cap];
+        // SAFETY: both buffers hold `cap` elements; the shim writes at most `cap` and copies
+        // under its lock.
+        let n = unsafe { sys::gmt_cpu_allocator_live(addrs.as_mut_ptr(), sizes.as_mut_ptr(), cap) };
+        if n <= cap {
+            let mut out: Vec<(u64, u64)> =
+                addrs.iter().zip(&sizes).take(n).map(|(&a, &s)| (a as u64, bytes(s))).collect();
+            out.sort_unstable();
+            return out;
+        }
+        cap = n + n / 8 + 16;
+    }
+}
+
+/// An allocation the allocator is about to refuse, as the shim reports it.
+#[derive(Debug, Clone)]
+pub(crate) struct OomEvent {
+    pub device: DeviceKind,
+    /// CUDA device index (`None` on the CPU).
+    pub device_index: Option<usize>,
+    pub requested: u64,
+    /// CUDA: the device's memory (or what the memory fraction allows); CPU: the limit.
+    pub device_total: u64,
+    /// CUDA: free per the driver; CPU: the limit minus the live bytes.
+    pub device_free: u64,
+    /// Innermost and outermost op running on the failing thread.
+    pub op: String,
+    pub top_op: String,
+}
+
+static OOM_HANDLER: std::sync::OnceLock<fn(&OomEvent)> = std::sync::OnceLock::new();
+
+unsafe extern "C" fn on_oom(event: *const sys::gmt_oom_event) {
+    // A panic must not unwind into C++ (nor replace the program's own out-of-memory error).
+    let _ = std::panic::catch_unwind(|| {
+        // SAFETY: the shim passes a valid event for the duration of the call.
+        let Some(e) = (unsafe { event.as_ref() }) else { return };
+        let text = |p: *const std::ffi::c_char| {
+            // SAFETY: null or NUL-terminated op names that outlive the call.
+            if p.is_null() {
+                String::new()
+            } else {
+                tidy_op_name(&unsafe { CStr::from_ptr(p) }.to_string_lossy()).to_owned()
+            }
+        };
+        let event = OomEvent {
+            device: if e.device_kind == sys::GMT_DEV_CUDA { DeviceKind::Cuda } else { DeviceKind::Cpu },
+            device_index: usize::try_from(e.device_index).ok(),
+            requested: bytes(e.requested),
+            device_total: bytes(e.device_total),
+            device_free: bytes(e.device_free),
+            op: text(e.op),
+            top_op: text(e.top_op),
+        };
+        if let Some(handler) = OOM_HANDLER.get() {
+            handler(&event);
+        }
+    });
+}
+
+/// Makes `handler` receive every out-of-memory the shim reports (the first handler set wins).
+pub(crate) fn oom_set_handler(handler: fn(&OomEvent)) {
+    if OOM_HANDLER.set(handler).is_ok() {
+        // SAFETY: `on_oom` matches the callback type and never unwinds.
+        unsafe { sys::gmt_oom_set_callback(Some(on_oom)) }
+    }
+}
+
+/// One block of the CUDA caching allocator's segments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CudaBlock {
+    pub segment_address: u64,
+    pub segment_size: u64,
+    pub address: u64,
+    pub size: u64,
+    pub requested_size: u64,
+    pub allocated: bool,
+    pub is_large: bool,
+}
+
+/// The blocks of a CUDA device's segments, from the caching allocator's own snapshot.
+pub(crate) fn cuda_blocks(device: usize) -> Result<Vec<CudaBlock>> {
+    let device = i32::try_from(device).unwrap_or(i32::MAX);
+    let mut cap = 0usize;
+    loop {
+        let mut out = vec![sys::gmt_cuda_block::default(); cap];
+        let mut n = 0usize;
+        // SAFETY: `out` holds `cap` blocks; the shim writes at most `cap` and sets `n`.
+        check("CUDA allocator segments", unsafe {
+            sys::gmt_cuda_blocks(device, out.as_mut_ptr(), cap, &mut n)
+        })?;
+        if n <= cap {
+            return Ok(out[..n]
+                .iter()
+                .map(|b| CudaBlock {
+                    segment_address: b.segment_address,
+                    segment_size: b.segment_size,
+                    address: b.address,
+                    size: b.size,
+                    requested_size: b.requested_size,
+                    allocated: b.allocated != 0,
+                    is_large: b.is_large != 0,
+                })
+                .collect());
+        }
+        cap = n + n / 8 + 16;
+    }
+}
+
+/// Reports CUDA out-of-memory errors to the handler (once per process).
+pub(crate) fn cuda_oom_observer_attach() -> Result<()> {
+    // SAFETY: guarded on the C++ side.
+    check("CUDA out-of-memory observer", unsafe { sys::gmt_cuda_oom_observer_attach() })
+}
+
 pub(crate) fn cpu_allocator_installed() -> bool {
     // SAFETY: reads a flag.
     unsafe { sys::gmt_cpu_allocator_installed() != 0 }
@@ -437,6 +613,9 @@ pub(crate) fn cuda_stats(device: usize, reset_peak: bool) -> Result<CudaStats> {
         allocated_current: bytes(out.allocated_current),
         allocated_peak: bytes(out.allocated_peak),
         reserved_current: bytes(out.reserved_current),
+        device_free: u64::try_from(out.free_bytes).ok(),
+        device_total: u64::try_from(out.total_bytes).ok(),
+        num_alloc_retries: bytes(out.num_alloc_retries),
     })
 }
 

@@ -53,6 +53,9 @@ pub enum Action {
     SegmentAlloc,
     /// The CUDA caching allocator released a segment (`cudaFree`, e.g. on `empty_cache`).
     SegmentFree,
+    /// An allocation of `size` bytes was refused (out of memory); `addr` holds the device's free
+    /// bytes then, as PyTorch's `oom` trace entry does.
+    Oom,
 }
 
 /// One recorded event.
@@ -86,9 +89,24 @@ pub struct History {
     pub events: Vec<HistoryEvent>,
     /// Events dropped because the ring was full.
     pub dropped: u64,
+    /// Recorded from the CPU allocator: host memory has no caching segments, so each allocation
+    /// is a segment of its own in a snapshot.
+    pub host_memory: bool,
 }
 
 static SITES: Mutex<Vec<Arc<Site>>> = Mutex::new(Vec::new());
+
+/// The device kind of the running (or last) recording.
+static RECORDING: Mutex<Option<ffi::DeviceKind>> = Mutex::new(None);
+
+/// The device kind a history is recording now, if one is.
+pub(crate) fn recording_device() -> Option<ffi::DeviceKind> {
+    if ffi::history_active() {
+        *RECORDING.lock()
+    } else {
+        None
+    }
+}
 
 /// Whether this build can record CUDA history: the shim was compiled with the CUDA runtime headers
 /// and linked to libc10_cuda. A GPU is still needed at run time.
@@ -116,6 +134,7 @@ pub(crate) fn note_site(site: &Site) {
 pub(crate) fn start(device_kind: ffi::DeviceKind, options: HistoryOptions) -> Result<()> {
     ffi::install()?;
     ffi::history_start(device_kind, options.max_entries, options.with_stacks)?;
+    *RECORDING.lock() = Some(device_kind);
     ffi::history_tag_saved(true)
 }
 
@@ -172,6 +191,7 @@ pub(crate) fn read(with_stacks: bool) -> History {
                 EventKind::Free => (Action::Free, sizes.remove(&e.id).unwrap_or(e.size)),
                 EventKind::SegmentAlloc => (Action::SegmentAlloc, e.size),
                 EventKind::SegmentFree => (Action::SegmentFree, e.size),
+                EventKind::Oom => (Action::Oom, e.size),
             };
             let site = e.site.and_then(|s| sites.get(s).cloned());
             let mut frames: Vec<Frame> = if with_stacks {
@@ -199,7 +219,7 @@ pub(crate) fn read(with_stacks: bool) -> History {
             }
         })
         .collect();
-    History { events, dropped: rec.dropped }
+    History { events, dropped: rec.dropped, host_memory: *RECORDING.lock() == Some(ffi::DeviceKind::Cpu) }
 }
 
 impl History {
@@ -222,7 +242,7 @@ impl History {
                 Action::Free => {
                     replay.free(e.addr as i64);
                 }
-                Action::SegmentAlloc | Action::SegmentFree => {}
+                Action::SegmentAlloc | Action::SegmentFree | Action::Oom => {}
             }
         }
         replay.peak()
@@ -263,7 +283,7 @@ impl History {
     /// [`LogError::SnapshotWrite`](crate::LogError::SnapshotWrite) naming the file when it cannot be
     /// written.
     pub fn dump_snapshot(&self, path: &Path) -> Result<()> {
-        let mut trace = Vec::with_capacity(self.events.len() * 2);
+        let mut trace = Vec::with_capacity(self.events.len() * if self.host_memory { 4 } else { 2 });
         let mut live: Vec<Option<&HistoryEvent>> = Vec::new();
         let mut live_at: HashMap<u64, usize> = HashMap::new();
         let mut segments_live: Vec<(u64, u64)> = Vec::new();
@@ -276,19 +296,29 @@ impl History {
                 time_us: e.time_us,
                 frames: &e.frames,
                 category: e.category.map(Category::name),
+                device_free: None,
             };
             match e.action {
                 Action::Alloc => {
                     live_at.insert(e.addr, live.len());
                     live.push(Some(e));
+                    // Host memory: the allocation is its own segment, reserved just before it, so
+                    // a tool replaying segments and blocks finds every block inside one.
+                    if self.host_memory {
+                        trace.push(entry("segment_alloc"));
+                    }
                     trace.push(entry("alloc"));
                 }
                 Action::Free => {
-                    if let Some(i) = live_at.remove(&e.addr) {
-                        live[i] = None;
+                    let known = live_at.remove(&e.addr).map(|i| live[i].take());
+                    if self.host_memory && known.is_none() {
+                        continue; // allocated before the recording: no segment holds it
                     }
                     trace.push(entry("free_requested"));
                     trace.push(entry("free_completed"));
+                    if self.host_memory {
+                        trace.push(entry("segment_free"));
+                    }
                 }
                 Action::SegmentAlloc => {
                     segments_live.push((e.addr, e.size));
@@ -298,6 +328,8 @@ impl History {
                     segments_live = unmap(segments_live, e.addr, e.addr.saturating_add(e.size));
                     trace.push(entry("segment_free"));
                 }
+                // PyTorch's `oom` entry: the bytes asked for and the device's free bytes, no address.
+                Action::Oom => trace.push(TraceEntry { addr: 0, device_free: Some(e.addr), ..entry("oom") }),
             }
         }
         let live: Vec<&HistoryEvent> = live.into_iter().flatten().collect();
@@ -400,6 +432,7 @@ mod tests {
                 event(Action::Alloc, 0x3020_0000, 1 << 20, t),
             ],
             dropped: 0,
+            host_memory: false,
         };
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("h.pickle");

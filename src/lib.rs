@@ -106,6 +106,7 @@ mod error;
 pub mod estimate;
 mod ffi;
 pub mod history;
+mod oom;
 pub mod sampler;
 pub mod site;
 pub mod snapshot;

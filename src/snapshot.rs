@@ -1,6 +1,9 @@
 //! A snapshot of the live tensors on one device, grouped the way the log prints them:
 //! by (shape, dtype, class), with each storage's bytes counted once.
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 pub use gpu_mem_track_log::group::{DType, GroupKey, GroupTotals, TensorClass};
 use rustc_hash::FxHashMap;
@@ -56,6 +59,8 @@ struct BorrowedKey<'a> {
     dtype: DType,
     parameter: bool,
     view: bool,
+    /// The registry's op id, when grouping by op.
+    op: Option<u32>,
 }
 
 impl Hash for BorrowedKey<'_> {
@@ -64,7 +69,24 @@ impl Hash for BorrowedKey<'_> {
         h.write_i32(self.dtype.scalar_type());
         h.write_u8(self.parameter as u8);
         h.write_u8(self.view as u8);
+        if let Some(op) = self.op {
+            h.write_u32(op);
+        }
     }
+}
+
+/// Op names by registry op id, looked up once each (the registry's table only grows).
+fn op_name(id: u32) -> Option<Arc<str>> {
+    static NAMES: Mutex<Vec<Option<Arc<str>>>> = Mutex::new(Vec::new());
+    let mut names = NAMES.lock();
+    let i = id as usize;
+    if names.len() <= i {
+        names.resize(i + 1, None);
+    }
+    if names[i].is_none() {
+        names[i] = ffi::registry_op_name(id).map(Arc::from);
+    }
+    names[i].clone()
 }
 
 /// Index of the owner of each storage held by several tensors, among `records`. A storage held by
@@ -95,8 +117,14 @@ fn owns_storage(records: &[TensorRecord], owners: &FxHashMap<u64, usize>, i: usi
 }
 
 impl Snapshot {
-    /// Groups raw registry records. With `detail == false` only the totals are computed.
-    pub(crate) fn from_records(records: &[TensorRecord], dims: &[i64], detail: bool) -> Snapshot {
+    /// Groups raw registry records, by op too when `by_op`. With `detail == false` only the totals
+    /// are computed.
+    pub(crate) fn from_records(
+        records: &[TensorRecord],
+        dims: &[i64],
+        detail: bool,
+        by_op: bool,
+    ) -> Snapshot {
         let owners = shared_storage_owners(records);
         let mut snap = Snapshot { tensor_count: records.len(), ..Snapshot::default() };
         let mut grouped: FxHashMap<BorrowedKey<'_>, GroupTotals> = FxHashMap::default();
@@ -114,6 +142,7 @@ impl Snapshot {
                 dtype: r.dtype(),
                 parameter: r.is_parameter(),
                 view: !owned,
+                op: if by_op { r.op_id() } else { None },
             };
             let g = grouped.entry(key).or_default();
             g.count += 1;
@@ -124,7 +153,9 @@ impl Snapshot {
         snap.groups.reserve(grouped.len());
         for (k, v) in grouped {
             let class = if k.parameter { TensorClass::Parameter } else { TensorClass::Tensor };
-            snap.groups.insert(GroupKey { shape: k.shape.into(), dtype: k.dtype, class, view: k.view }, v);
+            let op = k.op.and_then(op_name);
+            snap.groups
+                .insert(GroupKey { shape: k.shape.into(), dtype: k.dtype, class, view: k.view, op }, v);
         }
         snap
     }
@@ -175,4 +206,59 @@ pub(crate) fn tensor_infos(records: &[TensorRecord], dims: &[i64]) -> Vec<Tensor
             .then(a.name.cmp(&b.name))
     });
     out
+}
+
+/// The largest groups of live tensors by what holds memory: (shape, dtype, class, what the
+/// tracker knows they are, the op that made them), largest first; the first `n` and the count and
+/// bytes of the rest. Records must come from a categorised snapshot to name categories.
+pub(crate) fn largest_holders(
+    records: &[TensorRecord],
+    dims: &[i64],
+    n: usize,
+) -> (Vec<gpu_mem_track_log::log::oom::Holder>, (u64, u64)) {
+    let owners = shared_storage_owners(records);
+    type Key<'a> = (&'a [i64], i32, bool, Option<gpu_mem_track_log::Category>, Option<u32>);
+    let mut grouped: FxHashMap<Key<'_>, GroupTotals> = FxHashMap::default();
+    for (i, r) in records.iter().enumerate() {
+        if !owns_storage(records, &owners, i) {
+            continue; // views hold no memory of their own
+        }
+        let g = grouped
+            .entry((r.shape(dims), r.dtype().scalar_type(), r.is_parameter(), r.category(), r.op_id()))
+            .or_default();
+        g.count += 1;
+        g.bytes += r.storage_nbytes();
+    }
+    let mut groups: Vec<_> = grouped.into_iter().collect();
+    groups.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(b.1.count.cmp(&a.1.count)).then(a.0.cmp(&b.0)));
+    let rest = groups.iter().skip(n).fold((0, 0), |(c, b), g| (c + 1, b + g.1.bytes));
+    let holders = groups
+        .into_iter()
+        .take(n)
+        .map(|((shape, dtype, parameter, category, op), totals)| gpu_mem_track_log::log::oom::Holder {
+            count: totals.count,
+            shape: shape.to_vec(),
+            dtype: DType::from_scalar_type(dtype).torch_name(),
+            class: if parameter { TensorClass::Parameter } else { TensorClass::Tensor },
+            bytes: totals.bytes,
+            what: category.map(|c| holder_label(c).to_owned()),
+            op: op.and_then(op_name).map(|o| o.to_string()),
+        })
+        .collect();
+    (holders, rest)
+}
+
+/// How an out-of-memory block names what a group of tensors is.
+fn holder_label(c: gpu_mem_track_log::Category) -> &'static str {
+    use gpu_mem_track_log::Category as C;
+    match c {
+        C::Parameter => "parameters",
+        C::Buffer => "buffers",
+        C::Gradient => "gradients",
+        C::Activation => "activations saved for backward",
+        C::Input => "input",
+        C::OptimizerState => "optimizer state",
+        C::Temporary => "temporaries",
+        C::Unknown => "unknown",
+    }
 }

@@ -37,7 +37,7 @@ pub(crate) fn categorize(events: &[AllocEvent], parameter_ids: &[i64]) -> Vec<Op
                     freed_at.insert(a, i);
                 }
             }
-            EventKind::SegmentAlloc | EventKind::SegmentFree => {}
+            EventKind::SegmentAlloc | EventKind::SegmentFree | EventKind::Oom => {}
         }
     }
     let mut of_alloc: HashMap<i64, Category> = HashMap::new();
@@ -64,7 +64,7 @@ pub(crate) fn categorize(events: &[AllocEvent], parameter_ids: &[i64]) -> Vec<Op
                 Some(category)
             }
             EventKind::Free => of_alloc.remove(&e.id),
-            EventKind::SegmentAlloc | EventKind::SegmentFree => None,
+            EventKind::SegmentAlloc | EventKind::SegmentFree | EventKind::Oom => None,
         })
         .collect()
 }

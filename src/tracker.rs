@@ -2,7 +2,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -16,10 +16,11 @@ use crate::history::{self, History, HistoryOptions};
 use crate::log::format::{self, MIB};
 use crate::log::writer::{launcher_rank, log_file_stem, validate_prefix, TIMESTAMP_FORMAT};
 use crate::log::{
-    AtLine, GroupLine, LogHeader, LogWriter, MemoryField, SourceLocation, ALLOCATED, NVML_USED,
-    PEAK_ALLOCATED, PEAK_NVML_USED, RESERVED, TENSOR_USED,
+    AtLine, GroupLine, LogHeader, LogWriter, MemoryField, SourceLocation, ALLOCATED, ALLOC_RETRIES,
+    DEVICE_FREE, NVML_USED, PEAK_ALLOCATED, PEAK_NVML_USED, RESERVED, TENSOR_USED,
 };
 use crate::nvml::{self, NvmlReader, NvmlReading};
+use crate::oom::{OomParts, OomSink, OomWatch};
 use crate::sampler::{DeviceSource, SampledPeak, Sampler};
 use crate::site::Site;
 use crate::snapshot::{self, GroupKey, GroupTotals, Snapshot, TensorInfo};
@@ -36,6 +37,8 @@ pub struct MemTrackerBuilder {
     prefix: String,
     nvml: bool,
     sample_every: Option<Duration>,
+    op_names: bool,
+    cpu_memory_limit: Option<u64>,
 }
 
 impl Default for MemTrackerBuilder {
@@ -47,6 +50,8 @@ impl Default for MemTrackerBuilder {
             prefix: String::new(),
             nvml: true,
             sample_every: None,
+            op_names: false,
+            cpu_memory_limit: None,
         }
     }
 }
@@ -90,6 +95,25 @@ impl MemTrackerBuilder {
         self
     }
 
+    /// Groups `+`/`-` lines by the op that made the tensors too, and names it as the line's last
+    /// column (`... | torch.float32 | aten::convolution`). Off by default, so default logs stay
+    /// byte-compatible with Pytorch-Memory-Utils; `report` reads both.
+    pub fn op_names(mut self, on: bool) -> Self {
+        self.op_names = on;
+        self
+    }
+
+    /// Makes the wrapped CPU allocator refuse any allocation that would take the live CPU bytes
+    /// past `bytes`, with the error c10's CPU allocator raises when memory runs out
+    /// (`c10::OutOfMemoryError`, "DefaultCPUAllocator: not enough memory: ..."), after writing the
+    /// out-of-memory block and snapshot: reproduce a GPU's out-of-memory on a laptop. CPU
+    /// trackers only; the limit is process-wide (the allocator is) and goes when this tracker is
+    /// dropped.
+    pub fn cpu_memory_limit(mut self, bytes: u64) -> Self {
+        self.cpu_memory_limit = Some(bytes);
+        self
+    }
+
     /// Installs the registry and allocator hooks, creates the log file and writes its header.
     /// The file is `<prefix><timestamp>-<device>[-rank<R>]-gpu_mem_track.txt`; the rank comes from
     /// `RANK`, `SLURM_PROCID` or `LOCAL_RANK` when a launcher set them.
@@ -99,11 +123,18 @@ impl MemTrackerBuilder {
     /// [`Error::CudaUnavailable`] / [`Error::NoSuchCudaDevice`] for a CUDA device this process
     /// cannot use; [`LogError::LogDirMissing`](crate::LogError::LogDirMissing),
     /// `LogDirNotADirectory`, `LogDirUnwritable` for the log folder;
-    /// [`Error::Libtorch`] if the hooks cannot be installed.
+    /// [`Error::Libtorch`] if the hooks cannot be installed; [`Error::InvalidOption`] for a
+    /// `cpu_memory_limit` on a CUDA tracker.
     pub fn build(self) -> Result<MemTracker> {
         validate_prefix(&self.prefix)?;
         let device = self.device.unwrap_or_else(TrackedDevice::default_for_this_machine);
         device.check_available()?;
+        if self.cpu_memory_limit.is_some() && device != TrackedDevice::Cpu {
+            return Err(Error::InvalidOption {
+                option: "cpu_memory_limit",
+                reason: format!("limits the CPU allocator; this tracker watches {device}"),
+            });
+        }
         ffi::install()?;
         let dir = match self.log_dir {
             Some(d) => d,
@@ -135,7 +166,7 @@ impl MemTrackerBuilder {
         let mut raw = RawSnapshot::new()?;
         let (filter_kind, filter_index) = device.shim_filter();
         let (records, dims) = raw.take(filter_kind, filter_index)?;
-        let totals = Snapshot::from_records(records, dims, false);
+        let totals = Snapshot::from_records(records, dims, false, false);
         let reading = allocator.read()?;
         let header = LogHeader {
             timestamp,
@@ -145,25 +176,74 @@ impl MemTrackerBuilder {
             ],
         };
         writer.append(&format::header(&header))?;
+        let log_path = writer.path().to_owned();
+        let state = Arc::new(Mutex::new(State {
+            raw,
+            previous: FxHashMap::default(),
+            writer,
+            allocator,
+            nvml,
+            last_site: None,
+            alloc_retries: reading.alloc_retries.unwrap_or(0),
+            ooms: 0,
+        }));
+        let sink: Arc<Mutex<dyn OomSink>> = state.clone();
+        crate::oom::watch(OomWatch {
+            device,
+            detail: self.detail,
+            op_names: self.op_names,
+            log_path: log_path.clone(),
+            state: Arc::downgrade(&sink),
+        });
+        if let TrackedDevice::Cuda(_) = device {
+            if let Err(e) = ffi::cuda_oom_observer_attach() {
+                tracing::warn!(target: "gpu_mem_track", "CUDA out-of-memory errors will not be logged: {e}");
+            }
+        }
+        if let Some(limit) = self.cpu_memory_limit {
+            ffi::cpu_allocator_set_limit(Some(limit));
+        }
         Ok(MemTracker {
             device,
             detail: self.detail,
-            log_path: writer.path().to_owned(),
+            op_names: self.op_names,
+            sets_cpu_memory_limit: self.cpu_memory_limit.is_some(),
+            log_path,
             warned: AtomicBool::new(false),
             sampler,
             history_stacks: Mutex::new(false),
             optimizer_steps: AtomicU32::new(0),
-            state: Mutex::new(State { raw, previous: FxHashMap::default(), writer, allocator, nvml }),
+            state,
         })
     }
 }
 
+/// What a tracker keeps between track points (shared with its out-of-memory report).
 struct State {
     raw: RawSnapshot,
+    /// Groups at the previous block: the next block's `+`/`-` lines are the change from these.
     previous: FxHashMap<GroupKey, GroupTotals>,
     writer: LogWriter,
     allocator: AllocatorCounters,
     nvml: Option<NvmlReader>,
+    /// The last track site (the out-of-memory block names it).
+    last_site: Option<Site>,
+    /// The CUDA allocator's retry count at the previous `At` line.
+    alloc_retries: u64,
+    /// Out-of-memory blocks written so far.
+    ooms: u32,
+}
+
+impl OomSink for State {
+    fn parts(&mut self) -> OomParts<'_> {
+        OomParts {
+            raw: &mut self.raw,
+            previous: &mut self.previous,
+            writer: &mut self.writer,
+            last_site: self.last_site.as_ref(),
+            ooms: &mut self.ooms,
+        }
+    }
 }
 
 /// What one track call measured (and wrote to the log).
@@ -183,6 +263,9 @@ pub struct TrackPoint {
     pub nvml: Option<NvmlReading>,
     /// Maxima the background sampler saw since the previous track point (when sampling is on).
     pub sampled: Option<SampledPeak>,
+    /// cudaMalloc failures the CUDA caching allocator retried since the previous track point
+    /// (each released the cache and tried again: memory is getting tight).
+    pub alloc_retries_since_previous: u64,
 }
 
 impl TrackPoint {
@@ -195,6 +278,16 @@ impl TrackPoint {
         ];
         if let Some(r) = self.allocator.reserved {
             fields.push(MemoryField::from_bytes(RESERVED, r));
+        }
+        if let Some(free) = self.allocator.device_free {
+            fields.push(MemoryField::from_bytes(DEVICE_FREE, free));
+        }
+        if self.alloc_retries_since_previous > 0 {
+            // A count, printed in the figure column like the others.
+            fields.push(MemoryField {
+                label: ALLOC_RETRIES.to_owned(),
+                mib: self.alloc_retries_since_previous as f64,
+            });
         }
         if let Some(used) = self.nvml.and_then(|n| n.process_used) {
             fields.push(MemoryField::from_bytes(NVML_USED, used));
@@ -214,17 +307,7 @@ impl TrackPoint {
 
     /// The `+`/`-` lines this point printed.
     pub fn group_lines(&self) -> Vec<GroupLine> {
-        self.changes
-            .iter()
-            .map(|c| GroupLine {
-                sign: c.sign,
-                count: c.count,
-                shape: c.key.shape.to_vec(),
-                memory_mib: c.bytes as f64 / MIB,
-                class: c.key.class.clone(),
-                dtype: c.key.dtype.torch_name(),
-            })
-            .collect()
+        self.changes.iter().map(GroupLine::from_change).collect()
     }
 }
 
@@ -235,12 +318,14 @@ impl TrackPoint {
 pub struct MemTracker {
     device: TrackedDevice,
     detail: bool,
+    op_names: bool,
+    sets_cpu_memory_limit: bool,
     log_path: PathBuf,
     warned: AtomicBool,
     sampler: Option<Sampler>,
     history_stacks: Mutex<bool>,
     optimizer_steps: AtomicU32,
-    state: Mutex<State>,
+    state: Arc<Mutex<State>>,
 }
 
 impl std::fmt::Debug for MemTracker {
@@ -250,6 +335,14 @@ impl std::fmt::Debug for MemTracker {
             .field("detail", &self.detail)
             .field("log_path", &self.log_path)
             .finish_non_exhaustive()
+    }
+}
+
+impl Drop for MemTracker {
+    fn drop(&mut self) {
+        if self.sets_cpu_memory_limit {
+            ffi::cpu_allocator_set_limit(None);
+        }
     }
 }
 
@@ -299,8 +392,11 @@ impl MemTracker {
         let state = &mut *guard;
         let (kind, index) = self.device.shim_filter();
         let (records, dims) = state.raw.take(kind, index)?;
-        let snap = Snapshot::from_records(records, dims, self.detail);
+        let snap = Snapshot::from_records(records, dims, self.detail, self.op_names);
         let allocator = state.allocator.read()?;
+        let retries = allocator.alloc_retries.unwrap_or(0);
+        let alloc_retries_since_previous = retries.saturating_sub(state.alloc_retries);
+        state.alloc_retries = retries;
         let sampled = self.sampler.as_ref().map(Sampler::take_peak);
         let nvml = match (&state.nvml, self.device) {
             (Some(reader), TrackedDevice::Cuda(i)) => {
@@ -316,9 +412,11 @@ impl MemTracker {
             allocator,
             nvml,
             sampled,
+            alloc_retries_since_previous,
         };
         state.writer.append(&format::block(&point.group_lines(), &point.at_line()))?;
         state.previous = snap.groups;
+        state.last_site = Some(site.clone());
         drop(guard);
         tracing::info!(
             target: "gpu_mem_track",
@@ -592,4 +690,37 @@ pub fn registry_callbacks() -> u64 {
 /// Registry entries, dead ones included until pruned (diagnostics).
 pub fn registry_entries() -> usize {
     ffi::registry_entries()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_at_lines_show_the_headroom_and_new_allocator_retries() {
+        let mut point = TrackPoint {
+            site: Site::new("train.rs", 7, "app::main"),
+            changes: Vec::new(),
+            tensor_bytes: 1 << 20,
+            tensor_count: 1,
+            allocator: AllocatorReading {
+                allocated: 1 << 20,
+                peak_since_previous: 2 << 20,
+                reserved: Some(4 << 20),
+                device_free: Some(300 << 20),
+                alloc_retries: Some(5),
+            },
+            nvml: None,
+            sampled: None,
+            alloc_retries_since_previous: 2,
+        };
+        let at = point.at_line();
+        assert_eq!(at.field(DEVICE_FREE), Some(300.0));
+        assert_eq!(at.field(ALLOC_RETRIES), Some(2.0));
+        point.alloc_retries_since_previous = 0;
+        point.allocator.device_free = None;
+        let at = point.at_line();
+        assert_eq!((at.field(DEVICE_FREE), at.field(ALLOC_RETRIES)), (None, None));
+        assert_eq!(at.field(RESERVED), Some(4.0));
+    }
 }

@@ -253,3 +253,99 @@ fn timeline_draws_one_rank_when_ranks_share_the_model_states() {
     let rank = parameter_bytes_at_peak(&["--world-size", "4", "--shard", "zero3"]);
     assert!(whole > 0 && rank * 3 < whole, "one of 4 ZeRO-3 ranks holds {rank} of {whole} parameter bytes");
 }
+
+#[cfg_attr(
+    not(gmt_torchvision),
+    ignore = "needs Python with torch and torchvision to export ResNet-50 (scripts/dev installs them)"
+)]
+#[test]
+fn estimate_and_fit_name_where_resnet50_training_would_run_out_of_memory_on_a_t4() {
+    let (_dir, model) = exported_model("resnet50");
+    let m = model.to_str().unwrap();
+    let estimate = |batch: u32, extra: &[&str]| {
+        let input = format!("{batch}x3x224x224");
+        let mut args = vec!["estimate", m, "--input", &input, "--mode", "train", "--optimizer", "momentum"];
+        args.extend_from_slice(extra);
+        let o = run(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let oom_lines = |text: &str| -> Vec<String> {
+        text.lines().filter(|l| l.contains("does not fit: ")).map(str::to_owned).collect()
+    };
+    // Batch 256 needs about twice a T4's 16 GiB.
+    let v: serde_json::Value =
+        serde_json::from_str(&estimate(256, &["--device-profile", "t4", "--json"])).unwrap();
+    let g = &v["gpu"];
+    assert_eq!(g["fits"], false);
+    let usable = (16u64 << 30) - (380 << 20);
+    assert_eq!(g["usable_bytes"], usable, "the T4's memory less its CUDA context");
+    let oom = &g["first_oom"];
+    let (op, phase, iteration) =
+        (oom["top_op"].as_str().unwrap(), oom["phase"].as_str().unwrap(), oom["iteration"].as_u64().unwrap());
+    assert!(["forward", "backward", "optimizer"].contains(&phase) && iteration >= 1, "{oom}");
+    let field = |k: &str| oom[k].as_u64().unwrap_or_else(|| panic!("{k} in {oom}"));
+    assert_eq!(field("capacity"), usable);
+    assert!(field("short_by") > 0);
+    assert_eq!(field("segment") + field("reserved_after_retry") - usable, field("short_by"));
+    // The text says the same, in one line under the T4's figures.
+    let text = estimate(256, &["--device-profile", "t4"]);
+    let lines = oom_lines(&text);
+    assert_eq!(lines.len(), 1, "{text}");
+    let phase_text = if phase == "optimizer" { "optimizer step" } else { phase };
+    let line = lines[0].trim();
+    println!("{line}");
+    assert!(line.starts_with("does not fit: "), "{line}");
+    assert!(line.contains(op) && line.contains(&format!("({phase_text}, iteration {iteration})")), "{line}");
+    let short = format!("{:.1} MiB short", field("short_by") as f64 / 1048576.0);
+    let short_gib = format!("{:.1} GiB short", field("short_by") as f64 / (1u64 << 30) as f64);
+    assert!(line.ends_with(&short) || line.ends_with(&short_gib), "{line}");
+    assert!(line.contains("15.6 GiB usable"), "{line}");
+    // The table of every preset says where it fails on the T4 and that the A100 80 GB takes it.
+    let table = estimate(256, &["--device-profile", "all"]);
+    let row = |name: &str| table.lines().find(|l| l.trim_start().starts_with(name)).unwrap().to_owned();
+    assert!(row("t4 ").contains(&format!("does NOT fit: OOM at {op} ({phase_text}, iteration {iteration})")));
+    assert!(row("a100-80g").trim_end().ends_with("fits"), "{table}");
+    // A batch that fits has no such line; --gpu-mem makes the same batch fail on a smaller card.
+    let fits = estimate(32, &["--device-profile", "t4"]);
+    assert!(oom_lines(&fits).is_empty() && !fits.contains("does NOT fit"), "{fits}");
+    let v: serde_json::Value =
+        serde_json::from_str(&estimate(32, &["--device-profile", "t4", "--gpu-mem", "2GiB", "--json"]))
+            .unwrap();
+    assert_eq!(v["gpu"]["usable_bytes"], (2u64 << 30) - (380 << 20));
+    assert!(v["gpu"]["first_oom"]["short_by"].as_u64().unwrap() > 0, "{}", v["gpu"]);
+    assert_eq!(
+        run(&["estimate", m, "--input", "1x3x224x224", "--gpu-mem", "8GiB"]).status.code(),
+        Some(2),
+        "--gpu-mem needs a profile"
+    );
+
+    // fit names where the smallest size that does not fit would fail, or says none would.
+    let o = run(&[
+        "fit",
+        m,
+        "--input",
+        "1x3x224x224",
+        "--optimizer",
+        "momentum",
+        "--device-profile",
+        "t4",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let largest = v["largest"].as_i64().unwrap();
+    let above = v["probes"].as_array().unwrap().iter().find(|p| p["value"] == largest + 1).unwrap();
+    let o = run(&["fit", m, "--input", "1x3x224x224", "--optimizer", "momentum", "--device-profile", "t4"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    let at = format!("at batch {}: ", largest + 1);
+    let line = text.lines().find(|l| l.trim_start().starts_with(&at)).unwrap_or_else(|| panic!("{text}"));
+    println!("{line}");
+    if above["first_oom"].is_null() {
+        assert!(line.contains("no OOM predicted"), "{line}");
+    } else {
+        assert!(
+            line.contains("does not fit: ") && line.contains(above["first_oom"]["phase"].as_str().unwrap())
+        );
+    }
+}

@@ -217,3 +217,53 @@ fn eager_lifetimes_match_eager_pytorch_and_torchscript_lifetimes_free_earlier() 
         assert!(script <= eager, "{name}: the interpreter never holds longer: {script} vs {eager}");
     }
 }
+
+#[cfg_attr(
+    not(gmt_torchvision),
+    ignore = "needs Python with torch and torchvision to export ResNet-50 (scripts/dev installs them)"
+)]
+#[test]
+fn resnet50_training_too_large_for_a_t4_names_the_first_allocation_that_fails() {
+    use gpu_mem_track::estimate::estimate_torchscript_traced;
+    use gpu_mem_track::estimate::gpu_runtime::{place_runtime_allocations, replay_on_device, RuntimeSizes};
+    use gpu_mem_track::estimate::profile::{predict, DeviceProfile};
+    let dir = tempfile::tempdir().unwrap();
+    let model = export_models(dir.path(), &["resnet50"]).remove(0);
+    let t4 = DeviceProfile::find("t4").unwrap();
+    let trace_at = |batch: i64| {
+        let options = EstimateOptions {
+            input_shape: vec![batch, 3, 224, 224],
+            mode: Mode::Train(Optimizer::SgdMomentum),
+            ..EstimateOptions::default()
+        };
+        estimate_torchscript_traced(&model, &options).unwrap().1
+    };
+    let trace = trace_at(256);
+    let g = predict(&t4, &trace, None);
+    assert!(!g.fits);
+    assert_eq!(g.usable_bytes, t4.memory_bytes - t4.context_bytes);
+    let oom = g.first_oom.clone().expect("batch 256 of ResNet-50 training cannot run in 16 GiB");
+    println!("{oom}");
+    // It is the trace's allocation, as recorded.
+    let e = &trace.events[oom.event];
+    assert!(e.alloc);
+    assert_eq!((&e.op, &e.top_op, e.phase, e.iteration), (&oom.op, &oom.top_op, oom.phase, oom.iteration));
+    assert_eq!((oom.runtime, oom.requested), (None, e.size), "a tensor: cuDNN workspaces fall back");
+    assert!(oom.iteration >= 1, "parameters and input fit: it fails in a step");
+    // The shortfall is what the definition says, and the allocation really did not fit.
+    assert!(oom.short_by > 0 && oom.reserved_after_retry <= oom.capacity);
+    assert_eq!(oom.segment + oom.reserved_after_retry - oom.capacity, oom.short_by);
+    assert!(oom.segment >= oom.rounded && oom.rounded >= oom.requested);
+    // It is the first: the same replay without that event and what follows places everything.
+    let runtime = place_runtime_allocations(
+        &trace,
+        RuntimeSizes { cublas_workspace: t4.cublas_workspace_bytes(None), cudnn_workspaces: true },
+    );
+    let before = gpu_mem_track::estimate::Trace { events: trace.events[..oom.event].to_vec() };
+    let runtime_before: Vec<_> = runtime.iter().copied().filter(|r| r.after_event < oom.event).collect();
+    assert_eq!(replay_on_device(&before, &runtime_before, Some(g.usable_bytes)).1, None);
+    // A batch that fits has none.
+    let small = predict(&t4, &trace_at(32), None);
+    assert!(small.fits);
+    assert_eq!(small.first_oom, None);
+}

@@ -51,6 +51,10 @@ fn snapshot_loads_in_memory_viz_with_the_same_counts_and_peak() {
         .any(|e| e.site.as_ref().is_some_and(|s| s.function.contains("snapshot_loads"))));
     let pickle = dir.path().join("snapshot.pickle");
     t.dump_snapshot(&pickle).unwrap();
+    // Each host allocation is its own segment: a replay of segments and blocks finds every block
+    // inside one.
+    let replay = gpu_mem_track::memviz::replay_segments(&pickle).unwrap();
+    assert_eq!(replay.blocks, allocs);
 
     let python = python_with_torch().expect("a Python with torch");
     let script = dir.path().join("check.py");

@@ -97,8 +97,9 @@ fn arb_group_line() -> impl Strategy<Value = GroupLine> {
         0u64..(1 << 40),
         any::<bool>(),
         prop::sample::select(vec!["torch.float32", "torch.int64", "torch.bool", "torch.bfloat16"]),
+        prop::option::of("aten::[a-z_]{1,30}(\\.[a-z]{1,8})?"),
     )
-        .prop_map(|(plus, count, shape, bytes, param, dtype)| GroupLine {
+        .prop_map(|(plus, count, shape, bytes, param, dtype, op)| GroupLine {
             sign: if plus { Sign::Plus } else { Sign::Minus },
             count,
             shape,
@@ -106,6 +107,7 @@ fn arb_group_line() -> impl Strategy<Value = GroupLine> {
             memory_mib: group_mib(bytes as f64 / MIB).parse().unwrap(),
             class: if param { TensorClass::Parameter } else { TensorClass::Tensor },
             dtype: dtype.to_owned(),
+            op,
         })
 }
 
@@ -123,9 +125,11 @@ fn arb_block() -> impl Strategy<Value = LogBlock> {
         arb_field(TENSOR_USED),
         arb_field(ALLOCATED),
         prop::option::of(arb_field("Reserved Memory")),
+        prop::collection::vec("[a-zA-Z0-9 .:%()*,!|-]{0,80}", 0..4),
     )
-        .prop_map(|(changes, file, line, function, a, b, c)| LogBlock {
+        .prop_map(|(changes, file, line, function, a, b, c, notes)| LogBlock {
             changes,
+            notes,
             at: AtLine {
                 location: SourceLocation { file, line, function },
                 fields: [Some(a), Some(b), c].into_iter().flatten().collect(),

@@ -102,16 +102,38 @@ pub struct SegmentBlocks {
     pub blocks: Vec<(u64, u64, bool)>,
 }
 
-/// The request could not be served within the capacity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("out of memory: {requested} bytes requested with {reserved} of {capacity} bytes reserved")]
+/// The request could not be served within the capacity, even after the retry PyTorch makes
+/// (`release_cached_blocks`: every fully free segment released, then `cudaMalloc` again): what a
+/// GPU would answer with `torch.OutOfMemoryError`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, thiserror::Error)]
+#[error(
+    "out of memory: {rounded} bytes asked for (a new {segment}-byte segment) with {reserved} of {capacity} \
+     bytes reserved after releasing the cache: {} bytes short",
+    self.short_by()
+)]
 pub struct OutOfMemory {
-    /// Rounded request.
+    /// Bytes the caller asked for.
     pub requested: u64,
-    /// Reserved at the time.
+    /// The request rounded to the allocator's granularity ([`round_size`]).
+    pub rounded: u64,
+    /// The segment the allocator had to `cudaMalloc` for it ([`segment_size`]): no cached free
+    /// block could serve it.
+    pub segment: u64,
+    /// Reserved after the cache was released: segments holding live blocks.
     pub reserved: u64,
+    /// Allocated at the time (live blocks).
+    pub allocated: u64,
     /// The capacity given to the model.
     pub capacity: u64,
+}
+
+impl OutOfMemory {
+    /// Bytes missing for the request to succeed: the segment it needs minus what the capacity
+    /// leaves beside the segments still reserved (`segment + reserved - capacity`, always > 0).
+    /// Free space inside reserved segments (fragmentation) cannot serve it and counts as taken.
+    pub fn short_by(&self) -> u64 {
+        self.segment.saturating_add(self.reserved).saturating_sub(self.capacity)
+    }
 }
 
 /// The model. See the module docs for what it covers.
@@ -168,16 +190,14 @@ impl CachingAllocatorModel {
         self.pool(small).remove(&(size, addr, i));
     }
 
-    fn new_segment(&mut self, size: u64, small: bool) -> Result<usize, OutOfMemory> {
+    /// A new segment of `size` bytes; `None` when a capacity is set and it does not fit even
+    /// after every fully free segment was released (PyTorch's retry in `malloc`).
+    fn new_segment(&mut self, size: u64, small: bool) -> Option<usize> {
         if let Some(cap) = self.capacity {
             if self.stats.reserved.saturating_add(size) > cap {
                 self.empty_cache();
                 if self.stats.reserved.saturating_add(size) > cap {
-                    return Err(OutOfMemory {
-                        requested: size,
-                        reserved: self.stats.reserved,
-                        capacity: cap,
-                    });
+                    return None;
                 }
             }
         }
@@ -200,14 +220,14 @@ impl CachingAllocatorModel {
         self.stats.reserved = self.stats.reserved.saturating_add(size);
         self.stats.peak_reserved = self.stats.peak_reserved.max(self.stats.reserved);
         self.stats.segment_allocs += 1;
-        Ok(self.blocks.len() - 1)
+        Some(self.blocks.len() - 1)
     }
 
     /// Allocates `size` bytes.
     ///
     /// # Errors
     /// [`OutOfMemory`] when a capacity is set and the request cannot fit even after releasing
-    /// the cache.
+    /// the cache; the model is then as the retry left it (cache released, nothing allocated).
     pub fn malloc(&mut self, size: u64) -> Result<BlockId, OutOfMemory> {
         // PyTorch returns a null pointer for 0 bytes and takes no block
         // (`NativeCachingAllocator::allocate`); freeing it is a no-op.
@@ -222,7 +242,23 @@ impl CachingAllocatorModel {
                 self.remove_free(i);
                 i
             }
-            None => self.new_segment(segment_size(rounded), small)?,
+            None => {
+                let segment = segment_size(rounded);
+                match self.new_segment(segment, small) {
+                    Some(i) => i,
+                    // Read after the retry: what was left reserved once the cache was released.
+                    None => {
+                        return Err(OutOfMemory {
+                            requested: size,
+                            rounded,
+                            segment,
+                            reserved: self.stats.reserved,
+                            allocated: self.stats.allocated,
+                            capacity: self.capacity.unwrap_or(u64::MAX),
+                        })
+                    }
+                }
+            }
         };
         let remaining = self.blocks[i].size - rounded;
         let split = if small { remaining >= MIN_BLOCK_SIZE } else { remaining > SMALL_SIZE };
@@ -453,6 +489,60 @@ mod tests {
         m.free(a);
         m.malloc(1000).unwrap();
         assert_eq!((m.stats().reserved, m.stats().segment_allocs), (22 * MIB, 2));
+    }
+
+    #[test]
+    fn the_third_allocation_that_cannot_fit_is_named_with_its_shortfall() {
+        let mut m = CachingAllocatorModel::with_capacity(50 * MIB);
+        m.malloc(12 * MIB).unwrap();
+        m.malloc(20 * MIB).unwrap();
+        // 30 MiB + 1 byte: rounded to 30 MiB + 512, a 32 MiB segment; 32 + 32 > 50.
+        let e = m.malloc(30 * MIB + 1).unwrap_err();
+        assert_eq!(
+            e,
+            OutOfMemory {
+                requested: 30 * MIB + 1,
+                rounded: 30 * MIB + 512,
+                segment: 32 * MIB,
+                reserved: 32 * MIB,
+                allocated: 32 * MIB,
+                capacity: 50 * MIB,
+            }
+        );
+        assert_eq!(e.short_by(), 14 * MIB, "32 MiB segment + 32 MiB reserved - 50 MiB");
+        assert!(e.to_string().contains("14680064 bytes short"), "{e}");
+        // Nothing was taken: the model goes on as before the failed request.
+        assert_eq!((m.stats().allocated, m.stats().reserved), (32 * MIB, 32 * MIB));
+        m.malloc(18 * MIB).unwrap();
+    }
+
+    #[test]
+    fn the_retry_releases_cached_segments_before_an_allocation_is_refused() {
+        let mut m = CachingAllocatorModel::with_capacity(50 * MIB);
+        let a = m.malloc(24 * MIB).unwrap();
+        m.malloc(12 * MIB).unwrap();
+        m.free(a); // cached: 36 MiB reserved, 12 MiB allocated
+                   // No cached block holds 26 MiB; 36 + 26 > 50, but with the 24 MiB segment released it fits.
+        m.malloc(26 * MIB).unwrap();
+        let s = m.stats();
+        assert_eq!((s.reserved, s.allocated, s.segment_frees), (38 * MIB, 38 * MIB, 1));
+        let e = m.malloc(14 * MIB).unwrap_err();
+        assert_eq!((e.reserved, e.short_by()), (38 * MIB, 2 * MIB));
+    }
+
+    #[test]
+    fn free_space_inside_a_segment_in_use_is_not_released_and_counts_as_taken() {
+        let mut m = CachingAllocatorModel::with_capacity(40 * MIB);
+        let a = m.malloc(6 * MIB).unwrap();
+        m.malloc(6 * MIB).unwrap(); // both in one 20 MiB segment
+        m.free(a);
+        let e = m.malloc(22 * MIB).unwrap_err();
+        assert_eq!((e.reserved, e.allocated, e.short_by()), (20 * MIB, 6 * MIB, 2 * MIB));
+        // A small request needs a whole 20 MiB segment: short by the segment, not the request.
+        let mut m = CachingAllocatorModel::with_capacity(30 * MIB);
+        m.malloc(12 * MIB).unwrap();
+        let e = m.malloc(5 * MIB).unwrap_err();
+        assert_eq!((e.rounded, e.segment, e.short_by()), (5 * MIB, 20 * MIB, 2 * MIB));
     }
 
     #[test]

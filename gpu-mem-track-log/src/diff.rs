@@ -82,7 +82,13 @@ mod tests {
     use crate::group::{DType, TensorClass};
 
     fn key(shape: &[i64]) -> GroupKey {
-        GroupKey { shape: shape.into(), dtype: DType::FLOAT32, class: TensorClass::Tensor, view: false }
+        GroupKey {
+            shape: shape.into(),
+            dtype: DType::FLOAT32,
+            class: TensorClass::Tensor,
+            view: false,
+            op: None,
+        }
     }
 
     fn table(entries: &[(&[i64], u64, u64)]) -> FxHashMap<GroupKey, GroupTotals> {

@@ -151,6 +151,8 @@ pub struct GroupKey {
     /// the tensors that own their storage: when gradients replace transposed-weight views of the
     /// same shape, the log shows one group going and one coming, not a line with a count of 0.
     pub view: bool,
+    /// The op that made the tensors, when the tracker groups by op (`op_names(true)`).
+    pub op: Option<std::sync::Arc<str>>,
 }
 
 /// Count and bytes of one group. Bytes are the storages this group owns: a storage shared by

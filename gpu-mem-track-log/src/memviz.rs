@@ -23,7 +23,8 @@ pub struct Frame {
 /// One `device_traces` entry.
 #[derive(Debug, Serialize)]
 pub struct TraceEntry<'a> {
-    /// `alloc`, `free_requested`, `free_completed`, `segment_alloc`, `segment_free`, `snapshot`.
+    /// `alloc`, `free_requested`, `free_completed`, `segment_alloc`, `segment_free`, `snapshot`,
+    /// `oom`.
     pub action: &'static str,
     /// Address.
     pub addr: u64,
@@ -38,6 +39,9 @@ pub struct TraceEntry<'a> {
     /// Category name (`Category::name` in the trace module).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub category: Option<&'static str>,
+    /// `oom` entries: the device's free bytes when the allocation failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_free: Option<u64>,
 }
 
 /// One block of a segment.
@@ -122,6 +126,7 @@ pub fn write(path: &Path, mut snapshot: Snapshot<'_>) -> Result<()> {
                 time_us,
                 frames: &[],
                 category: Some("unknown"),
+                device_free: None,
             });
         }
     }
@@ -216,4 +221,114 @@ pub fn read_device_traces(path: &Path) -> Result<Vec<Vec<SnapshotEntry>>> {
     let pickle =
         crate::pickle::parse(&bytes).map_err(|e| fail(format!("not a memory snapshot pickle: {e}")))?;
     device_traces(&pickle).map_err(|e| fail(format!("not a memory snapshot: {e}")))
+}
+
+/// What a replay of a snapshot's segment and block events found (see [`replay_segments`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SegmentReplay {
+    /// `alloc` entries replayed.
+    pub blocks: usize,
+    /// `segment_alloc` entries replayed.
+    pub segments: usize,
+    /// Most segments live at once (those reserved before the trace included).
+    pub max_live_segments: usize,
+    /// `oom` entries.
+    pub ooms: usize,
+}
+
+/// Replays a snapshot's trace as tools that rebuild the allocator's state do: every block
+/// allocated must lie inside a segment that exists at that moment and overlap no live block, a
+/// segment is released only with no live block inside, and segments overlap nothing. Segments in
+/// the snapshot's `segments` that the trace never reserves existed before it started.
+///
+/// # Errors
+/// [`Error::SnapshotRead`] naming the file and the first entry that breaks the layout.
+pub fn replay_segments(path: &Path) -> Result<SegmentReplay> {
+    use std::collections::BTreeMap;
+    let fail = |reason: String| Error::SnapshotRead { path: path.to_owned(), reason };
+    let bytes = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
+    let p = crate::pickle::parse(&bytes).map_err(|e| fail(format!("not a memory snapshot pickle: {e}")))?;
+    let uint = |node, key: &str| p.get(node, key).and_then(|v| p.int(v)).and_then(|v| u64::try_from(v).ok());
+    let mut finals: Vec<(u64, u64)> = Vec::new();
+    if let Some(segs) = p.get(p.root, "segments").and_then(|s| p.items(s)) {
+        for &s in segs {
+            if let (Some(a), Some(n)) = (uint(s, "address"), uint(s, "total_size")) {
+                finals.push((a, a.saturating_add(n)));
+            }
+        }
+    }
+    let traces = p
+        .get(p.root, "device_traces")
+        .and_then(|t| p.items(t))
+        .ok_or_else(|| fail("no `device_traces`".into()))?;
+    let mut out = SegmentReplay::default();
+    for (d, &trace) in traces.iter().enumerate() {
+        let entries = p.items(trace).ok_or_else(|| fail(format!("device_traces[{d}] is not a list")))?;
+        let mut read = Vec::with_capacity(entries.len());
+        for (i, &e) in entries.iter().enumerate() {
+            let action = p.get(e, "action").and_then(|a| p.text(a)).unwrap_or("");
+            read.push((i, action, uint(e, "addr").unwrap_or(0), uint(e, "size").unwrap_or(0)));
+        }
+        let reserved: std::collections::HashSet<u64> =
+            read.iter().filter(|r| r.1 == "segment_alloc").map(|r| r.2).collect();
+        let mut segments: BTreeMap<u64, u64> =
+            finals.iter().filter(|(a, _)| !reserved.contains(a)).map(|&(a, e)| (a, e)).collect();
+        let mut blocks: BTreeMap<u64, u64> = BTreeMap::new();
+        let holder = |segments: &BTreeMap<u64, u64>, lo: u64, hi: u64| {
+            segments.range(..=lo).next_back().filter(|(_, &end)| end >= hi).map(|(&a, &e)| (a, e))
+        };
+        for (i, action, addr, size) in read {
+            let at = |what: String| fail(format!("device_traces[{d}][{i}]: {what}"));
+            let end = addr.saturating_add(size);
+            match action {
+                "alloc" => {
+                    if holder(&segments, addr, end).is_none() {
+                        return Err(at(format!("block {addr:#x} of {size} bytes lies in no live segment")));
+                    }
+                    let before = blocks.range(..=addr).next_back().is_some_and(|(_, &e)| e > addr);
+                    let after = blocks.range(addr..).next().is_some_and(|(&a, _)| a < end);
+                    if before || after {
+                        return Err(at(format!("block {addr:#x} of {size} bytes overlaps a live block")));
+                    }
+                    blocks.insert(addr, end);
+                    out.blocks += 1;
+                }
+                "free_completed"
+                    if blocks.remove(&addr).is_none() && holder(&segments, addr, end).is_none() =>
+                {
+                    return Err(at(format!("freed block {addr:#x} lies in no live segment")));
+                }
+                "segment_alloc" => {
+                    let before = segments.range(..=addr).next_back().is_some_and(|(_, &e)| e > addr);
+                    let after = segments.range(addr..).next().is_some_and(|(&a, _)| a < end);
+                    if before || after {
+                        return Err(at(format!("segment {addr:#x} of {size} bytes overlaps a live segment")));
+                    }
+                    segments.insert(addr, end);
+                    out.segments += 1;
+                    out.max_live_segments = out.max_live_segments.max(segments.len());
+                }
+                "segment_free" => {
+                    let Some((a, e)) = holder(&segments, addr, end) else {
+                        return Err(at(format!("released segment {addr:#x} of {size} bytes is not live")));
+                    };
+                    if blocks.range(addr..end).next().is_some() {
+                        return Err(at(format!("segment {addr:#x} released with live blocks inside")));
+                    }
+                    // A partial release (an expandable segment unmapping a range) keeps the rest.
+                    segments.remove(&a);
+                    if a < addr {
+                        segments.insert(a, addr);
+                    }
+                    if end < e {
+                        segments.insert(end, e);
+                    }
+                }
+                "oom" => out.ooms += 1,
+                _ => {}
+            }
+        }
+        out.max_live_segments = out.max_live_segments.max(segments.len());
+    }
+    Ok(out)
 }

@@ -295,6 +295,7 @@ impl Trace {
                 time_us: t as i64,
                 frames: &frames[t],
                 category: Some(e.category.name()),
+                device_free: None,
             };
             if e.alloc {
                 let before = model.segments();

@@ -7,7 +7,16 @@ use gpu_mem_track_log::trace::read_snapshot_trace;
 use proptest::prelude::*;
 
 fn entry(action: &'static str, addr: u64, size: u64, time_us: i64) -> TraceEntry<'static> {
-    TraceEntry { action, addr, size, stream: 0, time_us, frames: &[], category: Some("activation") }
+    TraceEntry {
+        action,
+        addr,
+        size,
+        stream: 0,
+        time_us,
+        frames: &[],
+        category: Some("activation"),
+        device_free: None,
+    }
 }
 
 /// A real pickle as this crate writes it: `n` allocations, half of them freed.
@@ -28,6 +37,8 @@ fn real_pickle(dir: &Path, n: u64, size: u64) -> Vec<u8> {
 fn read(dir: &Path, bytes: &[u8]) -> Result<gpu_mem_track_log::Trace, String> {
     let path = dir.join("input.pickle");
     std::fs::write(&path, bytes).unwrap();
+    // The segment replay reads the same outside input: it may refuse it, never panic.
+    let _ = gpu_mem_track_log::memviz::replay_segments(&path);
     read_snapshot_trace(&path).map_err(|e| {
         let text = e.to_string();
         assert!(text.contains("input.pickle"), "the error names the file: {text}");
@@ -106,6 +117,40 @@ fn mutate(real: &[u8], edits: &[(usize, u8, u8)]) -> Vec<u8> {
         }
     }
     p
+}
+
+/// The replay catches what tools that rebuild the allocator's state trip on: blocks outside any
+/// segment (a live CPU history before segments were written for it), and accepts the same trace
+/// once each block has its segment.
+#[test]
+fn the_segment_replay_needs_every_block_inside_a_live_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("real.pickle");
+    std::fs::write(&path, real_pickle(dir.path(), 4, 4096)).unwrap();
+    let err = gpu_mem_track_log::memviz::replay_segments(&path).unwrap_err().to_string();
+    assert!(err.contains("device_traces[0][0]: block 0x1000 of 4096 bytes lies in no live segment"), "{err}");
+
+    let segmented = || {
+        let mut trace = Vec::new();
+        for i in 0..4u64 {
+            let a = 0x1000 * (i + 1);
+            trace.push(entry("segment_alloc", a, 4096, i as i64));
+            trace.push(entry("alloc", a, 4096, i as i64));
+            if i % 2 == 1 {
+                trace.push(entry("free_completed", a, 4096, i as i64));
+                trace.push(entry("segment_free", a, 4096, i as i64));
+            }
+        }
+        trace
+    };
+    let mut trace = segmented();
+    trace.push(entry("alloc", 0x1800, 16, 9)); // overlaps the live block at 0x1000
+    write(&path, Snapshot { segments: Vec::new(), device_traces: vec![trace] }).unwrap();
+    let err = gpu_mem_track_log::memviz::replay_segments(&path).unwrap_err().to_string();
+    assert!(err.contains("overlaps a live block"), "{err}");
+    write(&path, Snapshot { segments: Vec::new(), device_traces: vec![segmented()] }).unwrap();
+    let r = gpu_mem_track_log::memviz::replay_segments(&path).unwrap();
+    assert_eq!((r.blocks, r.segments, r.max_live_segments), (4, 4, 3));
 }
 
 proptest! {

@@ -5,10 +5,12 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 
 #include "common.h"
+#include "oom.h"
 #include "recorder.h"
 
 namespace {
@@ -50,6 +52,17 @@ CpuAccounting& accounting() {
   return *a;
 }
 
+// Live-byte limit (-1: none): what a laptop needs to reproduce a GPU's out-of-memory.
+std::atomic<int64_t> g_limit{-1};
+
+// Whether `n` more bytes stay within the limit; the live bytes now in `*live`.
+bool within_limit(size_t n, int64_t limit, int64_t* live) {
+  CpuAccounting& a = accounting();
+  std::lock_guard<std::mutex> lock(a.mu);
+  *live = a.current;
+  return a.current + static_cast<int64_t>(n) <= limit;
+}
+
 c10::Allocator* g_orig = nullptr;
 c10::DeleterFnPtr g_orig_deleter = nullptr;
 
@@ -60,6 +73,15 @@ void tracking_delete(void* p) {
 
 struct TrackingCpuAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
+    const int64_t limit = g_limit.load(std::memory_order_relaxed);
+    int64_t live = 0;
+    if (limit >= 0 && n > 0 && !within_limit(n, limit, &live)) {
+      gmt::report_oom(GMT_DEV_CPU, -1, static_cast<int64_t>(n), limit, std::max<int64_t>(0, limit - live));
+      // The error c10's own CPU allocator raises when malloc fails, so the program sees what it
+      // would see on a machine that really ran out.
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "DefaultCPUAllocator: not enough memory: you tried to allocate ", n,
+                       " bytes.");
+    }
     c10::DataPtr d = g_orig->allocate(n);
     void* p = d.get();
     if (!p) return d;  // n == 0
@@ -129,6 +151,24 @@ void gmt_cpu_allocator_stats(int32_t window, int reset_peak, gmt_alloc_stats* ou
   s.peak = valid ? a.window_peak[window] : a.total_peak;
   if (valid && reset_peak) a.window_peak[window] = a.current;
   if (out) *out = s;
+}
+
+void gmt_cpu_allocator_set_limit(int64_t bytes) { g_limit.store(bytes < 0 ? -1 : bytes); }
+
+int64_t gmt_cpu_allocator_limit(void) { return g_limit.load(); }
+
+size_t gmt_cpu_allocator_live(int64_t* addrs, int64_t* sizes, size_t cap) {
+  CpuAccounting& a = accounting();
+  std::lock_guard<std::mutex> lock(a.mu);
+  size_t i = 0;
+  for (const auto& [p, n] : a.live) {
+    if (i < cap) {
+      if (addrs) addrs[i] = reinterpret_cast<int64_t>(p);
+      if (sizes) sizes[i] = static_cast<int64_t>(n);
+    }
+    ++i;
+  }
+  return i;
 }
 
 }  // extern "C"

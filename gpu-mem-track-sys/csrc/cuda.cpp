@@ -53,6 +53,8 @@ gmt_error gmt_cuda_stats_read(int32_t device, int reset_peak, gmt_cuda_stats* ou
     s.reserved_current = stats.reserved_bytes[agg].current;
     s.reserved_peak = stats.reserved_bytes[agg].peak;
     s.active_current = stats.active_bytes[agg].current;
+    s.num_alloc_retries = static_cast<int64_t>(stats.num_alloc_retries);
+    s.num_ooms = static_cast<int64_t>(stats.num_ooms);
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
     const auto info = alloc->getMemoryInfo(static_cast<c10::DeviceIndex>(device));
     s.free_bytes = static_cast<int64_t>(info.first);

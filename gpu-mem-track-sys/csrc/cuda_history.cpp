@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common.h"
+#include "oom.h"
 #include "recorder.h"
 
 #ifdef GMT_HAVE_CUDA_HEADERS
@@ -29,6 +30,14 @@ using TraceEntry = c10::cuda::CUDACachingAllocator::TraceEntry;
 // and filters on this.
 std::atomic<int32_t> g_device{-1};
 std::once_flag g_attach_once;
+std::once_flag g_oom_once;
+
+// Called by the caching allocator after it released its lock (CUDACachingAllocator.cpp unlocks
+// before running observers), so the report may read the allocator's stats.
+void on_oom(int64_t device, size_t requested, size_t device_total, size_t device_free) {
+  gmt::report_oom(GMT_DEV_CUDA, static_cast<int32_t>(device), static_cast<int64_t>(requested),
+                  static_cast<int64_t>(device_total), static_cast<int64_t>(device_free));
+}
 
 void on_trace(const TraceEntry& te) {
   // Called under the allocator's lock: only the recorder (no PyTorch calls) may run here.
@@ -50,6 +59,9 @@ void on_trace(const TraceEntry& te) {
     case A::SEGMENT_FREE:
     case A::SEGMENT_UNMAP:
       gmt::record_segment(GMT_DEV_CUDA, addr, size, false);
+      break;
+    case A::OOM:  // addr_ holds the device's free bytes, as in PyTorch's own trace
+      gmt::record_oom(GMT_DEV_CUDA, size, addr);
       break;
     default:
       break;
@@ -77,6 +89,39 @@ gmt_error gmt_cuda_history_attach(int32_t device) {
 }
 
 void gmt_cuda_history_detach(void) { g_device.store(-1); }
+
+gmt_error gmt_cuda_blocks(int32_t device, gmt_cuda_block* out, size_t cap, size_t* count) {
+  GMT_TRY({
+    if (!at::detail::getCUDAHooks().hasCUDA())
+      throw std::runtime_error("CUDA is not available (no GPU, driver or libtorch_cuda)");
+    // The allocator's own snapshot (what torch.cuda.memory_snapshot() reads); it takes the
+    // allocator's lock, which an out-of-memory observer runs without.
+    const auto info = c10::cuda::CUDACachingAllocator::snapshot();
+    size_t n = 0;
+    for (const auto& seg : info.segments) {
+      if (seg.device != device) continue;
+      uint64_t addr = seg.address;
+      for (const auto& b : seg.blocks) {
+        if (out && n < cap) {
+          out[n] = gmt_cuda_block{seg.address, seg.total_size, addr, b.size, b.requested_size, b.allocated ? 1 : 0,
+                                  seg.is_large ? 1 : 0};
+        }
+        addr += b.size;
+        ++n;
+      }
+    }
+    if (count) *count = n;
+  })
+}
+
+gmt_error gmt_cuda_oom_observer_attach(void) {
+  GMT_TRY({
+    auto& hooks = at::detail::getCUDAHooks();
+    if (!hooks.hasCUDA()) throw std::runtime_error("CUDA is not available (no GPU, driver or libtorch_cuda)");
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+    std::call_once(g_oom_once, [] { c10::cuda::CUDACachingAllocator::attachOutOfMemoryObserver(&on_oom); });
+  })
+}
 }  // extern "C"
 
 #else  // no CUDA headers at build time
@@ -93,5 +138,22 @@ gmt_error gmt_cuda_history_attach(int32_t) {
 }
 
 void gmt_cuda_history_detach(void) {}
+
+gmt_error gmt_cuda_blocks(int32_t, gmt_cuda_block*, size_t, size_t* count) {
+  if (count) *count = 0;
+  GMT_TRY({
+    throw std::runtime_error(
+        "this build cannot read the CUDA allocator's segments (the CUDA runtime headers or libc10_cuda were missing "
+        "when gpu-mem-track-sys was compiled)");
+  })
+}
+
+gmt_error gmt_cuda_oom_observer_attach(void) {
+  GMT_TRY({
+    throw std::runtime_error(
+        "this build cannot observe CUDA out-of-memory errors (the CUDA runtime headers or libc10_cuda were missing "
+        "when gpu-mem-track-sys was compiled)");
+  })
+}
 }  // extern "C"
 #endif

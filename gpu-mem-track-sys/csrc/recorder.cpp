@@ -56,20 +56,18 @@ Recorder& recorder() {
   return *r;
 }
 
+// The ops running on this thread, outermost first. Kept by the registry's callback once it is
+// installed (one callback per op instead of two), else by this file's.
 thread_local std::vector<const char*> t_op_stack;
 thread_local bool t_snapshot_pending = false;
+std::atomic<bool> g_registry_keeps_stack{false};
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
-  t_op_stack.push_back(fn.name());
+  if (!g_registry_keeps_stack.load(std::memory_order_relaxed)) gmt::op_stack_push(fn.name());
   return nullptr;
 }
 void on_op_end(const at::RecordFunction&, at::ObserverContext*) {
-  if (!t_op_stack.empty()) t_op_stack.pop_back();
-  if (t_snapshot_pending) {
-    // Outside the allocator and the recorder lock: the registry walk may free tensors.
-    t_snapshot_pending = false;
-    gmt::take_peak_snapshot(recorder().device_kind.load());
-  }
+  if (!g_registry_keeps_stack.load(std::memory_order_relaxed)) gmt::op_stack_pop();
 }
 
 int32_t op_id(Recorder& r, const std::string& name) {  // caller holds r.mu
@@ -187,6 +185,40 @@ void record_segment(int32_t device_kind, int64_t address, int64_t size, bool all
 }
 
 const char* current_op_name() { return t_op_stack.empty() ? "<no op>" : t_op_stack.back(); }
+const char* top_op_name() { return outermost_op_or("<no op>"); }
+const char* outermost_op_or(const char* fallback) { return t_op_stack.empty() ? fallback : t_op_stack.front(); }
+
+void op_stack_push(const char* name) { t_op_stack.push_back(name); }
+
+void op_stack_pop() {
+  if (!t_op_stack.empty()) t_op_stack.pop_back();
+  if (t_snapshot_pending) {
+    // Outside the allocator and the recorder lock: the registry walk may free tensors.
+    t_snapshot_pending = false;
+    take_peak_snapshot(recorder().device_kind.load());
+  }
+}
+
+void op_stack_kept_by_registry() { g_registry_keeps_stack.store(true); }
+
+void record_oom(int32_t device_kind, int64_t requested, int64_t device_free) {
+  Recorder& r = recorder();
+  if (!recording(r, device_kind)) return;
+  std::lock_guard<std::mutex> lock(r.mu);
+  push(r, gmt_alloc_event{device_free, requested, GMT_EVENT_OOM, static_cast<uint8_t>(r.phase.load()),
+                          static_cast<uint8_t>(device_kind), static_cast<uint8_t>(r.iteration.load()), current_op(r),
+                          0, -1, 0, top_op(r), 0});
+}
+
+int32_t allocation_category(int64_t id) {
+  Recorder& r = recorder();
+  if (!r.active.load(std::memory_order_relaxed) || id < 0) return GMT_CAT_NONE;
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.open.find(id);
+  if (it == r.open.end()) return GMT_CAT_NONE;
+  const gmt_alloc_event* e = event_at(r, it->second);
+  return e && e->id == id ? e->category : GMT_CAT_NONE;
+}
 
 void op_names_acquire() {
   Recorder& r = recorder();

@@ -13,10 +13,25 @@ void record_free(int32_t device_kind, int64_t id);
 void record_free_sized(int32_t device_kind, int64_t id, int64_t size);
 // A caching-allocator segment reserved (alloc) or released; not an allocation.
 void record_segment(int32_t device_kind, int64_t address, int64_t size, bool alloc);
+// An allocation of `requested` bytes failed (history: the `oom` entry PyTorch's trace has).
+void record_oom(int32_t device_kind, int64_t requested, int64_t device_free);
+// The gmt_category a recording tagged the live allocation `id` with (GMT_CAT_NONE when none).
+int32_t allocation_category(int64_t id);
 // Current estimation phase / op tag for new events.
 void set_phase(int32_t phase, int32_t iteration);
 // The innermost op running on this thread, while op names are tracked (recording or capturing).
 const char* current_op_name();
+// The outermost op running on this thread (the call the program made), or "<no op>".
+const char* top_op_name();
+// The outermost op running on this thread, or `fallback` outside any. The name lives at least as
+// long as that op runs (a dispatcher op's for the process; an autograd node's only while it runs).
+const char* outermost_op_or(const char* fallback);
+// The op stack of this thread: an op's start callback pushes its name, its end callback pops it
+// (and takes a pending peak snapshot).
+void op_stack_push(const char* name);
+void op_stack_pop();
+// From now on the registry's callback keeps the op stack (its start/end run for every op anyway).
+void op_stack_kept_by_registry();
 // The recorder identity of a storage's allocation (meta: its number; CPU: its address), or -1.
 int64_t allocation_id(const void* storage_impl);
 // Tags the recorded allocation `id` (still live) with a gmt_category.

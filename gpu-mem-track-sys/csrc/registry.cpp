@@ -8,9 +8,11 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <atomic>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common.h"
@@ -26,12 +28,15 @@ struct Entry {
   WeakImpl weak;
   uint64_t seq;
   int32_t name_id;
+  int32_t op_id;  // the op that returned it; -1 when registered explicitly
 };
 
 // Dead entries keep ~176 B each (the weak reference pins the TensorImpl's memory) until pruned.
 // Pruning is amortised: when the registry doubles past its last live size. Pruning early lets
 // malloc reuse the dead TensorImpls' memory while it is still in cache.
 constexpr size_t kMinPruneAt = 4096;
+// Op-name addresses remembered before the cache starts over.
+constexpr size_t kMaxOpAddresses = 4096;
 
 // Entries live in a vector so snapshots walk contiguous memory and can prefetch the TensorImpls
 // ahead; `index` finds an entry by TensorImpl for the per-op de-duplication.
@@ -41,21 +46,27 @@ struct Registry {
   gmt::PtrIndex index;
   std::deque<std::string> names;  // append-only: c_str() pointers stay valid
   std::unordered_map<std::string, int32_t> name_ids;
+  // Op names by the address RecordFunction gives (the schema's name, alive as long as the op).
+  std::unordered_map<const char*, int32_t> op_ids;     // address -> id cache
+  std::unordered_map<std::string, int32_t> op_texts;  // text -> id
+  std::deque<std::string> op_names;  // append-only, index = op id
+  const char* last_op = nullptr;     // the last op looked up and its id: ops come in runs
+  int32_t last_op_id = -1;
   uint64_t next_seq = 0;
   size_t prune_at = kMinPruneAt;
   at::CallbackHandle handle = 0;
   std::atomic<bool> installed{false};
 
   // Caller holds mu.
-  void record(const at::Tensor& t, int32_t name_id) {
+  void record(const at::Tensor& t, int32_t name_id, int32_t op_id) {
     if (!t.defined()) return;
     c10::TensorImpl* impl = t.unsafeGetTensorImpl();
     auto [slot, inserted] = index.try_emplace(impl, static_cast<uint32_t>(entries.size()));
     if (!inserted) {
       if (name_id >= 0) entries[*slot].name_id = name_id;
-      return;  // keep the first registration's order
+      return;  // keep the first registration's order (and the innermost op that returned it)
     }
-    entries.push_back(Entry{impl, WeakImpl(t.getIntrusivePtr()), next_seq++, name_id});
+    entries.push_back(Entry{impl, WeakImpl(t.getIntrusivePtr()), next_seq++, name_id, op_id});
     if (entries.size() >= prune_at) {
       prune();
       prune_at = std::max(kMinPruneAt, entries.size() * 2);
@@ -79,6 +90,28 @@ struct Registry {
     }
   }
 
+  // Caller holds mu. Ops are interned by their text. A dispatcher op's name has one address for
+  // the process, so addresses are a cache in front of the text; an autograd node's name is built
+  // per call and its address may be reused by other text, so every cache hit is checked.
+  int32_t op_id(const char* name) {
+    if (!name) name = "<unnamed op>";
+    if (name == last_op && std::strcmp(op_names[last_op_id].c_str(), name) == 0) return last_op_id;
+    auto hit = op_ids.find(name);
+    int32_t id;
+    if (hit != op_ids.end() && std::strcmp(op_names[hit->second].c_str(), name) == 0) {
+      id = hit->second;
+    } else {
+      auto [it, inserted] = op_texts.try_emplace(name, static_cast<int32_t>(op_names.size()));
+      if (inserted) op_names.emplace_back(name);
+      id = it->second;
+      if (op_ids.size() >= kMaxOpAddresses) op_ids.clear();  // addresses of per-call names pile up
+      op_ids[name] = id;
+    }
+    last_op = name;
+    last_op_id = id;
+    return id;
+  }
+
   int32_t intern(const std::string& name) {
     auto it = name_ids.find(name);
     if (it != name_ids.end()) return it->second;
@@ -94,27 +127,40 @@ Registry& registry() {
   return *r;
 }
 
-void record_ivalue(Registry& r, const c10::IValue& v) {
+void record_ivalue(Registry& r, const c10::IValue& v, int32_t op) {
   if (v.isTensor()) {
-    r.record(v.toTensor(), -1);
+    r.record(v.toTensor(), -1, op);
   } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList().vec()) r.record(t, -1);
+    for (const at::Tensor& t : v.toTensorList().vec()) r.record(t, -1, op);
   } else if (v.isList()) {
-    for (const auto& e : v.toListRef()) record_ivalue(r, e);
+    for (const auto& e : v.toListRef()) record_ivalue(r, e, op);
   } else if (v.isTuple()) {
-    for (const auto& e : v.toTupleRef().elements()) record_ivalue(r, e);
+    for (const auto& e : v.toTupleRef().elements()) record_ivalue(r, e, op);
   }
 }
 
 std::atomic<uint64_t> g_callbacks{0};
 
-void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
-  g_callbacks.fetch_add(1, std::memory_order_relaxed);
+std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
+  gmt::op_stack_push(fn.name());
+  return nullptr;
+}
+
+void record_outputs(const at::RecordFunction& fn) {
   auto outputs = fn.outputs();
   if (outputs.empty()) return;
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  for (const auto& v : outputs) record_ivalue(r, v);
+  // The outermost op running (the call the program made: aten::conv2d rather than the
+  // aten::mkldnn_convolution it runs); this op itself when it is the outermost.
+  const int32_t op = r.op_id(gmt::outermost_op_or(fn.name()));
+  for (const auto& v : outputs) record_ivalue(r, v, op);
+}
+
+void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  g_callbacks.fetch_add(1, std::memory_order_relaxed);
+  record_outputs(fn);
+  gmt::op_stack_pop();  // after recording: the outputs are named by the stack as it was
 }
 
 int32_t device_kind_of(c10::DeviceType t) {
@@ -132,6 +178,90 @@ struct gmt_snapshot {
   std::vector<int64_t> dims;
 };
 
+namespace {
+// What the tracker knows a tensor holds: a name given at registration (a parameter or a buffer),
+// the gradient of a named parameter, or the category a running history tagged its allocation with.
+int32_t category_of(const at::Tensor& t, int32_t name_id, const std::unordered_set<const void*>& grads) {
+  if (name_id >= 0) return t.is_leaf() && t.requires_grad() ? GMT_CAT_PARAMETER : GMT_CAT_BUFFER;
+  if (!t.has_storage()) return GMT_CAT_NONE;
+  const void* storage = t.storage().unsafeGetStorageImpl();
+  if (grads.count(storage)) return GMT_CAT_GRADIENT;
+  return gmt::allocation_category(gmt::allocation_id(storage));
+}
+
+gmt_error take_snapshot(gmt_snapshot* s, int32_t device_kind, int32_t device_index, bool categorize) {
+  GMT_TRY({
+    if (!s) throw std::invalid_argument("null snapshot");
+    s->records.clear();
+    s->dims.clear();
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto& entries = r.entries;
+    std::unordered_set<const void*> grads;  // storages of named parameters' .grad
+    if (categorize) {
+      for (const Entry& e : entries) {
+        if (e.name_id < 0) continue;
+        auto impl = e.weak.lock();
+        if (!impl) continue;
+        const at::Tensor t(std::move(impl));
+        if (t.requires_grad() && t.grad().defined() && t.grad().has_storage())
+          grads.insert(t.grad().storage().unsafeGetStorageImpl());
+      }
+    }
+    s->records.reserve(entries.size());
+    // Memory latency dominates large registries: prefetch the TensorImpls a few entries ahead.
+    constexpr size_t kAhead = 8;
+    for (size_t i = 0; i < entries.size();) {
+      if (i + kAhead < entries.size()) {
+        const char* ahead = reinterpret_cast<const char*>(entries[i + kAhead].impl);
+        __builtin_prefetch(ahead);
+        __builtin_prefetch(ahead + 64);
+        __builtin_prefetch(ahead + 128);
+      }
+      auto strong = entries[i].weak.lock();
+      if (!strong) {
+        r.remove_at(i);
+        continue;
+      }
+      const at::Tensor t(std::move(strong));
+      const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+      const int32_t kind = device_kind_of(impl->device_type());
+      const int32_t index = impl->device().has_index() ? impl->device().index() : (kind == GMT_DEV_CUDA ? 0 : -1);
+      if ((device_kind == GMT_DEV_ANY || device_kind == kind) &&
+          (device_index < 0 || index < 0 || device_index == index)) {
+        gmt_tensor_record rec{};
+        rec.impl_id = reinterpret_cast<uint64_t>(impl);
+        if (impl->has_storage()) {
+          const c10::Storage& st = impl->unsafe_storage();
+          rec.storage_id = reinterpret_cast<uint64_t>(st.unsafeGetStorageImpl());
+          rec.storage_nbytes = static_cast<int64_t>(st.nbytes());
+          // Only one TensorImpl holds it: this tensor owns it without a lookup.
+          rec.storage_shared = st.use_count() > 1 ? 1 : 0;
+        }
+        rec.nbytes = impl->numel() * static_cast<int64_t>(impl->itemsize());
+        rec.seq = entries[i].seq;
+        const auto sizes = impl->sizes();
+        rec.dims_offset = static_cast<int64_t>(s->dims.size());
+        rec.ndim = static_cast<int32_t>(sizes.size());
+        s->dims.insert(s->dims.end(), sizes.begin(), sizes.end());
+        rec.scalar_type = static_cast<int32_t>(impl->dtype().toScalarType());
+        rec.device_kind = kind;
+        rec.device_index = index;
+        rec.name_id = entries[i].name_id;
+        rec.requires_grad = impl->requires_grad() ? 1 : 0;
+        // is_leaf only matters for tensors that require grad (the Parameter class).
+        rec.is_leaf = rec.requires_grad ? (t.is_leaf() ? 1 : 0) : 1;
+        rec.op_id = entries[i].op_id;
+        rec.category = categorize ? category_of(t, rec.name_id, grads) : GMT_CAT_NONE;
+        s->records.push_back(rec);
+      }
+      ++i;
+    }
+    r.prune_at = std::max(kMinPruneAt, entries.size() * 2);
+  })
+}
+}  // namespace
+
 namespace gmt {
 void take_peak_snapshot(int32_t device_kind) {
   char* err = gmt_snapshot_take(gmt_peak_snapshot(), device_kind, -1);
@@ -141,7 +271,7 @@ void take_peak_snapshot(int32_t device_kind) {
 void register_tensor(const at::Tensor& t, const std::string& name) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  r.record(t, name.empty() ? -1 : r.intern(name));
+  r.record(t, name.empty() ? -1 : r.intern(name), -1);
 }
 }  // namespace gmt
 
@@ -154,10 +284,12 @@ gmt_error gmt_registry_install(void) {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mu);
     if (!r.installed.load()) {
-      r.handle = at::addGlobalCallback(at::RecordFunctionCallback(nullptr, &on_op_end)
+      r.handle = at::addGlobalCallback(at::RecordFunctionCallback(&on_op_start, &on_op_end)
                                            .needsOutputs(true)
                                            .scopes({at::RecordScope::FUNCTION}));
       r.installed.store(true);
+      // Keeps the name of the op running on each thread, for the out-of-memory report.
+      gmt::op_stack_kept_by_registry();
     }
   })
 }
@@ -218,6 +350,13 @@ const char* gmt_registry_name(int32_t id) {
   return r.names[id].c_str();
 }
 
+const char* gmt_registry_op_name(int32_t id) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (id < 0 || static_cast<size_t>(id) >= r.op_names.size()) return nullptr;
+  return r.op_names[id].c_str();
+}
+
 const char* gmt_scalar_type_name(int32_t scalar_type) {
   if (scalar_type < 0 || scalar_type >= static_cast<int32_t>(c10::ScalarType::NumOptions)) return "Undefined";
   return c10::toString(static_cast<c10::ScalarType>(scalar_type));
@@ -236,62 +375,11 @@ gmt_snapshot* gmt_snapshot_new(void) { return new (std::nothrow) gmt_snapshot();
 void gmt_snapshot_free(gmt_snapshot* s) { delete s; }
 
 gmt_error gmt_snapshot_take(gmt_snapshot* s, int32_t device_kind, int32_t device_index) {
-  GMT_TRY({
-    if (!s) throw std::invalid_argument("null snapshot");
-    s->records.clear();
-    s->dims.clear();
-    Registry& r = registry();
-    std::lock_guard<std::mutex> lock(r.mu);
-    auto& entries = r.entries;
-    s->records.reserve(entries.size());
-    // Memory latency dominates large registries: prefetch the TensorImpls a few entries ahead.
-    constexpr size_t kAhead = 8;
-    for (size_t i = 0; i < entries.size();) {
-      if (i + kAhead < entries.size()) {
-        const char* ahead = reinterpret_cast<const char*>(entries[i + kAhead].impl);
-        __builtin_prefetch(ahead);
-        __builtin_prefetch(ahead + 64);
-        __builtin_prefetch(ahead + 128);
-      }
-      auto strong = entries[i].weak.lock();
-      if (!strong) {
-        r.remove_at(i);
-        continue;
-      }
-      const at::Tensor t(std::move(strong));
-      const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-      const int32_t kind = device_kind_of(impl->device_type());
-      const int32_t index = impl->device().has_index() ? impl->device().index() : (kind == GMT_DEV_CUDA ? 0 : -1);
-      if ((device_kind == GMT_DEV_ANY || device_kind == kind) &&
-          (device_index < 0 || index < 0 || device_index == index)) {
-        gmt_tensor_record rec{};
-        rec.impl_id = reinterpret_cast<uint64_t>(impl);
-        if (impl->has_storage()) {
-          const c10::Storage& st = impl->unsafe_storage();
-          rec.storage_id = reinterpret_cast<uint64_t>(st.unsafeGetStorageImpl());
-          rec.storage_nbytes = static_cast<int64_t>(st.nbytes());
-          // Only one TensorImpl holds it: this tensor owns it without a lookup.
-          rec.storage_shared = st.use_count() > 1 ? 1 : 0;
-        }
-        rec.nbytes = impl->numel() * static_cast<int64_t>(impl->itemsize());
-        rec.seq = entries[i].seq;
-        const auto sizes = impl->sizes();
-        rec.dims_offset = static_cast<int64_t>(s->dims.size());
-        rec.ndim = static_cast<int32_t>(sizes.size());
-        s->dims.insert(s->dims.end(), sizes.begin(), sizes.end());
-        rec.scalar_type = static_cast<int32_t>(impl->dtype().toScalarType());
-        rec.device_kind = kind;
-        rec.device_index = index;
-        rec.name_id = entries[i].name_id;
-        rec.requires_grad = impl->requires_grad() ? 1 : 0;
-        // is_leaf only matters for tensors that require grad (the Parameter class).
-        rec.is_leaf = rec.requires_grad ? (t.is_leaf() ? 1 : 0) : 1;
-        s->records.push_back(rec);
-      }
-      ++i;
-    }
-    r.prune_at = std::max(kMinPruneAt, entries.size() * 2);
-  })
+  return take_snapshot(s, device_kind, device_index, false);
+}
+
+gmt_error gmt_snapshot_take_categorized(gmt_snapshot* s, int32_t device_kind, int32_t device_index) {
+  return take_snapshot(s, device_kind, device_index, true);
 }
 
 gmt_snapshot* gmt_peak_snapshot(void) {

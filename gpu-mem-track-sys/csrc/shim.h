@@ -41,8 +41,10 @@ typedef struct {
   uint8_t is_leaf;
   uint8_t storage_shared;  // another TensorImpl (a view, or one the registry cannot see) holds it
   uint8_t pad_;
+  int32_t op_id;           // the op that returned it (-1: registered explicitly); name via gmt_registry_op_name
+  int32_t category;        // gmt_category the tracker knows (name, .grad of a named parameter, history tag)
 } gmt_tensor_record;
-static_assert(sizeof(gmt_tensor_record) == 72, "gmt_tensor_record is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
+static_assert(sizeof(gmt_tensor_record) == 80, "gmt_tensor_record is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
 
 typedef struct gmt_snapshot gmt_snapshot;
 
@@ -53,14 +55,17 @@ gmt_error gmt_registry_register(const void* tensor, const char* name);  // tenso
 size_t gmt_registry_entries(void);
 uint64_t gmt_registry_callbacks(void);         // op callbacks seen since installation             // entries, dead ones included until pruned
 const char* gmt_registry_name(int32_t id);     // stable for the process lifetime
+const char* gmt_registry_op_name(int32_t id);  // the op of gmt_tensor_record.op_id; stable; NULL if unknown
 const char* gmt_scalar_type_name(int32_t scalar_type);  // c10 name: "Float", "BFloat16", ...
 int64_t gmt_scalar_type_itemsize(int32_t scalar_type);
 
 gmt_snapshot* gmt_snapshot_new(void);
 void gmt_snapshot_free(gmt_snapshot* s);
 // Fills `s` with every live registered tensor on the device (kind GMT_DEV_ANY = all devices;
-// index -1 = any index of that kind). Prunes dead entries.
+// index -1 = any index of that kind). Prunes dead entries. `category` stays GMT_CAT_NONE.
 gmt_error gmt_snapshot_take(gmt_snapshot* s, int32_t device_kind, int32_t device_index);
+// As gmt_snapshot_take, and fills each record's `category` (slower: for the out-of-memory report).
+gmt_error gmt_snapshot_take_categorized(gmt_snapshot* s, int32_t device_kind, int32_t device_index);
 size_t gmt_snapshot_len(const gmt_snapshot* s);
 const gmt_tensor_record* gmt_snapshot_records(const gmt_snapshot* s);
 const int64_t* gmt_snapshot_dims(const gmt_snapshot* s, size_t* len);
@@ -87,6 +92,42 @@ int32_t gmt_cpu_allocator_open_window(void);
 void gmt_cpu_allocator_close_window(int32_t window);
 // window -1 reads only the global figures (peak = total_peak).
 void gmt_cpu_allocator_stats(int32_t window, int reset_peak, gmt_alloc_stats* out);
+// Refuse allocations that would take the live bytes past `bytes` (-1: no limit) with c10's
+// OutOfMemoryError, after reporting the out-of-memory (gmt_oom_set_callback).
+void gmt_cpu_allocator_set_limit(int64_t bytes);
+int64_t gmt_cpu_allocator_limit(void);
+// The live allocations (address, bytes), at most `cap`; returns how many there are.
+size_t gmt_cpu_allocator_live(int64_t* addrs, int64_t* sizes, size_t cap);
+
+// ---- out of memory (oom.cpp) ----
+typedef struct {
+  int32_t device_kind;   // gmt_device_kind
+  int32_t device_index;
+  int64_t requested;     // bytes the failed allocation asked for
+  int64_t device_total;  // CUDA: the device's memory (or what the memory fraction allows); CPU: the limit
+  int64_t device_free;   // CUDA: free memory per the driver; CPU: the limit minus the live bytes
+  const char* op;        // innermost op running on the failing thread ("<no op>" outside any)
+  const char* top_op;    // outermost op running on it (the call the program made)
+} gmt_oom_event;
+static_assert(sizeof(gmt_oom_event) == 48, "gmt_oom_event is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
+// Called on the failing thread before the allocation error is thrown. The callback must not
+// allocate on the failing device; an out-of-memory inside it is not reported again.
+typedef void (*gmt_oom_callback)(const gmt_oom_event*);
+void gmt_oom_set_callback(gmt_oom_callback callback);  // NULL: none
+// Reports CUDA out-of-memory errors of every device to the callback (cuda_history.cpp); once per
+// process. Fails without CUDA or without the CUDA headers at build time.
+gmt_error gmt_cuda_oom_observer_attach(void);
+// One block of the CUDA caching allocator's segments (its own snapshot, no history needed).
+typedef struct {
+  uint64_t segment_address, segment_size;
+  uint64_t address, size, requested_size;
+  int32_t allocated;  // 1: handed out; 0: cached, free
+  int32_t is_large;   // the segment comes from the large pool
+} gmt_cuda_block;
+static_assert(sizeof(gmt_cuda_block) == 48, "gmt_cuda_block is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
+// The blocks of `device`'s segments, in address order: fills up to `cap`, sets *count to how many
+// there are (cuda_history.cpp). Fails without CUDA or the CUDA headers at build time.
+gmt_error gmt_cuda_blocks(int32_t device, gmt_cuda_block* out, size_t cap, size_t* count);
 
 // ---- CUDA caching allocator (cuda.cpp) ----
 typedef struct {
@@ -94,8 +135,10 @@ typedef struct {
   int64_t reserved_current, reserved_peak;
   int64_t active_current;
   int64_t free_bytes, total_bytes;  // cudaMemGetInfo; -1 where libtorch lacks getMemoryInfo (< 2.10)
+  int64_t num_alloc_retries;        // cudaMalloc failures retried after freeing the cache
+  int64_t num_ooms;                 // out-of-memory errors raised
 } gmt_cuda_stats;
-static_assert(sizeof(gmt_cuda_stats) == 56, "gmt_cuda_stats is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
+static_assert(sizeof(gmt_cuda_stats) == 72, "gmt_cuda_stats is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
 
 int32_t gmt_cuda_device_count(void);          // 0 when CUDA is absent; never throws
 const char* gmt_libtorch_location(void);       // the file libtorch_cpu was loaded from, or NULL
@@ -130,7 +173,9 @@ static_assert(sizeof(gmt_alloc_event) == 48, "gmt_alloc_event is mirrored in gpu
 // What the tracker learnt an allocation holds (tags; untagged allocations are judged by lifetime).
 enum gmt_category { GMT_CAT_NONE = 0, GMT_CAT_PARAMETER = 1, GMT_CAT_BUFFER = 2, GMT_CAT_GRADIENT = 3,
                     GMT_CAT_ACTIVATION = 4, GMT_CAT_INPUT = 5 };
-enum gmt_event_kind { GMT_EVENT_ALLOC = 0, GMT_EVENT_FREE = 1, GMT_EVENT_SEGMENT_ALLOC = 2, GMT_EVENT_SEGMENT_FREE = 3 };
+// GMT_EVENT_OOM: an allocation of `size` bytes failed; `id` holds the device's free bytes.
+enum gmt_event_kind { GMT_EVENT_ALLOC = 0, GMT_EVENT_FREE = 1, GMT_EVENT_SEGMENT_ALLOC = 2, GMT_EVENT_SEGMENT_FREE = 3,
+                      GMT_EVENT_OOM = 4 };
 
 gmt_error gmt_meta_allocator_install(void);  // idempotent
 int64_t gmt_meta_allocator_current(void);    // live meta bytes

@@ -58,6 +58,8 @@ pub struct gmt_tensor_record {
     pub is_leaf: u8,
     pub storage_shared: u8,
     pub pad_: u8,
+    pub op_id: i32,
+    pub category: i32,
 }
 
 /// Opaque snapshot buffer owned by the shim.
@@ -109,6 +111,8 @@ pub const GMT_EVENT_ALLOC: u8 = 0;
 pub const GMT_EVENT_FREE: u8 = 1;
 pub const GMT_EVENT_SEGMENT_ALLOC: u8 = 2;
 pub const GMT_EVENT_SEGMENT_FREE: u8 = 3;
+/// An allocation failed: `size` asked for, `id` the device's free bytes.
+pub const GMT_EVENT_OOM: u8 = 4;
 
 pub const GMT_OPT_NONE: i32 = 0;
 pub const GMT_OPT_SGD: i32 = 1;
@@ -177,7 +181,38 @@ pub struct gmt_cuda_stats {
     pub active_current: i64,
     pub free_bytes: i64,
     pub total_bytes: i64,
+    pub num_alloc_retries: i64,
+    pub num_ooms: i64,
 }
+
+/// An allocation about to be refused (mirrors `gmt_oom_event`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct gmt_oom_event {
+    pub device_kind: i32,
+    pub device_index: i32,
+    pub requested: i64,
+    pub device_total: i64,
+    pub device_free: i64,
+    pub op: *const c_char,
+    pub top_op: *const c_char,
+}
+
+/// One block of the CUDA caching allocator's segments (mirrors `gmt_cuda_block`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct gmt_cuda_block {
+    pub segment_address: u64,
+    pub segment_size: u64,
+    pub address: u64,
+    pub size: u64,
+    pub requested_size: u64,
+    pub allocated: i32,
+    pub is_large: i32,
+}
+
+/// Out-of-memory callback (see `gmt_oom_set_callback`).
+pub type gmt_oom_callback = Option<unsafe extern "C" fn(event: *const gmt_oom_event)>;
 
 extern "C" {
     pub fn gmt_free_string(s: *mut c_char);
@@ -198,12 +233,18 @@ extern "C" {
     pub fn gmt_registry_entries() -> usize;
     pub fn gmt_registry_callbacks() -> u64;
     pub fn gmt_registry_name(id: i32) -> *const c_char;
+    pub fn gmt_registry_op_name(id: i32) -> *const c_char;
     pub fn gmt_scalar_type_name(scalar_type: i32) -> *const c_char;
     pub fn gmt_scalar_type_itemsize(scalar_type: i32) -> i64;
 
     pub fn gmt_snapshot_new() -> *mut gmt_snapshot;
     pub fn gmt_snapshot_free(s: *mut gmt_snapshot);
     pub fn gmt_snapshot_take(s: *mut gmt_snapshot, device_kind: i32, device_index: i32) -> gmt_error;
+    pub fn gmt_snapshot_take_categorized(
+        s: *mut gmt_snapshot,
+        device_kind: i32,
+        device_index: i32,
+    ) -> gmt_error;
     pub fn gmt_snapshot_len(s: *const gmt_snapshot) -> usize;
     pub fn gmt_snapshot_records(s: *const gmt_snapshot) -> *const gmt_tensor_record;
     pub fn gmt_snapshot_dims(s: *const gmt_snapshot, len: *mut usize) -> *const i64;
@@ -216,6 +257,13 @@ extern "C" {
     pub fn gmt_cpu_allocator_open_window() -> i32;
     pub fn gmt_cpu_allocator_close_window(window: i32);
     pub fn gmt_cpu_allocator_stats(window: i32, reset_peak: c_int, out: *mut gmt_alloc_stats);
+    pub fn gmt_cpu_allocator_set_limit(bytes: i64);
+    pub fn gmt_cpu_allocator_limit() -> i64;
+    pub fn gmt_cpu_allocator_live(addrs: *mut i64, sizes: *mut i64, cap: usize) -> usize;
+    pub fn gmt_oom_set_callback(callback: gmt_oom_callback);
+    pub fn gmt_cuda_oom_observer_attach() -> gmt_error;
+    pub fn gmt_cuda_blocks(device: i32, out: *mut gmt_cuda_block, cap: usize, count: *mut usize)
+        -> gmt_error;
 
     pub fn gmt_meta_allocator_install() -> gmt_error;
     pub fn gmt_meta_allocator_current() -> i64;
@@ -285,10 +333,12 @@ extern "C" {
 }
 
 // The C layouts this crate mirrors (`csrc/shim.h` asserts the same sizes on its side).
-const _: () = assert!(std::mem::size_of::<gmt_tensor_record>() == 72);
+const _: () = assert!(std::mem::size_of::<gmt_tensor_record>() == 80);
+const _: () = assert!(std::mem::size_of::<gmt_oom_event>() == 48);
+const _: () = assert!(std::mem::size_of::<gmt_cuda_block>() == 48);
 const _: () = assert!(std::mem::size_of::<gmt_alloc_stats>() == 40);
 const _: () = assert!(std::mem::size_of::<gmt_alloc_event>() == 48);
 const _: () = assert!(std::mem::size_of::<gmt_estimate_options>() == 48);
 const _: () = assert!(std::mem::size_of::<gmt_estimate_result>() == 56);
 const _: () = assert!(std::mem::size_of::<gmt_static_result>() == 120);
-const _: () = assert!(std::mem::size_of::<gmt_cuda_stats>() == 56);
+const _: () = assert!(std::mem::size_of::<gmt_cuda_stats>() == 72);

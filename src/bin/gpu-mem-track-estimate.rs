@@ -85,9 +85,14 @@ enum Command {
         mode: ModeArg,
         /// Show the CUDA caching-allocator prediction (`cuda`), a GPU's figures (a preset such as
         /// `a100-80g`, `h100-80g`, `rtx4090`, `l4`, `t4`, or a profile `.json`), which presets
-        /// the run fits (`all`), or only tensor bytes (`none`).
+        /// the run fits (`all`), or only tensor bytes (`none`). A run that does not fit a GPU is
+        /// told the first allocation that would raise a CUDA out-of-memory error there.
         #[arg(long, default_value = "cuda")]
         device_profile: String,
+        /// Device memory instead of the profile's, e.g. `24GiB`, `16000MiB`, `40GB` (with a
+        /// `--device-profile` naming one GPU).
+        #[arg(long, value_parser = parse_memory_size)]
+        gpu_mem: Option<u64>,
         /// Run on the CPU when an op has no meta kernel (slow: real compute).
         #[arg(long)]
         allow_cpu: bool,
@@ -330,6 +335,22 @@ fn print_gpu(g: &GpuPrediction) {
         mib(p.context_bytes),
         if g.fits { "" } else { "  -> does NOT fit" }
     );
+    if !g.fits {
+        println!("    {}", oom_verdict(g));
+    }
+}
+
+/// Where a run that does not fit would fail: the first allocation the caching allocator cannot
+/// place once its cache is released, or why none fails.
+fn oom_verdict(g: &GpuPrediction) -> String {
+    match &g.first_oom {
+        Some(oom) => oom.to_string(),
+        None => format!(
+            "no OOM predicted: the reserved peak keeps freed segments cached, but released under \
+             pressure (as PyTorch does before it fails) every allocation is placed within {} usable",
+            mib(g.usable_bytes)
+        ),
+    }
 }
 
 fn print_static(s: &StaticEstimate, model: &Path) {
@@ -388,6 +409,7 @@ struct EstimateArgs {
     model: ModelArgs,
     mode: ModeArg,
     device_profile: String,
+    gpu_mem: Option<u64>,
     allow_cpu: bool,
     method: Method,
     run_on: RunOn,
@@ -411,13 +433,13 @@ fn run_model(args: &EstimateArgs, options: &mut EstimateOptions) -> Result<(Esti
 }
 
 /// The figures of the GPU profiles asked for: none for `cuda` (the plain model) or `none`, every
-/// preset for `all`.
-fn gpu_predictions(device_profile: &str, trace: &Trace) -> Result<Vec<GpuPrediction>> {
+/// preset for `all`; `gpu_mem` replaces the memory of the one profile named.
+fn gpu_predictions(device_profile: &str, gpu_mem: Option<u64>, trace: &Trace) -> Result<Vec<GpuPrediction>> {
     let config = std::env::var("CUBLAS_WORKSPACE_CONFIG").ok();
     let profiles = match device_profile {
         "cuda" | "none" => Vec::new(),
         "all" => DeviceProfile::presets(),
-        name => vec![DeviceProfile::find(name)?],
+        name => vec![budget(&DeviceProfile::find(name)?, gpu_mem)],
     };
     Ok(profiles.iter().map(|p| predict(p, trace, config.as_deref())).collect())
 }
@@ -427,12 +449,22 @@ fn print_gpu_table(gpus: &[GpuPrediction]) {
     println!("  on each GPU preset (nvidia-smi high end, with the largest plausible cuDNN workspaces):");
     for g in gpus {
         let p = &g.profile;
+        let verdict = match &g.first_oom {
+            _ if g.fits => "fits".to_owned(),
+            Some(oom) => format!(
+                "does NOT fit: OOM at {} ({}, iteration {}), {} short",
+                oom.op_name(),
+                oom.phase,
+                oom.iteration,
+                mib(oom.short_by)
+            ),
+            None => "does NOT fit the reserved peak; no OOM once the cache is released".to_owned(),
+        };
         println!(
-            "    {:<10} {:>4.0} GiB  needs {:>12}  {}",
+            "    {:<10} {:>4.0} GiB  needs {:>12}  {verdict}",
             p.name,
             p.memory_bytes as f64 / (1u64 << 30) as f64,
             mib(g.nvidia_smi.high),
-            if g.fits { "fits" } else { "does NOT fit" }
         );
     }
 }
@@ -455,6 +487,15 @@ fn print_peak_tensors(model: &Path, e: &Estimate) -> Result<()> {
 }
 
 fn estimate(args: EstimateArgs) -> Result<()> {
+    if args.gpu_mem.is_some() && matches!(args.device_profile.as_str(), "cuda" | "none" | "all") {
+        use clap::CommandFactory;
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--gpu-mem replaces the memory of one GPU profile: add --device-profile NAME (t4, rtx4090, ...)",
+            )
+            .exit()
+    }
     let mut options = args.model.options(args.mode, args.run_on.into());
     let model = args.model.model.clone();
     if args.method != Method::Meta && matches!(options.mode, Mode::Train(_)) {
@@ -474,7 +515,7 @@ fn estimate(args: EstimateArgs) -> Result<()> {
     // A data-parallel job: the GPU figures are one rank's.
     let rank = args.model.parallelism().map(|p| per_rank_trace(&trace, args.model.optimizer, &p));
     let gpu_trace = rank.as_ref().map_or(&trace, |(t, _)| t);
-    let gpus = gpu_predictions(&args.device_profile, gpu_trace)?;
+    let gpus = gpu_predictions(&args.device_profile, args.gpu_mem, gpu_trace)?;
     let gpu = (args.device_profile != "all").then(|| gpus.first()).flatten();
     if let Some(path) = &args.snapshot {
         gpu_trace.dump_snapshot(path)?;
@@ -550,9 +591,27 @@ fn timeline(args: ModelArgs, mode: ModeArg, output: &Path) -> Result<()> {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Estimate { model, mode, device_profile, allow_cpu, method, run_on, snapshot, json } => {
-            estimate(EstimateArgs { model, mode, device_profile, allow_cpu, method, run_on, snapshot, json })
-        }
+        Command::Estimate {
+            model,
+            mode,
+            device_profile,
+            gpu_mem,
+            allow_cpu,
+            method,
+            run_on,
+            snapshot,
+            json,
+        } => estimate(EstimateArgs {
+            model,
+            mode,
+            device_profile,
+            gpu_mem,
+            allow_cpu,
+            method,
+            run_on,
+            snapshot,
+            json,
+        }),
         Command::Timeline { model, mode, output } => timeline(model, mode, &output),
         Command::Fit(args) => fit(args),
     }
@@ -622,6 +681,17 @@ fn print_fit(r: &FitResult, dim: &str, model: &Path) {
             mib(p.needed),
             if p.fits { "fits" } else { "too large" }
         );
+    }
+    // Where the smallest size tried that does not fit would fail.
+    if let Some(p) = r.probes.iter().filter(|p| !p.fits).min_by_key(|p| p.value) {
+        match &p.first_oom {
+            Some(oom) => println!("  at {dim} {}: {oom}", p.value),
+            None => println!(
+                "  at {dim} {}: no OOM predicted once the allocator releases its cache; only the reserved \
+                 peak is above the device",
+                p.value
+            ),
+        }
     }
 }
 

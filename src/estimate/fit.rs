@@ -10,6 +10,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use super::gpu_runtime::FirstOom;
 use super::profile::{predict, DeviceProfile, GpuPrediction};
 use super::sharding::{per_rank_trace, Parallelism};
 use super::{
@@ -66,6 +67,9 @@ pub struct FitProbe {
     pub fits: bool,
     /// The high end of what nvidia-smi would show.
     pub needed: u64,
+    /// Where a run of this size would fail on the device, when it does not fit
+    /// ([`GpuPrediction::first_oom`]).
+    pub first_oom: Option<FirstOom>,
 }
 
 /// What the search found.
@@ -102,7 +106,8 @@ pub fn search_largest(
     let mut probes: Vec<FitProbe> = Vec::new();
     let mut run = |v: i64, probes: &mut Vec<FitProbe>| -> Result<GpuPrediction> {
         let g = probe(v)?;
-        let p = FitProbe { value: v, fits: g.fits, needed: g.nvidia_smi.high };
+        let p =
+            FitProbe { value: v, fits: g.fits, needed: g.nvidia_smi.high, first_oom: g.first_oom.clone() };
         on_probe(&p);
         probes.push(p);
         Ok(g)
@@ -323,6 +328,8 @@ mod tests {
                 peak_reserved: r,
                 nvidia_smi: r,
                 fits: needed <= 24 * GIB,
+                usable_bytes: 24 * GIB,
+                first_oom: None,
             })
         }
     }

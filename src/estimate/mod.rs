@@ -494,7 +494,7 @@ impl TimelineRun {
                     self.cuda.free(b);
                 }
             }
-            EventKind::SegmentAlloc | EventKind::SegmentFree => {}
+            EventKind::SegmentAlloc | EventKind::SegmentFree | EventKind::Oom => {}
         }
         let live = self.replay.live();
         match self.phases.last_mut() {
@@ -653,7 +653,7 @@ pub fn peak_tensors(path: &Path, estimate: &Estimate) -> Result<Vec<crate::log::
     ffi::recorder_snapshot_at(estimate.peak.event as i64);
     estimate_torchscript_traced(path, &estimate.options)?;
     let (records, dims) = ffi::peak_snapshot_records();
-    let snap = crate::snapshot::Snapshot::from_records(&records, &dims, true);
+    let snap = crate::snapshot::Snapshot::from_records(&records, &dims, true, false);
     let mut groups: Vec<_> = snap.groups.into_iter().collect();
     groups.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(b.1.count.cmp(&a.1.count)).then(a.0.cmp(&b.0)));
     Ok(groups
@@ -665,6 +665,7 @@ pub fn peak_tensors(path: &Path, estimate: &Estimate) -> Result<Vec<crate::log::
             memory_mib: totals.bytes as f64 / crate::log::format::MIB,
             class: key.class,
             dtype: key.dtype.torch_name(),
+            op: None,
         })
         .collect())
 }

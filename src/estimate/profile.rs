@@ -1,12 +1,16 @@
 //! GPU device profiles and what a run would show on one: the run's trace replayed through the
 //! caching allocator model with the GPU libraries' own allocations in it (the cuBLAS workspace at
 //! the first matmul, kept; a bounded cuDNN workspace at each convolution, reported as a range), and
-//! the CUDA context and library handles that nvidia-smi shows on top of `reserved`.
+//! the CUDA context and library handles that nvidia-smi shows on top of `reserved`. A run that
+//! does not fit is replayed again against the memory the allocator can have (the device's, less
+//! the context) to name the allocation where PyTorch would raise `torch.OutOfMemoryError`.
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::gpu_runtime::{place_runtime_allocations, replay_with_runtime, RuntimeKind, RuntimeSizes};
+use super::gpu_runtime::{
+    place_runtime_allocations, replay_on_device, replay_with_runtime, FirstOom, RuntimeKind, RuntimeSizes,
+};
 use crate::error::{Error, Result};
 use gpu_mem_track_log::Trace;
 
@@ -134,6 +138,15 @@ pub struct GpuPrediction {
     pub nvidia_smi: Range,
     /// Whether the high end fits the device.
     pub fits: bool,
+    /// Memory the caching allocator can reserve: the device's less the context constant.
+    pub usable_bytes: u64,
+    /// When the run does not fit: the first allocation the caching allocator cannot place within
+    /// `usable_bytes` even after releasing its cache and retrying, as PyTorch does - where a GPU
+    /// run would raise `torch.OutOfMemoryError` (replayed with the high end's cuDNN workspaces,
+    /// each left out where it cannot be placed, as cuDNN then picks an engine needing less).
+    /// `None` when it fits, and when `fits` is false only because the cache is kept: every
+    /// allocation is placed once cached segments are released under pressure.
+    pub first_oom: Option<FirstOom>,
 }
 
 /// Replays a run's trace on a GPU of `profile`: the cuBLAS workspace at the first matmul, and for
@@ -165,6 +178,10 @@ pub fn predict(profile: &DeviceProfile, trace: &Trace, workspace_config: Option<
     let peak_allocated = range(low.peak_allocated, high.peak_allocated);
     let peak_reserved = range(low.peak_reserved, high.peak_reserved);
     let smi = |r: u64| r.saturating_add(profile.context_bytes);
+    let fits = smi(peak_reserved.high) <= profile.memory_bytes;
+    let usable_bytes = profile.memory_bytes.saturating_sub(profile.context_bytes);
+    // A run that fits never reaches the capacity: the replay would be the high end's again.
+    let first_oom = if fits { None } else { replay_on_device(trace, &high_runtime, Some(usable_bytes)).1 };
     GpuPrediction {
         profile: profile.clone(),
         cublas_workspace: cublas,
@@ -177,7 +194,9 @@ pub fn predict(profile: &DeviceProfile, trace: &Trace, workspace_config: Option<
         },
         peak_reserved,
         nvidia_smi: Range { low: smi(peak_reserved.low), high: smi(peak_reserved.high) },
-        fits: smi(peak_reserved.high) <= profile.memory_bytes,
+        fits,
+        usable_bytes,
+        first_oom,
     }
 }
 
@@ -260,8 +279,22 @@ mod tests {
         assert_eq!(g.peak_delta.high, 60 * MIB);
         assert!(g.nvidia_smi.low >= g.peak_reserved.low + 400 * MIB);
         assert!(g.fits);
+        assert_eq!((g.usable_bytes, g.first_oom.as_ref()), (16 * GIB - 400 * MIB, None));
+        // 50 MiB usable: 20 MiB (parameters, input) + 30 MiB (convolution) segments; the 30 MiB
+        // cuDNN workspace is left out (a smaller engine runs); the matmul's 4 KiB output needs a
+        // 2 MiB small-pool segment that nothing cached can make room for.
         let tight = DeviceProfile { memory_bytes: 450 * MIB, ..p.clone() };
-        assert!(!predict(&tight, &trace, None).fits);
+        let g = predict(&tight, &trace, None);
+        assert!(!g.fits);
+        let oom = g.first_oom.expect("an OOM at the matmul");
+        assert_eq!((oom.op.as_str(), oom.phase, oom.iteration), ("aten::addmm", Phase::Forward, 1));
+        assert_eq!((oom.requested, oom.segment, oom.short_by), (4096, 2 * MIB, 2 * MIB));
+        assert_eq!((oom.capacity, oom.reserved_after_retry), (50 * MIB, 50 * MIB));
+        // 60 MiB usable: the high end's reserved peak (82 MiB, the workspace kept cached) is above
+        // it, but every allocation is placed: not fitting is not an OOM.
+        let g = predict(&DeviceProfile { memory_bytes: 460 * MIB, ..p.clone() }, &trace, None);
+        assert!(!g.fits && g.peak_reserved.high == 82 * MIB);
+        assert_eq!(g.first_oom, None);
         let no_matmul = Trace { events: trace.events[..4].to_vec() };
         assert_eq!(predict(&p, &no_matmul, None).cublas_workspace, 0);
     }

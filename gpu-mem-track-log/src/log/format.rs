@@ -72,17 +72,33 @@ pub fn header(h: &LogHeader) -> String {
     out
 }
 
-/// One `+`/`-` line with its newline.
+/// One `+`/`-` line with its newline; ` | <op>` last when the line names its op.
 pub fn group_line(g: &GroupLine) -> String {
-    format!(
-        "{} | {} * Size:{:<20} | Memory: {} M | {:<20} | {}\n",
+    let mut out = format!(
+        "{} | {} * Size:{:<20} | Memory: {} M | {:<20} | {}",
         g.sign.as_char(),
         g.count,
         python_tuple(&g.shape),
         group_mib(g.memory_mib),
         g.class.to_string(),
         g.dtype
-    )
+    );
+    if let Some(op) = &g.op {
+        out.push_str(" | ");
+        out.push_str(op);
+    }
+    out.push('\n');
+    out
+}
+
+/// One `! ` line (a sentence of an out-of-memory block) with its newline. Line breaks in `text`
+/// become spaces, so a note stays one line.
+pub fn note_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 3);
+    out.push_str("! ");
+    out.extend(text.chars().map(|c| if c == '\n' || c == '\r' { ' ' } else { c }));
+    out.push('\n');
+    out
 }
 
 /// The `At` line without newline.
@@ -97,11 +113,20 @@ pub fn at_line(at: &AtLine) -> String {
 
 /// A whole block as one string: group lines, blank line, `At` line, blank line.
 pub fn block(changes: &[GroupLine], at: &AtLine) -> String {
-    let mut out = String::with_capacity(changes.len() * 100 + 160);
+    block_with_notes(changes, &[], at)
+}
+
+/// A whole block with `! ` lines between the blank line and the `At` line (an out-of-memory
+/// block; [`block`] when `notes` is empty).
+pub fn block_with_notes(changes: &[GroupLine], notes: &[String], at: &AtLine) -> String {
+    let mut out = String::with_capacity(changes.len() * 100 + notes.len() * 100 + 160);
     for g in changes {
         out.push_str(&group_line(g));
     }
     out.push('\n');
+    for n in notes {
+        out.push_str(&note_line(n));
+    }
     out.push_str(&at_line(at));
     out.push_str("\n\n");
     out

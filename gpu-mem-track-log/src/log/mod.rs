@@ -10,12 +10,13 @@
 //! At examples/train.rs line 12: main                    Total Tensor Used Memory:76.4   Mb Total Allocated Memory:76.4   Mb
 //! ```
 pub mod format;
+pub mod oom;
 mod parse;
 pub mod writer;
 
 pub use parse::{
     parse_log, parse_log_bytes, parse_log_file, parse_log_lenient, LogEvent, LogParseError, LogReader,
-    MAX_BLOCK_CHANGES, MAX_LINE_BYTES,
+    MAX_BLOCK_CHANGES, MAX_BLOCK_NOTES, MAX_LINE_BYTES,
 };
 pub use writer::LogWriter;
 
@@ -36,8 +37,18 @@ pub const NVML_USED: &str = "NVML Used Memory";
 pub const PEAK_NVML_USED: &str = "Peak NVML Used Memory";
 /// `gpu-mem-track watch` without processes: the whole device's usage.
 pub const DEVICE_USED: &str = "Device Used Memory";
-/// `gpu-mem-track watch`: the device's memory size.
+/// `gpu-mem-track watch`, and out-of-memory lines: the device's memory size.
 pub const DEVICE_TOTAL: &str = "Device Total Memory";
+/// Extension (CUDA): the device's free memory per the driver: the headroom left.
+pub const DEVICE_FREE: &str = "Device Free Memory";
+/// Extension (CUDA): cudaMalloc failures the caching allocator retried after releasing its cache
+/// (a count printed as a figure, shown when it grew since the previous line).
+pub const ALLOC_RETRIES: &str = "Alloc Retries";
+/// Out-of-memory lines: the bytes the refused allocation asked for. An `At` line with this field
+/// closes an out-of-memory block.
+pub const REQUESTED: &str = "Requested Memory";
+/// Out-of-memory lines (CPU): the limit set with `cpu_memory_limit`.
+pub const MEMORY_LIMIT: &str = "Memory Limit";
 
 /// Labels that can open the figures of an `At` line: tracker lines start with the tensor total,
 /// `watch` lines with NVML figures.
@@ -83,6 +94,24 @@ pub struct GroupLine {
     pub class: TensorClass,
     /// Python dtype name (`torch.float32`).
     pub dtype: String,
+    /// The op that made the tensors (` | aten::convolution`, a last column printed only when the
+    /// tracker groups by op).
+    pub op: Option<String>,
+}
+
+impl GroupLine {
+    /// The line of a group's change (its op column only when the group has an op).
+    pub fn from_change(c: &crate::diff::GroupChange) -> Self {
+        GroupLine {
+            sign: c.sign,
+            count: c.count,
+            shape: c.key.shape.to_vec(),
+            memory_mib: c.bytes as f64 / format::MIB,
+            class: c.key.class.clone(),
+            dtype: c.key.dtype.torch_name(),
+            op: c.key.op.as_deref().map(str::to_owned),
+        }
+    }
 }
 
 /// Where a track point was taken.
@@ -134,10 +163,19 @@ impl AtLine {
 pub struct LogBlock {
     /// Changes since the previous block.
     pub changes: Vec<GroupLine>,
+    /// `! ` lines before the `At` line (the words of an out-of-memory block), without the `! `.
+    pub notes: Vec<String>,
     /// The `At` line.
     pub at: AtLine,
     /// 1-based line number of the `At` line in the file (0 when not read from a file).
     pub line_no: usize,
+}
+
+impl LogBlock {
+    /// Whether this block reports an out-of-memory (its `At` line has a [`REQUESTED`] field).
+    pub fn is_oom(&self) -> bool {
+        self.at.field(REQUESTED).is_some()
+    }
 }
 
 /// A whole log.
@@ -156,7 +194,7 @@ impl ParsedLog {
     pub fn render(&self) -> String {
         let mut out = format::header(&self.header);
         for b in &self.blocks {
-            out.push_str(&format::block(&b.changes, &b.at));
+            out.push_str(&format::block_with_notes(&b.changes, &b.notes, &b.at));
         }
         out
     }

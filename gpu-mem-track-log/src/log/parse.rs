@@ -133,7 +133,15 @@ pub const MAX_BLOCK_CHANGES: usize = 100_000;
 struct LineParser {
     in_body: bool,
     pending: Vec<GroupLine>,
+    notes: Vec<String>,
 }
+
+/// `! ` lines one block may hold before further ones are skipped (an out-of-memory block has a
+/// dozen).
+pub const MAX_BLOCK_NOTES: usize = 1_000;
+
+/// A `! ` line is cut to this many characters.
+const MAX_NOTE_CHARS: usize = 2_000;
 
 impl LineParser {
     /// One line, without its line ending; `n` is its 1-based number.
@@ -164,10 +172,24 @@ impl LineParser {
                 }
                 Err(e) => Err(e),
             }
+        } else if let Some(note) = l.strip_prefix('!') {
+            if self.notes.len() >= MAX_BLOCK_NOTES {
+                Err(format!("more than {MAX_BLOCK_NOTES} `!` lines before one `At` line; skipped"))
+            } else {
+                self.notes.push(super::clip_chars(note.strip_prefix(' ').unwrap_or(note), MAX_NOTE_CHARS));
+                return None;
+            }
         } else if let Some(rest) = l.strip_prefix("At ") {
-            parse_at(rest).map(|at| Parsed::Block(LogBlock { changes: self.take_pending(), at, line_no: n }))
+            parse_at(rest).map(|at| {
+                Parsed::Block(LogBlock {
+                    changes: self.take_pending(),
+                    notes: std::mem::take(&mut self.notes),
+                    at,
+                    line_no: n,
+                })
+            })
         } else {
-            Err("not a `+`/`-` group line, an `At` line or a blank line".to_owned())
+            Err("not a `+`/`-` group line, a `!` line, an `At` line or a blank line".to_owned())
         };
         Some(parsed.unwrap_or_else(|reason| Parsed::Skipped(err(n, l, reason))))
     }
@@ -385,8 +407,15 @@ fn parse_fields(mut s: &str) -> Result<Vec<MemoryField>, String> {
 fn parse_group_line(l: &str) -> Result<GroupLine, String> {
     let sign = if l.starts_with('+') { Sign::Plus } else { Sign::Minus };
     let parts: Vec<&str> = l[3..].split(" | ").map(str::trim).collect();
-    let [count_shape, memory, class, dtype] = parts[..] else {
-        return Err(format!("a group line has 5 `|`-separated columns, this one has {}", parts.len() + 1));
+    let (count_shape, memory, class, dtype, op) = match parts[..] {
+        [a, b, c, d] => (a, b, c, d, None),
+        [a, b, c, d, op] if !op.is_empty() => (a, b, c, d, Some(op)),
+        _ => {
+            return Err(format!(
+                "a group line has 5 `|`-separated columns (6 with its op), this one has {}",
+                parts.len() + 1
+            ))
+        }
     };
     let (count, shape) = count_shape.split_once(" * Size:").ok_or("expected `N * Size:(...)`")?;
     let count = count.trim().parse::<u64>().map_err(|_| format!("bad tensor count {:?}", clip(count)))?;
@@ -411,6 +440,7 @@ fn parse_group_line(l: &str) -> Result<GroupLine, String> {
         memory_mib,
         class: TensorClass::from_python_name(class),
         dtype: dtype.to_owned(),
+        op: op.map(str::to_owned),
     })
 }
 

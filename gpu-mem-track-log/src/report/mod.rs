@@ -18,10 +18,11 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use crate::error::Result;
+use crate::log::oom::FRAGMENTED_SHARE;
 use crate::log::writer::parse_log_file_name;
 use crate::log::{
-    clip_chars, LogBlock, LogEvent, LogReader, MemoryField, ParsedLog, ALLOCATED, DEVICE_USED, NVML_USED,
-    PEAK_ALLOCATED, TENSOR_USED,
+    clip_chars, LogBlock, LogEvent, LogReader, MemoryField, ParsedLog, ALLOCATED, DEVICE_FREE, DEVICE_USED,
+    NVML_USED, PEAK_ALLOCATED, REQUESTED, RESERVED, TENSOR_USED,
 };
 
 pub use leak::LEAK_COUNTS_SHOWN;
@@ -34,6 +35,46 @@ pub const MAX_ERRORS_KEPT: usize = 5;
 pub const MAX_TEXT_CHARS: usize = 120;
 /// Figures (labels) a report follows; further labels of a damaged log are ignored.
 pub const MAX_FIELDS: usize = 32;
+/// Out-of-memory blocks a report quotes (the rest are counted), and `! ` lines quoted per block.
+pub const MAX_OOMS_KEPT: usize = 5;
+/// `! ` lines a report quotes per out-of-memory block.
+pub const MAX_NOTES_KEPT: usize = 40;
+
+/// An out-of-memory block of a log.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Oom {
+    /// The place of its `At` line (`file line N: function >> OUT OF MEMORY in op`).
+    pub at: String,
+    /// 1-based line of its `At` line in the file.
+    pub log_line: usize,
+    /// Bytes asked for, MiB.
+    pub requested_mib: f64,
+    /// Its `! ` lines (the first [`MAX_NOTES_KEPT`]).
+    pub notes: Vec<String>,
+}
+
+/// The track point with the least free device memory (CUDA logs with `Device Free Memory`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Headroom {
+    /// Free device memory there, MiB.
+    pub free_mib: f64,
+    /// The line.
+    pub at: String,
+    /// 1-based line of its `At` line in the file.
+    pub log_line: usize,
+}
+
+/// Reserved memory far above allocated memory where reserved memory peaks: the caching
+/// allocator holds memory the tensors do not use.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Fragmentation {
+    /// Reserved memory at its peak, MiB.
+    pub reserved_mib: f64,
+    /// Allocated memory at that point, MiB.
+    pub allocated_mib: f64,
+    /// The line.
+    pub at: String,
+}
 
 /// The start of `s`, at most [`MAX_TEXT_CHARS`] characters (cut on a character boundary, `…`
 /// when cut).
@@ -190,6 +231,15 @@ pub struct LogReport {
     pub errors: Vec<String>,
     /// All lines that could not be read.
     pub errors_total: usize,
+    /// Out-of-memory blocks, in file order: the first [`MAX_OOMS_KEPT`].
+    pub ooms: Vec<Oom>,
+    /// All out-of-memory blocks.
+    pub ooms_total: usize,
+    /// The track point with the least free device memory (out-of-memory blocks left out).
+    pub least_headroom: Option<Headroom>,
+    /// Set when reserved exceeds allocated by more than [`FRAGMENTED_SHARE`] of it at the
+    /// reserved peak.
+    pub fragmentation: Option<Fragmentation>,
 }
 
 /// Several logs at once (one per rank or GPU).
@@ -317,6 +367,11 @@ pub struct Analyser {
     leaks: leak::LeakTracker,
     errors: Vec<String>,
     errors_total: usize,
+    ooms: Vec<Oom>,
+    ooms_total: usize,
+    least_headroom: Option<Headroom>,
+    /// (reserved, allocated, line) at the highest reserved figure so far.
+    reserved_peak: Option<(f64, f64, usize)>,
 }
 
 impl Analyser {
@@ -347,6 +402,10 @@ impl Analyser {
             leaks: leak::LeakTracker::default(),
             errors: Vec::new(),
             errors_total: 0,
+            ooms: Vec::new(),
+            ooms_total: 0,
+            least_headroom: None,
+            reserved_peak: None,
         }
     }
 
@@ -423,6 +482,33 @@ impl Analyser {
             }
         }
 
+        if let Some(requested_mib) = b.at.field(REQUESTED) {
+            self.ooms_total += 1;
+            if self.ooms.len() < MAX_OOMS_KEPT {
+                self.ooms.push(Oom {
+                    at: self.line_text[line].clone(),
+                    log_line: b.line_no,
+                    requested_mib,
+                    notes: b
+                        .notes
+                        .iter()
+                        .take(MAX_NOTES_KEPT)
+                        .map(|n| clip_chars(n, 2 * MAX_TEXT_CHARS))
+                        .collect(),
+                });
+            }
+        } else if let Some(free_mib) = b.at.field(DEVICE_FREE) {
+            if self.least_headroom.as_ref().is_none_or(|h| free_mib < h.free_mib) {
+                self.least_headroom =
+                    Some(Headroom { free_mib, at: self.line_text[line].clone(), log_line: b.line_no });
+            }
+        }
+        if let (Some(reserved), Some(allocated)) = (b.at.field(RESERVED), b.at.field(ALLOCATED)) {
+            if self.reserved_peak.is_none_or(|(r, _, _)| reserved > r) {
+                self.reserved_peak = Some((reserved, allocated, line));
+            }
+        }
+
         self.last.clone_from(&b.at.fields);
         let absolute = self.dialect == Some(Dialect::PytorchMemoryUtils);
         self.leaks.block(&b.changes, absolute, line);
@@ -475,6 +561,16 @@ impl Analyser {
         leak_suspects.truncate(self.top);
 
         let last = self.last.iter().take(MAX_FIELDS).map(|f| (clip(&f.label), f.mib)).collect();
+        let fragmentation = self
+            .reserved_peak
+            .filter(|&(reserved, allocated, _)| {
+                reserved > 0.0 && reserved - allocated > FRAGMENTED_SHARE * reserved
+            })
+            .map(|(reserved_mib, allocated_mib, line)| Fragmentation {
+                reserved_mib,
+                allocated_mib,
+                at: at(line),
+            });
 
         LogReport {
             path: self.path,
@@ -492,6 +588,10 @@ impl Analyser {
             last,
             errors: self.errors,
             errors_total: self.errors_total,
+            ooms: self.ooms,
+            ooms_total: self.ooms_total,
+            least_headroom: self.least_headroom,
+            fragmentation,
         }
     }
 }
@@ -569,6 +669,19 @@ pub fn render_text(r: &CombinedReport) -> String {
             (None, None) => String::new(),
         };
         let _ = writeln!(s, "   {origin}{} track points, {:?} format", l.points, l.dialect);
+        for o in &l.ooms {
+            let _ = writeln!(
+                s,
+                "   OUT OF MEMORY at {} (log line {}): asked for {:.1} MiB",
+                o.at, o.log_line, o.requested_mib
+            );
+            for n in &o.notes {
+                let _ = writeln!(s, "     | {n}");
+            }
+        }
+        if l.ooms_total > l.ooms.len() {
+            let _ = writeln!(s, "   ... and {} more out-of-memory blocks", l.ooms_total - l.ooms.len());
+        }
         match &l.peak {
             Some(p) => {
                 let _ = writeln!(
@@ -581,6 +694,24 @@ pub fn render_text(r: &CombinedReport) -> String {
         }
         for p in l.peaks.iter().filter(|p| Some(&p.field) != l.main_field.as_ref()) {
             let _ = writeln!(s, "   max {}: {:.1} MiB at {}", p.field, p.mib, p.at);
+        }
+        if let Some(h) = &l.least_headroom {
+            let _ = writeln!(
+                s,
+                "   least headroom: {:.1} MiB of device memory free at {} (log line {})",
+                h.free_mib, h.at, h.log_line
+            );
+        }
+        if let Some(f) = &l.fragmentation {
+            let _ = writeln!(
+                s,
+                "   warning: fragmentation: at the reserved peak ({:.1} MiB, at {}) only {:.1} MiB are allocated: {:.0}% of \
+                 the reserve is cached but unused (try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)",
+                f.reserved_mib,
+                f.at,
+                f.allocated_mib,
+                100.0 * (f.reserved_mib - f.allocated_mib) / f.reserved_mib
+            );
         }
         let field = l.main_field.as_deref().unwrap_or("memory");
         if let Some(n) = &l.net_growth {
@@ -647,4 +778,59 @@ pub fn render_text(r: &CombinedReport) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::parse_log;
+
+    fn at(place: &str, fields: &[(&str, f64)]) -> String {
+        let mut s = format!("At {place:<50}");
+        for (label, mib) in fields {
+            let _ = write!(s, " {label}:{mib:<7.1}Mb");
+        }
+        s + "\n\n"
+    }
+
+    #[test]
+    fn oom_comes_first_and_least_headroom_and_fragmentation_are_named() {
+        let t = TENSOR_USED;
+        let a = ALLOCATED;
+        let mut text = "GPU Memory Track | t | Total Tensor Used Memory:0.0    Mb\n\n".to_owned();
+        text += &at("a.rs line 1: f", &[(t, 100.0), (a, 100.0), (RESERVED, 200.0), (DEVICE_FREE, 900.0)]);
+        text += &at("a.rs line 2: f", &[(t, 300.0), (a, 300.0), (RESERVED, 1000.0), (DEVICE_FREE, 40.0)]);
+        text += &at("a.rs line 3: f", &[(t, 200.0), (a, 200.0), (RESERVED, 900.0), (DEVICE_FREE, 120.0)]);
+        text += "! OUT OF MEMORY on cuda:0 in aten::mm, after a.rs line 3: f\n";
+        text += &at(
+            "a.rs line 3: f >> OUT OF MEMORY in aten::mm",
+            &[(t, 200.0), (a, 200.0), (REQUESTED, 512.0), (RESERVED, 900.0), (DEVICE_FREE, 10.0)],
+        );
+        let log = parse_log(&text).unwrap();
+        let r = analyse(Path::new("x-cuda0-gpu_mem_track.txt"), &log, Vec::new(), 10);
+        assert_eq!(r.ooms_total, 1);
+        assert_eq!(r.ooms[0].requested_mib, 512.0);
+        assert_eq!(
+            r.ooms[0].notes,
+            vec!["OUT OF MEMORY on cuda:0 in aten::mm, after a.rs line 3: f".to_owned()]
+        );
+        // The out-of-memory block itself is not the least headroom of the run's lines.
+        let h = r.least_headroom.as_ref().unwrap();
+        assert_eq!((h.free_mib, h.at.as_str()), (40.0, "a.rs line 2: f"));
+        let f = r.fragmentation.as_ref().unwrap();
+        assert_eq!((f.reserved_mib, f.allocated_mib), (1000.0, 300.0));
+        let text = render_text(&combine(vec![r]));
+        let oom = text.find("OUT OF MEMORY at a.rs line 3: f >> OUT OF MEMORY in aten::mm").unwrap();
+        assert!(oom < text.find("peak").unwrap(), "{text}");
+        assert!(text.contains("least headroom: 40.0 MiB"), "{text}");
+        assert!(text.contains("warning: fragmentation"), "{text}");
+    }
+
+    #[test]
+    fn no_fragmentation_warning_when_the_reserve_is_used() {
+        let mut text = "GPU Memory Track | t | Total Tensor Used Memory:0.0    Mb\n\n".to_owned();
+        text += &at("a.rs line 1: f", &[(TENSOR_USED, 900.0), (ALLOCATED, 900.0), (RESERVED, 1000.0)]);
+        let r = analyse(Path::new("x.txt"), &parse_log(&text).unwrap(), Vec::new(), 10);
+        assert!(r.fragmentation.is_none() && r.ooms.is_empty() && r.least_headroom.is_none());
+    }
 }
