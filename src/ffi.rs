@@ -631,7 +631,7 @@ pub(crate) fn meta_scalar_reads() -> u64 {
 }
 
 /// Sizes found by a TorchScript (or tch-native) estimate, in bytes and elements.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct EstimateSizes {
     pub param_count: u64,
     pub param_bytes: u64,
@@ -641,6 +641,62 @@ pub(crate) struct EstimateSizes {
     pub optimizer_state_bytes: u64,
     /// `.item()` calls on meta tensors during the run (each returned 0).
     pub meta_scalar_reads: u64,
+    /// Ops that ran their CPU kernel for want of a Meta kernel during the run.
+    pub cpu_fallback: Vec<FallbackCount>,
+}
+
+/// An op that went through the meta-via-CPU fallback: name, calls, bytes of CPU copies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FallbackCount {
+    pub op: String,
+    pub calls: u64,
+    pub bytes: u64,
+}
+
+/// Calls and bytes of every op that went through the meta-via-CPU fallback since the process
+/// started, by op.
+pub(crate) fn meta_fallback_counts() -> Vec<FallbackCount> {
+    let mut cap = 0usize;
+    loop {
+        let mut ops = vec![std::ptr::null(); cap];
+        let mut calls = vec![0i64; cap];
+        let mut sizes = vec![0i64; cap];
+        // SAFETY: the three buffers hold `cap` elements; the shim fills at most `cap` under its lock.
+        let n = unsafe {
+            sys::gmt_meta_fallback_counts(ops.as_mut_ptr(), calls.as_mut_ptr(), sizes.as_mut_ptr(), cap)
+        };
+        if n <= cap {
+            return (0..n)
+                .map(|i| FallbackCount {
+                    // SAFETY: non-null names are map keys that live (unmoved) for the process.
+                    op: if ops[i].is_null() {
+                        String::new()
+                    } else {
+                        unsafe { CStr::from_ptr(ops[i]) }.to_string_lossy().into_owned()
+                    },
+                    calls: bytes(calls[i]),
+                    bytes: bytes(sizes[i]),
+                })
+                .collect();
+        }
+        cap = n + 16;
+    }
+}
+
+/// The fallback's counts since `before` (a run's own), busiest first.
+pub(crate) fn meta_fallback_since(before: &[FallbackCount]) -> Vec<FallbackCount> {
+    let mut out: Vec<FallbackCount> = meta_fallback_counts()
+        .into_iter()
+        .filter_map(|mut now| {
+            if let Some(b) = before.iter().find(|b| b.op == now.op) {
+                now.calls -= b.calls.min(now.calls);
+                now.bytes -= b.bytes.min(now.bytes);
+            }
+            (now.calls > 0).then_some(now)
+        })
+        .collect();
+    out.sort_by(|a, b| b.calls.cmp(&a.calls).then(a.op.cmp(&b.op)));
+    out
 }
 
 /// Options of a TorchScript estimate, owned on the Rust side.
@@ -675,6 +731,7 @@ pub(crate) fn estimate_torchscript(
         eager_lifetimes: call.eager_lifetimes as i32,
     };
     let reads_before = meta_scalar_reads();
+    let fallback_before = meta_fallback_counts();
     let mut raw = sys::gmt_estimate_result::default();
     // SAFETY: `opts` points at live buffers (`path`, `input_shape`) for the call; `raw` is a
     // valid out-pointer.
@@ -687,6 +744,7 @@ pub(crate) fn estimate_torchscript(
         grad_bytes: bytes(raw.grad_bytes),
         optimizer_state_bytes: bytes(raw.optimizer_state_bytes),
         meta_scalar_reads: meta_scalar_reads() - reads_before,
+        cpu_fallback: meta_fallback_since(&fallback_before),
     };
     let (events, names) = recorded_events();
     Ok((sizes, events, names))

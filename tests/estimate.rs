@@ -267,3 +267,27 @@ fn resnet50_training_too_large_for_a_t4_names_the_first_allocation_that_fails() 
     assert!(small.fits);
     assert_eq!(small.first_oom, None);
 }
+
+/// torchvision models that stopped at the first op without a meta kernel (mobilenet_v2 at
+/// `hardtanh_backward`, swin_t at `roll`) estimate on meta: those ops run their CPU kernel, and
+/// the estimate stays within 2 % of the same run computed on the CPU.
+#[cfg_attr(
+    not(all(gmt_python_torch, gmt_torchvision)),
+    ignore = "needs Python with torch and torchvision to export the models (scripts/dev installs them)"
+)]
+#[test]
+fn torchvision_models_without_meta_kernels_estimate_on_meta() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = export_models(dir.path(), &["mobilenet_v2", "swin_t"]);
+    let adam = Mode::Train(Optimizer::Adam);
+    for (model, op) in models.iter().zip(["aten::hardtanh_backward", "aten::roll"]) {
+        let meta = run(model, &[2, 3, 224, 224], false, adam, EstimateDevice::Meta);
+        let ops: Vec<&str> = meta.cpu_fallback.iter().map(|o| o.op.as_str()).collect();
+        assert!(ops.contains(&op), "{}: {op} not in {ops:?}", model.display());
+        if op == "aten::hardtanh_backward" {
+            let cpu = run(model, &[2, 3, 224, 224], false, adam, EstimateDevice::Cpu);
+            within(meta.live_after_forward, cpu.live_after_forward, 2.0, "live after forward");
+            within(meta.peak.bytes, cpu.peak.bytes, 2.0, "training step peak");
+        }
+    }
+}

@@ -324,3 +324,47 @@ fn registered_buffers_stay_buffers_when_autograd_saves_them() {
     assert_eq!(at(Category::Parameter), bytes(true));
     assert_eq!(at(Category::Gradient), bytes(true));
 }
+
+/// Out of memory on CUDA (the CPU path is in tests/oom.rs; this test lives here to ship in the
+/// GPU bundle's one test binary). The CUDA path: the caching allocator's out-of-memory observer writes the same block, with the
+/// device's figures, and a snapshot of the allocator's segments.
+#[cfg_attr(not(gmt_gpu), ignore = "needs a CUDA GPU (run it with the GPU bundle where one is lent)")]
+#[test]
+fn a_cuda_out_of_memory_is_logged_by_the_allocators_observer() {
+    use gpu_mem_track::log::{parse_log_file, DEVICE_TOTAL, REQUESTED, RESERVED};
+    use gpu_mem_track::MemTracker;
+    use gpu_mem_track::TrackedDevice;
+    const MIB: f64 = 1024.0 * 1024.0;
+    assert!(tch::Cuda::is_available(), "the build found a GPU but libtorch sees no CUDA device");
+    let dir = tempfile::tempdir().unwrap();
+    let t = MemTracker::builder().device(TrackedDevice::Cuda(0)).log_dir(dir.path()).build().unwrap();
+    let kept = Tensor::zeros([16 << 20], (Kind::Float, Device::Cuda(0)));
+    let site_line = line!() + 1;
+    track!(t);
+    // Four times what any GPU has: refused after the allocator's own retry.
+    let err = Tensor::f_empty([1i64 << 40], (Kind::Float, Device::Cuda(0))).expect_err("4 TiB do not fit");
+    assert!(err.to_string().contains("out of memory"), "{err}");
+    let log = parse_log_file(t.log_path()).unwrap();
+    let oom = log.blocks.last().unwrap();
+    assert!(oom.is_oom(), "{:?}", oom.notes);
+    assert_eq!(oom.at.location.line, site_line);
+    assert_eq!(oom.at.field(REQUESTED), Some((4u64 << 40) as f64 / MIB));
+    assert!(oom.at.field(DEVICE_TOTAL).unwrap() > 1000.0);
+    assert!(oom.at.field(RESERVED).unwrap() >= 64.0);
+    assert!(oom.notes[0].starts_with("OUT OF MEMORY on cuda:0 in aten::empty"), "{:?}", oom.notes);
+    assert!(
+        oom.notes.iter().any(|n| n.contains("64.0 MiB  1 * (16777216,) torch.float32 Tensor")),
+        "{:?}",
+        oom.notes
+    );
+    let name = t
+        .log_path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .replace("-gpu_mem_track.txt", "-oom-snapshot.pickle");
+    let pickle = t.log_path().with_file_name(name);
+    let replay = gpu_mem_track::memviz::replay_segments(&pickle).unwrap();
+    assert_eq!(replay.ooms, 1);
+    drop(kept);
+}

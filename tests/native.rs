@@ -72,3 +72,46 @@ fn a_failing_step_is_an_error_naming_the_problem() {
     assert!(msg.starts_with("the step failed"), "{msg}");
     assert_eq!(msg.lines().count(), 1);
 }
+
+/// native_dropout (what traced and scripted models call), hardtanh, hardswish and roll have no Meta kernel in libtorch C++: they run their CPU
+/// kernel on CPU copies of their meta inputs, and the estimate equals the CPU run.
+#[test]
+fn ops_without_a_meta_kernel_run_their_cpu_kernel_and_match_the_cpu() {
+    fn mlp(p: &nn::Path) -> nn::Sequential {
+        nn::seq()
+            .add(nn::linear(p / "l1", 64, 256, Default::default()))
+            .add_fn(|x| x.hardtanh().dropout(0.1, true).roll([1], [1]))
+            .add(nn::linear(p / "l2", 256, 256, Default::default()))
+            .add_fn(|x| x.hardswish().native_dropout(0.2, true).0)
+            .add(nn::linear(p / "l3", 256, 10, Default::default()))
+    }
+    let step = |m: &nn::Sequential, x: &Tensor, y: &Tensor| m.forward(x).cross_entropy_for_logits(y);
+    let options = |device| NativeStepOptions {
+        input_shape: vec![32, 64],
+        input_is_index: false,
+        target_shape: vec![32],
+        precision: Precision::F32,
+        optimizer: Optimizer::Adam,
+        device,
+    };
+    let (meta, _) = training_step(mlp, step, &options(EstimateDevice::Meta)).unwrap();
+    let (cpu, _) = training_step(mlp, step, &options(EstimateDevice::Cpu)).unwrap();
+    // What the forward pass keeps (outputs, dropout masks as bool) is the CPU run's to the byte.
+    assert_eq!(meta.live_after_forward, cpu.live_after_forward);
+    // Peaks: the CPU dropout kernel's own temporaries are CPU memory the meta run leaves out (a
+    // GPU's fused kernel makes only the output and the mask), so meta is at most the CPU run.
+    assert!(meta.forward_peak <= cpu.forward_peak, "{} > {}", meta.forward_peak, cpu.forward_peak);
+    within(meta.peak.bytes, cpu.peak.bytes, "training step peak");
+    let ops: Vec<&str> = meta.cpu_fallback.iter().map(|o| o.op.as_str()).collect();
+    for op in
+        ["aten::native_dropout", "aten::native_dropout_backward", "aten::roll", "aten::hardtanh_backward"]
+    {
+        assert!(ops.contains(&op), "{op} not in {ops:?}");
+    }
+    // One per forward, two iterations; the copies are that op's input (32x256 floats).
+    let dropout = meta.cpu_fallback.iter().find(|o| o.op == "aten::native_dropout").unwrap();
+    assert_eq!(dropout.calls, 2);
+    assert_eq!(dropout.bytes, 2 * 32 * 256 * 4);
+    assert!(cpu.cpu_fallback.is_empty(), "a CPU run needs no fallback");
+    assert!(meta.to_string().contains("ran on the CPU for want of a meta kernel"), "{meta}");
+}

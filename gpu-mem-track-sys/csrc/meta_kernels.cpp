@@ -5,11 +5,18 @@
 #include <atomic>
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
+
+#include "common.h"
 
 namespace {
 using at::Tensor;
@@ -271,10 +278,158 @@ TORCH_LIBRARY_IMPL(aten, AutogradMeta, m) {
   m.impl("scaled_dot_product_attention", sdpa_fused_on_meta);
 }
 
+namespace {
+// ---- every other op: its CPU kernel on CPU twins of the meta inputs
+// Ops without a Meta (or composite) kernel get this boxed Meta kernel: meta tensor arguments become
+// zeroed CPU tensors of the same sizes, strides and dtype, the CPU kernel runs, and its tensor
+// results come back as meta tensors of the sizes, strides and dtypes it produced (allocated on
+// meta, so the recording sees them as the op's allocations; the CPU twins and the kernel's own
+// temporaries are CPU memory, which a meta recording does not record). A result that aliases an
+// argument (in-place and out= variants) is that argument. The cost is one op's inputs at a time.
+struct FallbackCount {
+  int64_t calls = 0;
+  int64_t bytes = 0;  // bytes of CPU twins materialised
+};
+std::mutex g_fallback_mu;
+std::map<std::string, FallbackCount> g_fallback_counts;
+
+// Ops whose results depend on the values, which meta tensors do not have (they see zeros).
+bool reads_values(const std::string& op) {
+  static const char* const kOps[] = {"aten::nonzero", "aten::unique_dim", "aten::_unique", "aten::_unique2",
+                                     "aten::unique_consecutive", "aten::unique_dim_consecutive",
+                                     "aten::masked_select", "aten::bincount", "aten::histc"};
+  for (const char* o : kOps)
+    if (op == o) return true;
+  return false;
+}
+
+Tensor cpu_twin(const Tensor& t, int64_t* bytes) {
+  Tensor cpu = at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kCPU));
+  cpu.zero_();
+  *bytes += static_cast<int64_t>(cpu.storage().nbytes());
+  return cpu;
+}
+
+Tensor meta_twin(const Tensor& t) { return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta)); }
+
+c10::IValue to_cpu(const c10::IValue& v, int64_t* bytes) {
+  if (v.isTensor()) {
+    const Tensor& t = v.toTensor();
+    return t.defined() && t.is_meta() ? c10::IValue(cpu_twin(t, bytes)) : v;
+  }
+  if (v.isTensorList()) {
+    c10::List<Tensor> out;
+    for (const Tensor& t : v.toTensorList()) out.push_back(t.defined() && t.is_meta() ? cpu_twin(t, bytes) : t);
+    return c10::IValue(out);
+  }
+  if (v.isList()) {  // optional tensors (index.Tensor's indices): a copy, the caller's list stays
+    c10::impl::GenericList list = v.toList().copy();
+    for (size_t i = 0; i < list.size(); ++i) {
+      const c10::IValue e = list.get(i);
+      if (e.isTensor() && e.toTensor().defined() && e.toTensor().is_meta()) list.set(i, cpu_twin(e.toTensor(), bytes));
+    }
+    return c10::IValue(list);
+  }
+  return v;
+}
+
+c10::IValue to_meta(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const Tensor& t = v.toTensor();
+    return t.defined() ? c10::IValue(meta_twin(t)) : v;
+  }
+  if (v.isTensorList()) {
+    c10::List<Tensor> out;
+    for (const Tensor& t : v.toTensorList()) out.push_back(t.defined() ? meta_twin(t) : t);
+    return c10::IValue(out);
+  }
+  return v;
+}
+
+void meta_via_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  TORCH_CHECK(stack->size() >= nargs, "meta-via-CPU fallback: stack too short for ", schema.name());
+  const size_t base = stack->size() - nargs;
+  const std::vector<c10::IValue> args(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+  int64_t bytes = 0;
+  for (size_t i = 0; i < nargs; ++i) (*stack)[base + i] = to_cpu(args[i], &bytes);
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  const size_t nret = schema.returns().size();
+  const size_t ret_base = stack->size() - nret;
+  for (size_t r = 0; r < nret; ++r) {
+    auto& out = (*stack)[ret_base + r];
+    const c10::AliasInfo* ra = schema.returns()[r].alias_info();
+    std::optional<c10::IValue> alias;
+    if (ra && ra->isWrite()) {
+      for (size_t i = 0; i < nargs && !alias; ++i) {
+        const c10::AliasInfo* aa = schema.arguments()[i].alias_info();
+        if (aa && aa->beforeSets() == ra->beforeSets()) alias = args[i];
+      }
+    }
+    out = alias ? *alias : to_meta(out);
+  }
+  const std::string name = schema.name();
+  if (reads_values(name)) g_meta_scalar_reads.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(g_fallback_mu);
+  FallbackCount& c = g_fallback_counts[schema.overload_name().empty() ? name : name + "." + schema.overload_name()];
+  ++c.calls;
+  c.bytes += bytes;
+}
+
+std::once_flag g_fallback_once;
+std::unique_ptr<torch::Library> g_fallback_lib;
+int64_t g_fallback_ops = 0;
+
+// Registers meta_via_cpu for every aten op with a CPU kernel and no Meta or composite kernel. Run
+// once, after the static registrations above (so the hand-written kernels are kept).
+void install_fallback() {
+  auto& d = c10::Dispatcher::singleton();
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__);
+  for (const auto& name : d.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto op = d.findOp(name);
+    if (!op) continue;
+    if (op->hasKernelForDispatchKey(c10::DispatchKey::Meta) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CPU))
+      continue;
+    const std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&meta_via_cpu>());
+    ++g_fallback_ops;
+  }
+  g_fallback_lib = std::move(lib);  // kept for the process: dropping it would deregister them
+}
+}  // namespace
+
 namespace gmt {
+void meta_fallback_install() {
+  std::call_once(g_fallback_once, install_fallback);
+}
+
 // Referenced by the estimators so the linker keeps this object (and its registrations) when the
 // shim is linked as a static library.
 int meta_kernels_linked() { return 1; }
 }  // namespace gmt
 
-extern "C" int64_t gmt_meta_scalar_reads(void) { return g_meta_scalar_reads.load(std::memory_order_relaxed); }
+extern "C" {
+int64_t gmt_meta_scalar_reads(void) { return g_meta_scalar_reads.load(std::memory_order_relaxed); }
+
+int64_t gmt_meta_fallback_ops(void) { return g_fallback_ops; }
+
+size_t gmt_meta_fallback_counts(const char** ops, int64_t* calls, int64_t* bytes, size_t cap) {
+  std::lock_guard<std::mutex> lock(g_fallback_mu);
+  size_t i = 0;
+  for (const auto& [name, c] : g_fallback_counts) {  // std::map: nodes and keys stay put
+    if (i < cap) {
+      if (ops) ops[i] = name.c_str();
+      if (calls) calls[i] = c.calls;
+      if (bytes) bytes[i] = c.bytes;
+    }
+    ++i;
+  }
+  return i;
+}
+}  // extern "C"

@@ -281,6 +281,8 @@ gmt_error gmt_meta_allocator_install(void) {
       static TrackingMetaAllocator meta;
       c10::SetAllocator(c10::DeviceType::Meta, &meta, /*priority=*/100);
     });
+    // Ops without a Meta kernel then run their CPU kernel instead of failing the estimate.
+    gmt::meta_fallback_install();
   })
 }
 

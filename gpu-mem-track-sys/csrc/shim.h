@@ -23,6 +23,12 @@ int gmt_torch_cuda_linked(void);
 // How many times `.item()` (aten::_local_scalar_dense) ran on a meta tensor since the process
 // started: each returned 0, so data-dependent control flow may have taken another branch.
 int64_t gmt_meta_scalar_reads(void);
+// Ops that run their CPU kernel on CPU twins of their meta inputs (no Meta kernel of their own);
+// registered when the meta allocator is installed.
+int64_t gmt_meta_fallback_ops(void);
+// Per op that went through that fallback since the process started: its name (stable for the
+// process), calls and bytes of CPU twins materialised. Fills up to `cap`; returns how many ops.
+size_t gmt_meta_fallback_counts(const char** ops, int64_t* calls, int64_t* bytes, size_t cap);
 
 // ---- live-tensor registry (registry.cpp) ----
 typedef struct {

@@ -261,6 +261,13 @@ extern "C" {
     pub fn gmt_cpu_allocator_limit() -> i64;
     pub fn gmt_cpu_allocator_live(addrs: *mut i64, sizes: *mut i64, cap: usize) -> usize;
     pub fn gmt_oom_set_callback(callback: gmt_oom_callback);
+    pub fn gmt_meta_fallback_ops() -> i64;
+    pub fn gmt_meta_fallback_counts(
+        ops: *mut *const c_char,
+        calls: *mut i64,
+        bytes: *mut i64,
+        cap: usize,
+    ) -> usize;
     pub fn gmt_cuda_oom_observer_attach() -> gmt_error;
     pub fn gmt_cuda_blocks(device: i32, out: *mut gmt_cuda_block, cap: usize, count: *mut usize)
         -> gmt_error;

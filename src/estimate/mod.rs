@@ -225,6 +225,17 @@ pub struct PhasePeak {
     pub peak_bytes: u64,
 }
 
+/// An op with no Meta kernel that ran its CPU kernel on CPU copies of its meta inputs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FallbackOp {
+    /// `aten::native_dropout`.
+    pub op: String,
+    /// Calls during the run.
+    pub calls: u64,
+    /// Bytes of the CPU copies made for them (one op's inputs at a time, freed after each call).
+    pub bytes: u64,
+}
+
 /// The result of an estimate. Byte counts are exact tensor storage sizes.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Estimate {
@@ -267,6 +278,10 @@ pub struct Estimate {
     /// tensor holds no data, so each read 0 and a branch on it may not be the one a real run
     /// takes. Non-zero means: check with a CPU run (`EstimateDevice::Cpu`).
     pub meta_scalar_reads: u64,
+    /// Ops with no Meta kernel that ran their CPU kernel on CPU copies of their meta inputs (one
+    /// op's inputs at a time), with their calls and the bytes those copies took; busiest first.
+    /// Their outputs are meta tensors with the shapes, strides and dtypes the CPU kernel gave.
+    pub cpu_fallback: Vec<FallbackOp>,
     /// Seconds the estimate took.
     pub seconds: f64,
 }
@@ -361,6 +376,11 @@ pub(crate) fn finish_estimate(
         cpu_only_temporaries: timeline.cpu_only_peak,
         allocations: events.iter().filter(|e| e.kind == EventKind::Alloc && e.size > 0).count() as u64,
         meta_scalar_reads: sizes.meta_scalar_reads,
+        cpu_fallback: sizes
+            .cpu_fallback
+            .iter()
+            .map(|c| FallbackOp { op: c.op.clone(), calls: c.calls, bytes: c.bytes })
+            .collect(),
         seconds: start.elapsed().as_secs_f64(),
     };
     (estimate, trace)
@@ -587,6 +607,21 @@ impl fmt::Display for Estimate {
                 p.iteration,
                 p.phase.to_string(),
                 mib(p.peak_bytes)
+            )?;
+        }
+        if !self.cpu_fallback.is_empty() {
+            let listed: Vec<String> = self
+                .cpu_fallback
+                .iter()
+                .take(8)
+                .map(|o| format!("{} x{} ({} copied)", o.op, o.calls, mib(o.bytes)))
+                .collect();
+            let more = self.cpu_fallback.len().saturating_sub(8);
+            writeln!(
+                f,
+                "  ran on the CPU for want of a meta kernel (one op's inputs at a time): {}{}",
+                listed.join(", "),
+                if more > 0 { format!(" and {more} more ops") } else { String::new() }
             )?;
         }
         if self.meta_scalar_reads > 0 {

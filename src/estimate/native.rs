@@ -100,6 +100,7 @@ pub fn training_step<M>(
     let dtype = options.precision.dtype();
     let start = Instant::now();
     let reads_before = ffi::meta_scalar_reads();
+    let fallback_before = ffi::meta_fallback_counts();
     ffi::recorder_start(kind)?;
     let guard = RecorderGuard;
     ffi::recorder_set_phase(Some(Phase::Load), 0);
@@ -158,6 +159,7 @@ pub fn training_step<M>(
         grad_bytes,
         optimizer_state_bytes,
         meta_scalar_reads: ffi::meta_scalar_reads() - reads_before,
+        cpu_fallback: ffi::meta_fallback_since(&fallback_before),
     };
     let parameter_ids = ffi::recorded_parameter_ids();
     drop((model, vs, optimizer, input, target));
