@@ -464,24 +464,33 @@ pub(crate) fn cpu_allocator_set_limit(bytes: Option<u64>) {
     unsafe { sys::gmt_cpu_allocator_set_limit(v) }
 }
 
-/// The wrapped CPU allocator's live allocations, `(address, bytes)`, sorted by address.
-pub(crate) fn cpu_allocator_live() -> Vec<(u64, u64)> {
-    // The set can grow between the count and the copy: retry with room to spare.
+/// Copies a shim table that can grow between the count and the copy: `copy(cap)` fills buffers
+/// of `cap` entries and returns the table's length with what it read; it is called again with room
+/// to spare until the whole table fits.
+fn copy_table<T>(mut copy: impl FnMut(usize) -> (usize, T)) -> T {
     let mut cap = 0usize;
     loop {
+        let (n, out) = copy(cap);
+        if n <= cap {
+            return out;
+        }
+        cap = n + n / 8 + 16;
+    }
+}
+
+/// The wrapped CPU allocator's live allocations, `(address, bytes)`, sorted by address.
+pub(crate) fn cpu_allocator_live() -> Vec<(u64, u64)> {
+    copy_table(|cap| {
         let mut addrs = vec![0i64; cap];
         let mut sizes = vec![0i64; cap];
         // SAFETY: both buffers hold `cap` elements; the shim writes at most `cap` and copies
         // under its lock.
         let n = unsafe { sys::gmt_cpu_allocator_live(addrs.as_mut_ptr(), sizes.as_mut_ptr(), cap) };
-        if n <= cap {
-            let mut out: Vec<(u64, u64)> =
-                addrs.iter().zip(&sizes).take(n).map(|(&a, &s)| (a as u64, bytes(s))).collect();
-            out.sort_unstable();
-            return out;
-        }
-        cap = n + n / 8 + 16;
-    }
+        let mut out: Vec<(u64, u64)> =
+            addrs.iter().zip(&sizes).take(n).map(|(&a, &s)| (a as u64, bytes(s))).collect();
+        out.sort_unstable();
+        (n, out)
+    })
 }
 
 /// An allocation the allocator is about to refuse, as the shim reports it.
@@ -553,30 +562,29 @@ pub(crate) struct CudaBlock {
 /// The blocks of a CUDA device's segments, from the caching allocator's own snapshot.
 pub(crate) fn cuda_blocks(device: usize) -> Result<Vec<CudaBlock>> {
     let device = i32::try_from(device).unwrap_or(i32::MAX);
-    let mut cap = 0usize;
-    loop {
+    copy_table(|cap| {
         let mut out = vec![sys::gmt_cuda_block::default(); cap];
         let mut n = 0usize;
         // SAFETY: `out` holds `cap` blocks; the shim writes at most `cap` and sets `n`.
-        check("CUDA allocator segments", unsafe {
-            sys::gmt_cuda_blocks(device, out.as_mut_ptr(), cap, &mut n)
-        })?;
-        if n <= cap {
-            return Ok(out[..n]
-                .iter()
-                .map(|b| CudaBlock {
-                    segment_address: b.segment_address,
-                    segment_size: b.segment_size,
-                    address: b.address,
-                    size: b.size,
-                    requested_size: b.requested_size,
-                    allocated: b.allocated != 0,
-                    is_large: b.is_large != 0,
-                })
-                .collect());
+        let err = unsafe { sys::gmt_cuda_blocks(device, out.as_mut_ptr(), cap, &mut n) };
+        if let Err(e) = check("CUDA allocator segments", err) {
+            return (0, Err(e));
         }
-        cap = n + n / 8 + 16;
-    }
+        let blocks = out
+            .iter()
+            .take(n)
+            .map(|b| CudaBlock {
+                segment_address: b.segment_address,
+                segment_size: b.segment_size,
+                address: b.address,
+                size: b.size,
+                requested_size: b.requested_size,
+                allocated: b.allocated != 0,
+                is_large: b.is_large != 0,
+            })
+            .collect();
+        (n, Ok(blocks))
+    })
 }
 
 /// Reports CUDA out-of-memory errors to the handler (once per process).
@@ -656,8 +664,7 @@ pub(crate) struct FallbackCount {
 /// Calls and bytes of every op that went through the meta-via-CPU fallback since the process
 /// started, by op.
 pub(crate) fn meta_fallback_counts() -> Vec<FallbackCount> {
-    let mut cap = 0usize;
-    loop {
+    copy_table(|cap| {
         let mut ops = vec![std::ptr::null(); cap];
         let mut calls = vec![0i64; cap];
         let mut sizes = vec![0i64; cap];
@@ -665,22 +672,20 @@ pub(crate) fn meta_fallback_counts() -> Vec<FallbackCount> {
         let n = unsafe {
             sys::gmt_meta_fallback_counts(ops.as_mut_ptr(), calls.as_mut_ptr(), sizes.as_mut_ptr(), cap)
         };
-        if n <= cap {
-            return (0..n)
-                .map(|i| FallbackCount {
-                    // SAFETY: non-null names are map keys that live (unmoved) for the process.
-                    op: if ops[i].is_null() {
-                        String::new()
-                    } else {
-                        unsafe { CStr::from_ptr(ops[i]) }.to_string_lossy().into_owned()
-                    },
-                    calls: bytes(calls[i]),
-                    bytes: bytes(sizes[i]),
-                })
-                .collect();
-        }
-        cap = n + 16;
-    }
+        let counts = (0..n.min(cap))
+            .map(|i| FallbackCount {
+                // SAFETY: non-null names are map keys that live (unmoved) for the process.
+                op: if ops[i].is_null() {
+                    String::new()
+                } else {
+                    unsafe { CStr::from_ptr(ops[i]) }.to_string_lossy().into_owned()
+                },
+                calls: bytes(calls[i]),
+                bytes: bytes(sizes[i]),
+            })
+            .collect();
+        (n, counts)
+    })
 }
 
 /// The fallback's counts since `before` (a run's own), busiest first.
