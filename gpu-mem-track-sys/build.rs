@@ -286,6 +286,7 @@ fn main() {
             "csrc/cuda.cpp",
             "csrc/recorder.cpp",
             "csrc/meta_kernels.cpp",
+            "csrc/cpu_means_meta.cpp",
             "csrc/script.cpp",
             "csrc/saved.cpp",
             "csrc/torch_cuda_link.cpp",

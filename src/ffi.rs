@@ -651,6 +651,8 @@ pub(crate) struct EstimateSizes {
     pub meta_scalar_reads: u64,
     /// Ops that ran their CPU kernel for want of a Meta kernel during the run.
     pub cpu_fallback: Vec<FallbackCount>,
+    /// CPU tensors made or met while the CPU meant meta.
+    pub cpu_tensors: CpuTensorCounts,
 }
 
 /// An op that went through the meta-via-CPU fallback: name, calls, bytes of CPU copies.
@@ -737,6 +739,7 @@ pub(crate) fn estimate_torchscript(
     };
     let reads_before = meta_scalar_reads();
     let fallback_before = meta_fallback_counts();
+    let cpu_before = cpu_means_meta_counts();
     let mut raw = sys::gmt_estimate_result::default();
     // SAFETY: `opts` points at live buffers (`path`, `input_shape`) for the call; `raw` is a
     // valid out-pointer.
@@ -750,6 +753,15 @@ pub(crate) fn estimate_torchscript(
         optimizer_state_bytes: bytes(raw.optimizer_state_bytes),
         meta_scalar_reads: meta_scalar_reads() - reads_before,
         cpu_fallback: meta_fallback_since(&fallback_before),
+        cpu_tensors: {
+            // The shim's mode ran on this thread inside the call.
+            let (made, moved) = cpu_means_meta_counts();
+            CpuTensorCounts {
+                made_on_cpu: u64::try_from(made - cpu_before.0).unwrap_or(0),
+                moved_to_meta: u64::try_from(moved - cpu_before.1).unwrap_or(0),
+                examples: take_cpu_means_meta_examples(),
+            }
+        },
     };
     let (events, names) = recorded_events();
     Ok((sizes, events, names))
@@ -1080,6 +1092,73 @@ pub(crate) fn recorder_set_phase(phase: Option<Phase>, iteration: u32) {
 pub(crate) fn meta_allocator_install() -> Result<()> {
     // SAFETY: idempotent installation.
     check("meta allocator", unsafe { sys::gmt_meta_allocator_install() })
+}
+
+/// "The CPU means meta" on this thread while the guard lives: factories asked for the CPU make
+/// meta tensors and CPU tensors that reach an op become meta twins (`csrc/cpu_means_meta.cpp`).
+/// Thread-local in libtorch, so the guard stays on the thread that made it.
+pub(crate) struct CpuMeansMeta {
+    made_before: i64,
+    moved_before: i64,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+/// What a [`CpuMeansMeta`] span saw: tensors ops still made on the CPU, CPU tensors moved to
+/// meta where an op met them, and up to 8 examples of either.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct CpuTensorCounts {
+    pub made_on_cpu: u64,
+    pub moved_to_meta: u64,
+    pub examples: Vec<String>,
+}
+
+fn cpu_means_meta_counts() -> (i64, i64) {
+    let (mut made, mut moved) = (0i64, 0i64);
+    // SAFETY: two valid out-pointers; reads this thread's counters.
+    unsafe { sys::gmt_cpu_means_meta_counts(&mut made, &mut moved) };
+    (made, moved)
+}
+
+impl CpuMeansMeta {
+    /// `copies_too`: copies to the CPU (`to`, `_to_copy`) stay on meta as well (TorchScript).
+    pub(crate) fn begin(copies_too: bool) -> Result<Self> {
+        let (made_before, moved_before) = cpu_means_meta_counts();
+        // SAFETY: sets this thread's dispatch-key state; undone by `end` on drop, on this thread.
+        check("cpu means meta", unsafe { sys::gmt_cpu_means_meta_begin(i32::from(copies_too)) })?;
+        // The examples of an earlier span are not this one's.
+        let _ = take_cpu_means_meta_examples();
+        Ok(Self { made_before, moved_before, _not_send: std::marker::PhantomData })
+    }
+
+    /// What this span saw so far.
+    pub(crate) fn counts(&self) -> CpuTensorCounts {
+        let (made, moved) = cpu_means_meta_counts();
+        CpuTensorCounts {
+            made_on_cpu: u64::try_from(made - self.made_before).unwrap_or(0),
+            moved_to_meta: u64::try_from(moved - self.moved_before).unwrap_or(0),
+            examples: take_cpu_means_meta_examples(),
+        }
+    }
+}
+
+fn take_cpu_means_meta_examples() -> Vec<String> {
+    // SAFETY: the shim returns a malloc'ed NUL-terminated string (or null), owned by us.
+    let raw = unsafe { sys::gmt_cpu_means_meta_examples() };
+    if raw.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: non-null and NUL-terminated, as above.
+    let text = unsafe { CStr::from_ptr(raw) }.to_string_lossy().into_owned();
+    // SAFETY: freed exactly once, with the shim's allocator.
+    unsafe { sys::gmt_free_string(raw) };
+    text.lines().map(str::to_owned).collect()
+}
+
+impl Drop for CpuMeansMeta {
+    fn drop(&mut self) {
+        // SAFETY: the matching end of `begin`, on the same thread (the guard is not Send).
+        unsafe { sys::gmt_cpu_means_meta_end() }
+    }
 }
 
 /// Asks the next recording to snapshot the live tensors after event number `event`.

@@ -2,8 +2,11 @@
 use gpu_mem_track::estimate::gpu_runtime::{
     largest_cudnn_workspace, place_runtime_allocations, RuntimeKind, RuntimeSizes,
 };
-use gpu_mem_track::estimate::{training_step, EstimateDevice, NativeStepOptions, Optimizer, Precision};
-use tch::nn::{self, Module, ModuleT};
+use gpu_mem_track::estimate::{
+    inference_step, training_step, EstimateDevice, Mode, NativeStepOptions, Optimizer, Precision,
+};
+use gpu_mem_track::{MemTracker, TrackedDevice};
+use tch::nn::{self, Module, ModuleT, RNN};
 use tch::{Kind, Tensor};
 
 fn cnn(p: &nn::Path) -> nn::SequentialT {
@@ -114,4 +117,279 @@ fn ops_without_a_meta_kernel_run_their_cpu_kernel_and_match_the_cpu() {
     assert_eq!(dropout.bytes, 2 * 32 * 256 * 4);
     assert!(cpu.cpu_fallback.is_empty(), "a CPU run needs no fallback");
     assert!(meta.to_string().contains("ran on the CPU for want of a meta kernel"), "{meta}");
+}
+
+/// An Adam step's options (the device is set per run).
+fn adam(
+    precision: Precision,
+    input_shape: &[i64],
+    input_is_index: bool,
+    target_shape: &[i64],
+) -> NativeStepOptions {
+    NativeStepOptions {
+        input_shape: input_shape.to_vec(),
+        input_is_index,
+        target_shape: target_shape.to_vec(),
+        precision,
+        optimizer: Optimizer::Adam,
+        device: EstimateDevice::Meta,
+    }
+}
+
+/// Meta within 2 % of the CPU, or below it by at most 2 % plus `cpu_only` bytes.
+fn within_or_cpu_only(meta: u64, cpu: u64, cpu_only: u64, what: &str) {
+    let diff = (meta as f64 - cpu as f64) / cpu as f64 * 100.0;
+    println!("  {what:<20} meta {meta:>12} cpu {cpu:>12} diff {diff:.3} % (CPU-only allowance {cpu_only})");
+    let slack = cpu / 50;
+    assert!(meta <= cpu + slack, "{what}: meta {meta} above cpu {cpu} by more than 2 %");
+    assert!(
+        cpu <= meta + slack + cpu_only,
+        "{what}: meta {meta} below cpu {cpu} by more than 2 % + {cpu_only}"
+    );
+}
+
+/// How far CPU memory rose above its level before `f` while `f` ran, read by a CPU tracker (the
+/// wrapped CPU allocator's peak window): an independent witness of the estimate's own
+/// `cpu_tensors` count.
+fn cpu_rise_during<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let tracker = MemTracker::builder().device(TrackedDevice::Cpu).log_dir(dir.path()).build().unwrap();
+    let before = tracker.track().unwrap().allocator.allocated;
+    let out = f();
+    let during = tracker.track().unwrap().allocator.peak_since_previous;
+    (out, during.saturating_sub(before))
+}
+
+/// Estimates `build`/`step` on meta and on the CPU and checks that they agree within 2 % (peak and
+/// live after forward), give or take `cpu_only` bytes that only the CPU's code path keeps, and
+/// that the meta run made no tensor on the CPU.
+fn meta_matches_cpu<M>(
+    what: &str,
+    case: NativeStepOptions,
+    cpu_only: u64,
+    build: impl Fn(&nn::Path) -> M,
+    step: impl Fn(&M, &Tensor, &Tensor) -> Tensor,
+) -> gpu_mem_track::estimate::Estimate {
+    let options = |device| NativeStepOptions { device, ..case.clone() };
+    let (cpu, _) = training_step(&build, &step, &options(EstimateDevice::Cpu)).unwrap();
+    let (meta, cpu_rise) = cpu_rise_during(|| {
+        training_step(&build, &step, &options(EstimateDevice::Meta))
+            .unwrap_or_else(|e| panic!("{what} on meta: {e}"))
+    });
+    let (meta, _) = meta;
+    println!("{what}:");
+    within_or_cpu_only(meta.live_after_forward, cpu.live_after_forward, cpu_only, "live after forward");
+    within_or_cpu_only(meta.peak.bytes, cpu.peak.bytes, cpu_only, "training step peak");
+    assert_eq!(meta.param_bytes, cpu.param_bytes, "{what}");
+    assert_eq!(meta.cpu_tensors.made_on_cpu, 0, "{what}: {:?}", meta.cpu_tensors);
+    assert_eq!(meta.cpu_tensors.moved_to_meta, 0, "{what}: {:?}", meta.cpu_tensors);
+    // The meta-via-CPU fallback's copies are the only CPU tensors a meta estimate may make; the
+    // rest is scalars ops wrap as 0-dim CPU tensors (8 bytes each, freed at once). The smallest
+    // tensor these models would make on the CPU is larger (an RNN state: 8 KiB and up).
+    println!("  CPU memory rose by {cpu_rise} bytes during the meta estimate");
+    if meta.cpu_fallback.is_empty() {
+        assert!(cpu_rise < 512, "{what}: CPU memory rose by {cpu_rise} bytes during the meta estimate");
+    }
+    meta
+}
+
+enum Recurrent {
+    Lstm(nn::LSTM),
+    Gru(nn::GRU),
+}
+
+struct Rnn {
+    rnn: Recurrent,
+    head: nn::Linear,
+}
+
+/// tch's LSTM and GRU make their zero state with the device the model was built on (the CPU of
+/// the estimate's VarStore): on meta, that state is made on meta.
+///
+/// In half precision: a float32 RNN on the CPU runs oneDNN's fused kernel (`mkldnn_rnn_layer`),
+/// which keeps a workspace of its own for backward, about twice what PyTorch's own cell ops keep
+/// (char-rnn: 40.4 vs 21.0 MiB live after forward). The meta run, like any non-CPU device, takes
+/// PyTorch's own path; in half precision with gradients on, the CPU takes it too, so the two
+/// runs compute the same step but for one CPU-only shortcut (the input projection, below).
+#[test]
+fn tch_lstm_and_gru_estimate_on_meta_like_the_cpu() {
+    let (batch, seq, features, hidden, classes) = (32i64, 24i64, 32i64, 128i64, 10i64);
+    for lstm in [true, false] {
+        for num_layers in [1, 2] {
+            for batch_first in [true, false] {
+                let build = move |p: &nn::Path| {
+                    let config = nn::RNNConfig { num_layers, batch_first, ..Default::default() };
+                    let rnn = if lstm {
+                        Recurrent::Lstm(nn::lstm(p / "rnn", features, hidden, config))
+                    } else {
+                        Recurrent::Gru(nn::gru(p / "rnn", features, hidden, config))
+                    };
+                    Rnn { rnn, head: nn::linear(p / "head", hidden, classes, Default::default()) }
+                };
+                let step = move |m: &Rnn, x: &Tensor, y: &Tensor| {
+                    // tch's `seq` takes the batch from dimension 0; sequence-first input
+                    // needs its own zero state (made on the build device, as `seq`'s is).
+                    let b = x.size()[if batch_first { 0 } else { 1 }];
+                    let out = match &m.rnn {
+                        Recurrent::Lstm(l) => l.seq_init(x, &l.zero_state(b)).0,
+                        Recurrent::Gru(g) => g.seq_init(x, &g.zero_state(b)).0,
+                    };
+                    let logits = m.head.forward(&out).view([-1, classes]);
+                    logits.cross_entropy_for_logits(y)
+                };
+                let shape = if batch_first { [batch, seq, features] } else { [seq, batch, features] };
+                let what = format!(
+                    "{} {num_layers} layer(s){}",
+                    if lstm { "lstm" } else { "gru" },
+                    if batch_first { ", batch first" } else { "" }
+                );
+                // The CPU computes the first layer's input projection for all time steps at once
+                // (RNN.cpp's `FullLayer`, CPU only) and keeps that input's copy.
+                let gates = if lstm { 4 } else { 3 };
+                let cpu_only = (seq * batch * (gates * hidden + features) * 2) as u64;
+                let case = adam(Precision::F16, &shape, false, &[batch * seq]);
+                let meta = meta_matches_cpu(&what, case, cpu_only, build, step);
+                // The recurrent weights of every layer are parameters.
+                let per_gate = if lstm { 4 } else { 3 };
+                let layer = |input: i64| per_gate * hidden * (input + hidden + 2);
+                let rnn_params = layer(features) + (num_layers - 1) * layer(hidden);
+                assert_eq!(meta.param_count as i64, rnn_params + hidden * classes + classes, "{what}");
+            }
+        }
+    }
+}
+
+/// tch's char-rnn example: `nn::lstm` + `nn::linear`, one-hot input (made with the input's
+/// device), Adam, `cross_entropy_for_logits`; half precision as above.
+#[test]
+fn char_rnn_estimates_on_meta_like_the_cpu() {
+    let (labels, hidden, batch, seq) = (65i64, 256i64, 32i64, 64i64);
+    struct CharRnn {
+        lstm: nn::LSTM,
+        linear: nn::Linear,
+    }
+    let build = |p: &nn::Path| CharRnn {
+        lstm: nn::lstm(p, labels, hidden, Default::default()),
+        linear: nn::linear(p, hidden, labels, Default::default()),
+    };
+    let step = |m: &CharRnn, xs: &Tensor, ys: &Tensor| {
+        let onehot = xs.onehot(labels).to_kind(m.linear.ws.kind());
+        let (out, _) = m.lstm.seq(&onehot);
+        let logits = m.linear.forward(&out);
+        logits.view([batch * seq, labels]).cross_entropy_for_logits(&ys.view([batch * seq]))
+    };
+    // As above: the CPU's projection of all time steps' input at once (half precision).
+    let cpu_only = (seq * batch * 4 * hidden * 2) as u64;
+    let case = adam(Precision::F16, &[batch, seq], true, &[batch, seq]);
+    let meta = meta_matches_cpu("char-rnn", case, cpu_only, build, step);
+    assert_eq!(meta.param_count as i64, 4 * hidden * (labels + hidden + 2) + hidden * labels + labels);
+    // What the forward keeps for backward dominates: the gates of all 64 steps, at least.
+    assert!(meta.live_after_forward > (seq * batch * 4 * hidden * 2) as u64, "{meta}");
+}
+
+/// A model that keeps the device it was built on and makes a causal mask and a position table
+/// there in `forward`, as users write them.
+struct Masked {
+    device: tch::Device,
+    positions: nn::Embedding,
+    proj: nn::Linear,
+    head: nn::Linear,
+}
+
+const MASKED: (i64, i64, i64) = (4, 24, 32); // batch, sequence, width
+
+fn masked(p: &nn::Path) -> Masked {
+    let (_, seq, dim) = MASKED;
+    Masked {
+        device: p.device(),
+        positions: nn::embedding(p / "pos", seq, dim, Default::default()),
+        proj: nn::linear(p / "proj", dim, dim, Default::default()),
+        head: nn::linear(p / "head", dim, 3, Default::default()),
+    }
+}
+
+impl Masked {
+    fn logits(&self, x: &Tensor) -> Tensor {
+        let t = x.size()[1];
+        let pos = self.positions.forward(&Tensor::arange(t, (Kind::Int64, self.device)));
+        let h = self.proj.forward(&(x + pos));
+        let scores = h.matmul(&h.transpose(-2, -1)) / (MASKED.2 as f64).sqrt();
+        let mask = Tensor::ones([t, t], (Kind::Bool, self.device)).tril(0).logical_not();
+        let attn = scores.masked_fill(&mask, f64::NEG_INFINITY).softmax(-1, Kind::Float);
+        self.head.forward(&attn.matmul(&h).mean_dim(1, false, Kind::Float))
+    }
+}
+
+#[test]
+fn masks_made_on_the_build_device_in_forward_land_on_meta() {
+    let (batch, seq, dim) = MASKED;
+    let build = masked;
+    let step = |m: &Masked, x: &Tensor, y: &Tensor| m.logits(x).cross_entropy_for_logits(y);
+    meta_matches_cpu(
+        "masked attention",
+        adam(Precision::F32, &[batch, seq, dim], false, &[batch]),
+        0,
+        build,
+        step,
+    );
+}
+
+/// A forward-only estimate of the same model: no gradients, no optimizer, the same mask on meta.
+#[test]
+fn inference_of_a_tch_model_estimates_on_meta_like_the_cpu() {
+    let (batch, seq, dim) = MASKED;
+    let options =
+        |device| NativeStepOptions { device, ..adam(Precision::F32, &[batch, seq, dim], false, &[]) };
+    let forward = |m: &Masked, x: &Tensor| m.logits(x);
+    let (cpu, _) = inference_step(masked, forward, &options(EstimateDevice::Cpu)).unwrap();
+    let (meta, _) = inference_step(masked, forward, &options(EstimateDevice::Meta)).unwrap();
+    assert_eq!(meta.options.mode, Mode::Inference);
+    assert_eq!((meta.grad_bytes, meta.optimizer_state_bytes), (0, 0));
+    assert_eq!(meta.param_bytes, cpu.param_bytes);
+    assert_eq!(meta.cpu_tensors.made_on_cpu + meta.cpu_tensors.moved_to_meta, 0, "{:?}", meta.cpu_tensors);
+    within(meta.forward_peak, cpu.forward_peak, "inference peak");
+    // Without autograd nothing is kept: after the forward, parameters, input (and the output).
+    let kept = meta.param_bytes + meta.input_bytes;
+    assert!(meta.live_after_forward >= kept && meta.live_after_forward <= kept + 1024, "{meta}");
+}
+
+/// The redirection is this thread's, for the estimate only: CPU work on another thread during
+/// the estimate, and on this one after it, stays on the CPU.
+#[test]
+fn cpu_work_elsewhere_during_an_estimate_stays_on_the_cpu() {
+    let options = NativeStepOptions {
+        input_shape: vec![4, 8],
+        input_is_index: false,
+        target_shape: vec![4],
+        precision: Precision::F32,
+        optimizer: Optimizer::Sgd,
+        device: EstimateDevice::Meta,
+    };
+    let build = |p: &nn::Path| nn::linear(p / "l", 8, 3, Default::default());
+    let seen = std::sync::Mutex::new(Vec::new());
+    let step = |m: &nn::Linear, x: &Tensor, y: &Tensor| {
+        let here = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu));
+        let there = std::thread::scope(|s| {
+            s.spawn(|| {
+                let t = Tensor::ones([3], (Kind::Float, tch::Device::Cpu)) * 2.0;
+                (t.device(), f64::try_from(t.sum(Kind::Float)).unwrap())
+            })
+            .join()
+            .unwrap()
+        });
+        seen.lock().unwrap().push((here.device(), there));
+        m.forward(x).cross_entropy_for_logits(y)
+    };
+    training_step(build, step, &options).unwrap();
+    let seen = seen.into_inner().unwrap();
+    assert_eq!(seen.len(), 2, "two iterations");
+    for (here, (there, sum)) in seen {
+        // tch names a meta tensor's device Mps (it has no variant for meta).
+        assert_eq!(here, tch::Device::Mps, "on the estimating thread, the CPU means meta");
+        assert_eq!(there, tch::Device::Cpu, "another thread's tensors stay on the CPU");
+        assert_eq!(sum, 6.0, "and hold their values");
+    }
+    let after = Tensor::from_slice(&[1.0f32, 2.0]) + Tensor::ones([2], (Kind::Float, tch::Device::Cpu));
+    assert_eq!(after.device(), tch::Device::Cpu);
+    assert_eq!(Vec::<f32>::try_from(&after).unwrap(), vec![2.0, 3.0]);
 }

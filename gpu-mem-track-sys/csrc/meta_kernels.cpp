@@ -367,6 +367,14 @@ void meta_via_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         if (aa && aa->beforeSets() == ra->beforeSets()) alias = args[i];
       }
     }
+    if (alias && alias->isTensor() && out.isTensor()) {
+      // An out= argument the CPU kernel resized (logical_not.out from an empty result): give the
+      // meta argument the result's shape, with storage of its own so the allocation is counted.
+      at::Tensor arg = alias->toTensor();
+      const at::Tensor& cpu = out.toTensor();
+      if (arg.defined() && cpu.defined() && (arg.sizes() != cpu.sizes() || arg.strides() != cpu.strides()))
+        arg.set_(meta_twin(cpu));
+    }
     out = alias ? *alias : to_meta(out);
   }
   const std::string name = schema.name();

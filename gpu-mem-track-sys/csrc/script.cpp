@@ -257,6 +257,20 @@ struct RecorderGuard {
 
 // The first non-empty line of libtorch's message (after any Python-style "RuntimeError: "), so
 // "cannot load X as TorchScript: <reason>" never ends in an empty reason.
+// gmt_cpu_means_meta_begin/end for a scope, copies to the CPU included (TorchScript).
+struct CpuMeansMeta {
+  CpuMeansMeta() {
+    if (char* e = gmt_cpu_means_meta_begin(1)) {
+      std::string msg(e);
+      gmt_free_string(e);
+      throw std::runtime_error(msg);
+    }
+  }
+  ~CpuMeansMeta() { gmt_cpu_means_meta_end(); }
+  CpuMeansMeta(const CpuMeansMeta&) = delete;
+  CpuMeansMeta& operator=(const CpuMeansMeta&) = delete;
+};
+
 std::string short_message(const std::exception& e) {
   std::string w = e.what();
   auto p = w.rfind("RuntimeError: ");
@@ -320,6 +334,11 @@ extern "C" gmt_error gmt_estimate_torchscript(const gmt_estimate_options* o, gmt
     }
     r.param_bytes = unique_storage_bytes(params);
     r.buffer_bytes = unique_storage_bytes(buffers);
+
+    // From here on, on this thread, the CPU means meta (traced graphs copy to the CPU they were
+    // traced on; scripted code makes tensors there).
+    std::optional<CpuMeansMeta> cpu_means_meta;
+    if (meta) cpu_means_meta.emplace();
 
     gmt::set_phase(GMT_PHASE_INPUT, 0);
     const std::vector<int64_t> shape(o->input_shape, o->input_shape + o->input_ndim);

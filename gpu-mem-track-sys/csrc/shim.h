@@ -185,6 +185,18 @@ enum gmt_event_kind { GMT_EVENT_ALLOC = 0, GMT_EVENT_FREE = 1, GMT_EVENT_SEGMENT
 
 gmt_error gmt_meta_allocator_install(void);  // idempotent
 int64_t gmt_meta_allocator_current(void);    // live meta bytes
+
+// ---- "the CPU means meta" on this thread (cpu_means_meta.cpp) ----
+// While on (calls nest; end on the thread that began), factories asked for the CPU make meta
+// tensors and CPU tensors that reach an op become meta twins; copies to the CPU stay on meta only
+// when `copies_too` (TorchScript). Other threads are never affected.
+gmt_error gmt_cpu_means_meta_begin(int32_t copies_too);
+void gmt_cpu_means_meta_end(void);
+// This thread's totals since it started: tensors ops returned on the CPU while on, and CPU
+// tensors moved to meta where an op met them.
+void gmt_cpu_means_meta_counts(int64_t* made_on_cpu, int64_t* moved_to_meta);
+// Up to 8 of them ("moved to meta at aten::add [4, 8] Float"), one a line; clears the list.
+char* gmt_cpu_means_meta_examples(void);
 // Records every allocation/free of `device_kind` (GMT_DEV_ANY: all) until stopped. Clears the
 // previous recording; the events stay readable until the next start.
 gmt_error gmt_recorder_start(int32_t device_kind);

@@ -274,6 +274,10 @@ extern "C" {
 
     pub fn gmt_meta_allocator_install() -> gmt_error;
     pub fn gmt_meta_allocator_current() -> i64;
+    pub fn gmt_cpu_means_meta_begin(copies_too: i32) -> gmt_error;
+    pub fn gmt_cpu_means_meta_end();
+    pub fn gmt_cpu_means_meta_counts(made_on_cpu: *mut i64, moved_to_meta: *mut i64);
+    pub fn gmt_cpu_means_meta_examples() -> *mut c_char;
     pub fn gmt_recorder_start(device_kind: i32) -> gmt_error;
     pub fn gmt_recorder_stop() -> gmt_error;
     pub fn gmt_recorder_set_phase(phase: i32, iteration: i32);

@@ -11,7 +11,7 @@ pub mod sharding;
 mod size;
 
 pub use gpu_mem_track_log::{Category, Phase, TimelinePoint, Trace, TraceEvent};
-pub use native::{training_step, NativeStepOptions};
+pub use native::{inference_step, training_step, NativeStepOptions};
 pub use saved::{memory_for_backward, memory_for_backward_excluding, SavedByOp, SavedReport};
 pub use size::{optimizer_state_bytes, torchscript_size, varstore_size, Activations, ModelSize};
 
@@ -236,6 +236,21 @@ pub struct FallbackOp {
     pub bytes: u64,
 }
 
+/// Tensors on the CPU that a meta estimate met: made by ops that named no device (tch's
+/// `Tensor::from_slice` copies the caller's bytes, so it stays on the CPU), and captured CPU
+/// tensors moved to meta where an op used them (the copy a real run makes to the GPU, counted
+/// as that op's allocation). Factories asked for the CPU make meta tensors and are not counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CpuTensors {
+    /// Tensors ops returned on the CPU during the estimate (their memory is not in the figures
+    /// until an op moves them to meta).
+    pub made_on_cpu: u64,
+    /// CPU tensors replaced by meta twins where an op met them.
+    pub moved_to_meta: u64,
+    /// Up to 8 of either: `moved to meta at aten::add [4, 8] Float`.
+    pub examples: Vec<String>,
+}
+
 /// The result of an estimate. Byte counts are exact tensor storage sizes.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Estimate {
@@ -282,6 +297,8 @@ pub struct Estimate {
     /// op's inputs at a time), with their calls and the bytes those copies took; busiest first.
     /// Their outputs are meta tensors with the shapes, strides and dtypes the CPU kernel gave.
     pub cpu_fallback: Vec<FallbackOp>,
+    /// CPU tensors the run made or met on meta (empty for CPU runs).
+    pub cpu_tensors: CpuTensors,
     /// Seconds the estimate took.
     pub seconds: f64,
 }
@@ -381,6 +398,11 @@ pub(crate) fn finish_estimate(
             .iter()
             .map(|c| FallbackOp { op: c.op.clone(), calls: c.calls, bytes: c.bytes })
             .collect(),
+        cpu_tensors: CpuTensors {
+            made_on_cpu: sizes.cpu_tensors.made_on_cpu,
+            moved_to_meta: sizes.cpu_tensors.moved_to_meta,
+            examples: sizes.cpu_tensors.examples.clone(),
+        },
         seconds: start.elapsed().as_secs_f64(),
     };
     (estimate, trace)
@@ -622,6 +644,16 @@ impl fmt::Display for Estimate {
                 "  ran on the CPU for want of a meta kernel (one op's inputs at a time): {}{}",
                 listed.join(", "),
                 if more > 0 { format!(" and {more} more ops") } else { String::new() }
+            )?;
+        }
+        let cpu = &self.cpu_tensors;
+        if cpu.made_on_cpu + cpu.moved_to_meta > 0 {
+            writeln!(
+                f,
+                "  CPU tensors on meta: {} made on the CPU (no device given), {} moved to meta where an op used them{}",
+                cpu.made_on_cpu,
+                cpu.moved_to_meta,
+                if cpu.examples.is_empty() { String::new() } else { format!(" ({})", cpu.examples.join("; ")) }
             )?;
         }
         if self.meta_scalar_reads > 0 {
