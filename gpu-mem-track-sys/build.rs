@@ -287,6 +287,7 @@ fn main() {
             "csrc/recorder.cpp",
             "csrc/meta_kernels.cpp",
             "csrc/cpu_means_meta.cpp",
+            "csrc/meta_kernel_check.cpp",
             "csrc/script.cpp",
             "csrc/saved.cpp",
             "csrc/torch_cuda_link.cpp",

@@ -1094,6 +1094,40 @@ pub(crate) fn meta_allocator_install() -> Result<()> {
     check("meta allocator", unsafe { sys::gmt_meta_allocator_install() })
 }
 
+/// The ops with a hand-written meta kernel in the shim.
+pub(crate) fn meta_kernels_registered() -> Vec<String> {
+    let mut n = 0usize;
+    // SAFETY: returns a static array of `n` static NUL-terminated names.
+    let names = unsafe { sys::gmt_meta_kernels_registered(&mut n) };
+    (0..n)
+        // SAFETY: `i < n`, and every entry is a static C string.
+        .map(|i| unsafe { CStr::from_ptr(*names.add(i)) }.to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Runs every hand-written meta kernel against the CPU kernel of the same op
+/// (`csrc/meta_kernel_check.cpp`): one `(op, shapes, verdict)` a case, verdict `ok` or what
+/// differs.
+pub(crate) fn meta_kernels_check() -> Result<Vec<(String, String, String)>> {
+    let mut report: *mut std::os::raw::c_char = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; on success the shim stores a malloc'ed string we own.
+    check("meta kernel check", unsafe { sys::gmt_meta_kernels_check(&mut report) })?;
+    if report.is_null() {
+        return Ok(Vec::new());
+    }
+    // SAFETY: non-null, NUL-terminated, owned by us.
+    let text = unsafe { CStr::from_ptr(report) }.to_string_lossy().into_owned();
+    // SAFETY: freed once, with the shim's allocator.
+    unsafe { sys::gmt_free_string(report) };
+    Ok(text
+        .lines()
+        .map(|l| {
+            let mut f = l.splitn(3, '\t').map(str::to_owned);
+            (f.next().unwrap_or_default(), f.next().unwrap_or_default(), f.next().unwrap_or_default())
+        })
+        .collect())
+}
+
 /// "The CPU means meta" on this thread while the guard lives: factories asked for the CPU make
 /// meta tensors and CPU tensors that reach an op become meta twins (`csrc/cpu_means_meta.cpp`).
 /// Thread-local in libtorch, so the guard stays on the thread that made it.

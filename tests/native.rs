@@ -76,16 +76,20 @@ fn a_failing_step_is_an_error_naming_the_problem() {
     assert_eq!(msg.lines().count(), 1);
 }
 
-/// native_dropout (what traced and scripted models call), hardtanh, hardswish and roll have no Meta kernel in libtorch C++: they run their CPU
-/// kernel on CPU copies of their meta inputs, and the estimate equals the CPU run.
+/// Dropout, hardtanh, hardswish and roll have hand-written meta kernels (elementwise over whole
+/// activations: copying them to the CPU would cost what the estimate avoids); log_sigmoid and
+/// prelu's backward have no Meta kernel in libtorch C++ and run their CPU kernel on CPU copies of
+/// their meta inputs. Either way the estimate equals the CPU run.
 #[test]
 fn ops_without_a_meta_kernel_run_their_cpu_kernel_and_match_the_cpu() {
     fn mlp(p: &nn::Path) -> nn::Sequential {
+        let slope = p.var("slope", &[1], nn::Init::Const(0.25));
         nn::seq()
             .add(nn::linear(p / "l1", 64, 256, Default::default()))
             .add_fn(|x| x.hardtanh().dropout(0.1, true).roll([1], [1]))
             .add(nn::linear(p / "l2", 256, 256, Default::default()))
-            .add_fn(|x| x.hardswish().native_dropout(0.2, true).0)
+            .add_fn(|x| x.hardswish().native_dropout(0.2, true).0.log_sigmoid())
+            .add_fn(move |x| x.prelu(&slope))
             .add(nn::linear(p / "l3", 256, 10, Default::default()))
     }
     let step = |m: &nn::Sequential, x: &Tensor, y: &Tensor| m.forward(x).cross_entropy_for_logits(y);
@@ -101,20 +105,23 @@ fn ops_without_a_meta_kernel_run_their_cpu_kernel_and_match_the_cpu() {
     let (cpu, _) = training_step(mlp, step, &options(EstimateDevice::Cpu)).unwrap();
     // What the forward pass keeps (outputs, dropout masks as bool) is the CPU run's to the byte.
     assert_eq!(meta.live_after_forward, cpu.live_after_forward);
-    // Peaks: the CPU dropout kernel's own temporaries are CPU memory the meta run leaves out (a
-    // GPU's fused kernel makes only the output and the mask), so meta is at most the CPU run.
+    // Peaks: CPU kernels' own temporaries are CPU memory the meta run leaves out (a GPU's fused
+    // kernel makes only the output and the mask), so meta is at most the CPU run.
     assert!(meta.forward_peak <= cpu.forward_peak, "{} > {}", meta.forward_peak, cpu.forward_peak);
     within(meta.peak.bytes, cpu.peak.bytes, "training step peak");
     let ops: Vec<&str> = meta.cpu_fallback.iter().map(|o| o.op.as_str()).collect();
+    for op in ["aten::log_sigmoid_forward", "aten::log_sigmoid_backward", "aten::_prelu_kernel_backward"] {
+        assert!(ops.contains(&op), "{op} not in {ops:?}");
+    }
     for op in
         ["aten::native_dropout", "aten::native_dropout_backward", "aten::roll", "aten::hardtanh_backward"]
     {
-        assert!(ops.contains(&op), "{op} not in {ops:?}");
+        assert!(!ops.contains(&op), "{op} has a meta kernel of its own: {ops:?}");
     }
     // One per forward, two iterations; the copies are that op's input (32x256 floats).
-    let dropout = meta.cpu_fallback.iter().find(|o| o.op == "aten::native_dropout").unwrap();
-    assert_eq!(dropout.calls, 2);
-    assert_eq!(dropout.bytes, 2 * 32 * 256 * 4);
+    let log_sigmoid = meta.cpu_fallback.iter().find(|o| o.op == "aten::log_sigmoid_forward").unwrap();
+    assert_eq!(log_sigmoid.calls, 2);
+    assert_eq!(log_sigmoid.bytes, 2 * 32 * 256 * 4);
     assert!(cpu.cpu_fallback.is_empty(), "a CPU run needs no fallback");
     assert!(meta.to_string().contains("ran on the CPU for want of a meta kernel"), "{meta}");
 }
@@ -392,4 +399,23 @@ fn cpu_work_elsewhere_during_an_estimate_stays_on_the_cpu() {
     let after = Tensor::from_slice(&[1.0f32, 2.0]) + Tensor::ones([2], (Kind::Float, tch::Device::Cpu));
     assert_eq!(after.device(), tch::Device::Cpu);
     assert_eq!(Vec::<f32>::try_from(&after).unwrap(), vec![2.0, 3.0]);
+}
+
+/// Every meta kernel the shim registers gives the CPU kernel's result sizes, strides and dtypes,
+/// for several shapes each (a transposed input among them for elementwise ops); where meta
+/// follows a GPU kernel's layout on purpose (fused attention), sizes and dtypes.
+#[test]
+fn every_meta_kernel_of_the_shim_matches_the_cpu_kernel() {
+    let (cases, registered) = gpu_mem_track::estimate::check_meta_kernels().unwrap();
+    assert!(registered.len() >= 36, "{registered:?}");
+    for op in &registered {
+        assert!(cases.iter().any(|c| &c.op == op), "no case checks the meta kernel of {op}");
+    }
+    for c in &cases {
+        println!("{:<55} {:<60} {}", c.op, c.inputs, c.verdict);
+    }
+    let wrong: Vec<String> =
+        cases.iter().filter(|c| !c.ok()).map(|c| format!("{} {}: {}", c.op, c.inputs, c.verdict)).collect();
+    assert!(wrong.is_empty(), "{} of {} cases differ:\n{}", wrong.len(), cases.len(), wrong.join("\n"));
+    assert!(cases.len() >= 100, "{} cases", cases.len());
 }

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/TensorIterator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
@@ -178,20 +179,32 @@ Tensor embedding_dense_backward_meta(const Tensor& grad, const Tensor&, c10::Sym
   return at::empty({num_weights.expect_int(), grad.size(-1)}, grad.options());
 }
 
+// As the CPU and CUDA kernels: a TensorIterator over the condition and both values (cast to the
+// result type first), so the result takes the inputs' layout (a transposed input, a transposed
+// result).
 Tensor where_meta(const Tensor& cond, const Tensor& self, const Tensor& other) {
-  auto shape = at::infer_size(at::infer_size(cond.sizes(), self.sizes()), other.sizes());
-  return at::empty(shape, self.options().dtype(at::result_type(self, other)));
+  const auto dtype = at::result_type(self, other);
+  // The iterator resizes an empty output as the kernels' does; resize_ on meta takes no memory
+  // from the allocator, so the result gets a counted allocation of the layout it found.
+  Tensor probe = at::empty({0}, self.options().dtype(dtype));
+  auto iter = at::TensorIteratorConfig()
+                  .check_all_same_dtype(false)
+                  .add_output(probe)
+                  .add_const_input(cond)
+                  .add_const_input(self.scalar_type() == dtype ? self : self.to(dtype))
+                  .add_const_input(other.scalar_type() == dtype ? other : other.to(dtype))
+                  .build();
+  const Tensor& r = iter.output();
+  return at::empty_strided(r.sizes(), r.strides(), r.options());
 }
 
-// out= variants: resize_ on meta bypasses the allocator, so give `out` a freshly allocated
+// out= variants: resize_ on meta bypasses the allocator, so `out` gets a freshly allocated
 // storage of the right size instead; the allocation is then counted like a real one.
-Tensor& resize_out_counted(Tensor& out, at::IntArrayRef shape) {
-  if (out.sizes() != shape) out.set_(at::empty(shape, out.options()));
-  return out;
-}
 
 Tensor& where_out_meta(const Tensor& cond, const Tensor& self, const Tensor& other, Tensor& out) {
-  return resize_out_counted(out, at::infer_size(at::infer_size(cond.sizes(), self.sizes()), other.sizes()));
+  const auto shape = at::infer_size(at::infer_size(cond.sizes(), self.sizes()), other.sizes());
+  if (out.sizes() != at::IntArrayRef(shape)) out.set_(where_meta(cond, self, other));
+  return out;
 }
 
 // ---- attention. On meta, scaled_dot_product_attention would take the math path, which
@@ -225,6 +238,32 @@ Tensor sdpa_fused_on_meta(const Tensor& q, const Tensor& k, const Tensor& v, con
   return std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout, is_causal, mask, scale));
 }
 
+// ---- dropout, activations and their backwards, roll. The meta-via-CPU fallback would run these
+// too, but they are elementwise over whole activations (a 7B model's MLP: hundreds of MiB per
+// call), so copying their inputs to the CPU and computing them is the cost to avoid. Each
+// allocates what the CUDA kernel allocates.
+std::tuple<Tensor, Tensor> native_dropout_meta(const Tensor& x, double, std::optional<bool>) {
+  // CUDA: the output and a bool mask of the input's shape, in training and not.
+  return {at::empty_like(x), at::empty_like(x, x.options().dtype(at::kBool))};
+}
+
+Tensor native_dropout_backward_meta(const Tensor& grad, const Tensor&, double) { return at::empty_like(grad); }
+
+Tensor like_first(const Tensor& x) { return at::empty_like(x); }
+Tensor hardtanh_meta(const Tensor& x, const c10::Scalar&, const c10::Scalar&) { return at::empty_like(x); }
+Tensor hardtanh_backward_meta(const Tensor& grad, const Tensor&, const c10::Scalar&, const c10::Scalar&) {
+  return at::empty_like(grad);
+}
+Tensor hardswish_backward_meta(const Tensor& grad, const Tensor&) { return at::empty_like(grad); }
+Tensor glu_backward_meta(const Tensor&, const Tensor& self, int64_t) { return at::empty_like(self); }
+// Contiguous, as both kernels make it (zeros_like with LEGACY_CONTIGUOUS_MEMORY_FORMAT).
+Tensor mse_loss_backward_meta(const Tensor&, const Tensor& self, const Tensor&, int64_t) {
+  return at::empty(self.sizes(), self.options());
+}
+
+// CUDA's roll writes a contiguous result (of a contiguous copy of a strided input).
+Tensor roll_meta(const Tensor& self, c10::SymIntArrayRef, IntArrayRef) { return at::empty(self.sizes(), self.options()); }
+
 // JIT constant pooling compares tensor constants; meta tensors hold no data: never equal.
 bool equal_meta(const Tensor&, const Tensor&) { return false; }
 
@@ -244,35 +283,59 @@ c10::Scalar local_scalar_dense_meta(const Tensor& t) {
 bool compatible_shallow_copy_meta(const Tensor&, const Tensor&) { return true; }
 }  // namespace
 
+// Every hand-written meta kernel, once: registered below, listed for gmt_meta_kernels_registered
+// (meta_kernel_check.cpp checks each against the CPU kernel).
+#define GMT_HAND_WRITTEN_META_KERNELS(X) \
+  X("convolution_overrideable", convolution_meta) \
+  X("convolution_backward_overrideable", convolution_backward_meta) \
+  X("native_batch_norm", native_batch_norm_meta) \
+  X("native_batch_norm_backward", native_batch_norm_backward_meta) \
+  X("_batch_norm_with_update", batch_norm_with_update_meta) \
+  X("_batch_norm_no_update", batch_norm_no_update_meta) \
+  X("batch_norm_backward", batch_norm_backward_meta) \
+  X("_native_batch_norm_legit", native_batch_norm_legit_meta) \
+  X("_native_batch_norm_legit.no_stats", native_batch_norm_legit_no_stats_meta) \
+  X("_native_batch_norm_legit_no_training", native_batch_norm_legit_no_training_meta) \
+  X("native_group_norm", native_group_norm_meta) \
+  X("native_group_norm_backward", native_group_norm_backward_meta) \
+  X("native_layer_norm", native_layer_norm_meta) \
+  X("native_layer_norm_backward", native_layer_norm_backward_meta) \
+  X("_adaptive_avg_pool2d", adaptive_avg_pool2d_meta) \
+  X("_adaptive_avg_pool2d_backward", adaptive_avg_pool2d_backward_meta) \
+  X("relu", relu_meta) \
+  X("relu_", relu__meta) \
+  X("index_select", index_select_meta) \
+  X("embedding_dense_backward", embedding_dense_backward_meta) \
+  X("where.self", where_meta) \
+  X("where.self_out", where_out_meta) \
+  X("equal", equal_meta) \
+  X("_local_scalar_dense", local_scalar_dense_meta) \
+  X("_has_compatible_shallow_copy_type", compatible_shallow_copy_meta) \
+  X("_scaled_dot_product_flash_attention_for_cpu", flash_attention_meta) \
+  X("_scaled_dot_product_flash_attention_for_cpu_backward", flash_attention_backward_meta) \
+  X("native_dropout", native_dropout_meta) \
+  X("native_dropout_backward", native_dropout_backward_meta) \
+  X("hardtanh", hardtanh_meta) \
+  X("hardtanh_backward", hardtanh_backward_meta) \
+  X("hardswish", like_first) \
+  X("hardswish_backward", hardswish_backward_meta) \
+  X("glu_backward", glu_backward_meta) \
+  X("mse_loss_backward", mse_loss_backward_meta) \
+  X("roll", roll_meta)
+
 TORCH_LIBRARY_IMPL(aten, Meta, m) {
-  m.impl("convolution_overrideable", convolution_meta);
-  m.impl("convolution_backward_overrideable", convolution_backward_meta);
-  m.impl("native_batch_norm", native_batch_norm_meta);
-  m.impl("native_batch_norm_backward", native_batch_norm_backward_meta);
-  m.impl("_batch_norm_with_update", batch_norm_with_update_meta);
-  m.impl("_batch_norm_no_update", batch_norm_no_update_meta);
-  m.impl("batch_norm_backward", batch_norm_backward_meta);
-  m.impl("_native_batch_norm_legit", native_batch_norm_legit_meta);
-  m.impl("_native_batch_norm_legit.no_stats", native_batch_norm_legit_no_stats_meta);
-  m.impl("_native_batch_norm_legit_no_training", native_batch_norm_legit_no_training_meta);
-  m.impl("native_group_norm", native_group_norm_meta);
-  m.impl("native_group_norm_backward", native_group_norm_backward_meta);
-  m.impl("native_layer_norm", native_layer_norm_meta);
-  m.impl("native_layer_norm_backward", native_layer_norm_backward_meta);
-  m.impl("_adaptive_avg_pool2d", adaptive_avg_pool2d_meta);
-  m.impl("_adaptive_avg_pool2d_backward", adaptive_avg_pool2d_backward_meta);
-  m.impl("relu", relu_meta);
-  m.impl("relu_", relu__meta);
-  m.impl("index_select", index_select_meta);
-  m.impl("embedding_dense_backward", embedding_dense_backward_meta);
-  m.impl("where.self", where_meta);
-  m.impl("where.self_out", where_out_meta);
-  m.impl("equal", equal_meta);
-  m.impl("_local_scalar_dense", local_scalar_dense_meta);
-  m.impl("_has_compatible_shallow_copy_type", compatible_shallow_copy_meta);
-  m.impl("_scaled_dot_product_flash_attention_for_cpu", flash_attention_meta);
-  m.impl("_scaled_dot_product_flash_attention_for_cpu_backward", flash_attention_backward_meta);
+#define GMT_REGISTER(name, kernel) m.impl(name, kernel);
+  GMT_HAND_WRITTEN_META_KERNELS(GMT_REGISTER)
+#undef GMT_REGISTER
 }
+
+namespace {
+const char* const kHandWritten[] = {
+#define GMT_NAME(name, kernel) name,
+    GMT_HAND_WRITTEN_META_KERNELS(GMT_NAME)
+#undef GMT_NAME
+};
+}  // namespace
 
 TORCH_LIBRARY_IMPL(aten, AutogradMeta, m) {
   m.impl("scaled_dot_product_attention", sdpa_fused_on_meta);
@@ -423,6 +486,11 @@ int meta_kernels_linked() { return 1; }
 }  // namespace gmt
 
 extern "C" {
+const char* const* gmt_meta_kernels_registered(size_t* count) {
+  if (count) *count = sizeof(kHandWritten) / sizeof(kHandWritten[0]);
+  return kHandWritten;
+}
+
 int64_t gmt_meta_scalar_reads(void) { return g_meta_scalar_reads.load(std::memory_order_relaxed); }
 
 int64_t gmt_meta_fallback_ops(void) { return g_fallback_ops; }

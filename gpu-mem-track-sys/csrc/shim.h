@@ -26,6 +26,11 @@ int64_t gmt_meta_scalar_reads(void);
 // Ops that run their CPU kernel on CPU twins of their meta inputs (no Meta kernel of their own);
 // registered when the meta allocator is installed.
 int64_t gmt_meta_fallback_ops(void);
+// The ops with a hand-written meta kernel (static names, `*count` of them).
+const char* const* gmt_meta_kernels_registered(size_t* count);
+// Runs every hand-written meta kernel and the CPU kernel of the same op on inputs of several
+// shapes (meta_kernel_check.cpp); `*report` gets one line a case: "op\tshapes\tok" or what differs.
+gmt_error gmt_meta_kernels_check(char** report);
 // Per op that went through that fallback since the process started: its name (stable for the
 // process), calls and bytes of CPU twins materialised. Fills up to `cap`; returns how many ops.
 size_t gmt_meta_fallback_counts(const char** ops, int64_t* calls, int64_t* bytes, size_t cap);

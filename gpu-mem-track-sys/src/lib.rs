@@ -262,6 +262,8 @@ extern "C" {
     pub fn gmt_cpu_allocator_live(addrs: *mut i64, sizes: *mut i64, cap: usize) -> usize;
     pub fn gmt_oom_set_callback(callback: gmt_oom_callback);
     pub fn gmt_meta_fallback_ops() -> i64;
+    pub fn gmt_meta_kernels_registered(count: *mut usize) -> *const *const c_char;
+    pub fn gmt_meta_kernels_check(report: *mut *mut c_char) -> gmt_error;
     pub fn gmt_meta_fallback_counts(
         ops: *mut *const c_char,
         calls: *mut i64,

@@ -303,6 +303,42 @@ pub struct Estimate {
     pub seconds: f64,
 }
 
+/// One case of [`check_meta_kernels`]: an op with a hand-written meta kernel, the inputs it ran
+/// on, and the verdict (`ok`, or how the meta results differ from the CPU kernel's).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MetaKernelCase {
+    /// The op as registered (`native_layer_norm_backward`, `where.self_out`).
+    pub op: String,
+    /// Its inputs.
+    pub inputs: String,
+    /// `ok`, or what differs.
+    pub verdict: String,
+}
+
+impl MetaKernelCase {
+    /// The meta kernel gave the CPU kernel's result sizes, strides and dtypes.
+    pub fn ok(&self) -> bool {
+        self.verdict == "ok"
+    }
+}
+
+/// Runs every meta kernel gpu-mem-track registers (libtorch C++ lacks them) next to the CPU
+/// kernel of the same op on inputs of several shapes, and compares the results' sizes, strides
+/// and dtypes: a check of the libtorch this build runs on. Returns one case a shape, and the
+/// names of the ops with a kernel of their own (each has at least one case).
+///
+/// # Errors
+/// [`Error::Libtorch`] when the check cannot run.
+pub fn check_meta_kernels() -> Result<(Vec<MetaKernelCase>, Vec<String>)> {
+    ffi::install()?;
+    ffi::meta_allocator_install()?;
+    let cases = ffi::meta_kernels_check()?
+        .into_iter()
+        .map(|(op, inputs, verdict)| MetaKernelCase { op, inputs, verdict })
+        .collect();
+    Ok((cases, ffi::meta_kernels_registered()))
+}
+
 /// Estimates a TorchScript model file.
 ///
 /// # Errors
