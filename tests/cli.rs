@@ -353,3 +353,24 @@ fn estimate_and_fit_name_where_resnet50_training_would_run_out_of_memory_on_a_t4
         );
     }
 }
+
+/// The torchvision sweep (`scripts/torchvision-sweep`): every classification model of torchvision
+/// estimates on meta in train mode with Adam at batch 2, and a dozen agree with the same run
+/// computed on the CPU.
+#[cfg_attr(
+    not(gmt_torchvision),
+    ignore = "needs Python with torch and torchvision (scripts/dev installs them)"
+)]
+#[test]
+fn every_torchvision_classification_model_estimates_on_meta_in_train_mode() {
+    let python = common::python_with_torch().expect("Python with torch");
+    let dir = tempfile::tempdir().unwrap();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/torchvision_sweep.py");
+    let out = Command::new(python).arg(script).arg(BIN).arg(dir.path()).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}");
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    let summary = text.lines().last().unwrap_or("");
+    assert!(summary.starts_with("sweep: 80 of 80 torchvision classification models"), "{summary}");
+    assert!(summary.contains("12 compared with the CPU"), "{summary}");
+}
