@@ -1112,18 +1112,12 @@ pub(crate) fn meta_kernels_check() -> Result<Vec<(String, String, String)>> {
     let mut report: *mut std::os::raw::c_char = std::ptr::null_mut();
     // SAFETY: a valid out-pointer; on success the shim stores a malloc'ed string we own.
     check("meta kernel check", unsafe { sys::gmt_meta_kernels_check(&mut report) })?;
-    if report.is_null() {
-        return Ok(Vec::new());
-    }
-    // SAFETY: non-null, NUL-terminated, owned by us.
-    let text = unsafe { CStr::from_ptr(report) }.to_string_lossy().into_owned();
-    // SAFETY: freed once, with the shim's allocator.
-    unsafe { sys::gmt_free_string(report) };
-    Ok(text
-        .lines()
-        .map(|l| {
-            let mut f = l.splitn(3, '\t').map(str::to_owned);
-            (f.next().unwrap_or_default(), f.next().unwrap_or_default(), f.next().unwrap_or_default())
+    // SAFETY: set by the shim on success (or left null), owned by us.
+    let text = unsafe { take_shim_string(report) };
+    Ok(report_fields(&text)
+        .map(|mut f| {
+            f.resize(3, String::new());
+            (std::mem::take(&mut f[0]), std::mem::take(&mut f[1]), std::mem::take(&mut f[2]))
         })
         .collect())
 }
@@ -1177,15 +1171,45 @@ impl CpuMeansMeta {
 
 fn take_cpu_means_meta_examples() -> Vec<String> {
     // SAFETY: the shim returns a malloc'ed NUL-terminated string (or null), owned by us.
-    let raw = unsafe { sys::gmt_cpu_means_meta_examples() };
+    let text = unsafe { take_shim_string(sys::gmt_cpu_means_meta_examples()) };
+    text.lines().map(str::to_owned).collect()
+}
+
+/// Copies out and frees a string the shim malloc'ed; null is the empty string.
+///
+/// # Safety
+/// `raw` is null or a NUL-terminated string from the shim's allocator that no one else frees.
+unsafe fn take_shim_string(raw: *mut std::os::raw::c_char) -> String {
     if raw.is_null() {
-        return Vec::new();
+        return String::new();
     }
-    // SAFETY: non-null and NUL-terminated, as above.
+    // SAFETY: non-null and NUL-terminated (the caller's promise).
     let text = unsafe { CStr::from_ptr(raw) }.to_string_lossy().into_owned();
     // SAFETY: freed exactly once, with the shim's allocator.
     unsafe { sys::gmt_free_string(raw) };
-    text.lines().map(str::to_owned).collect()
+    text
+}
+
+/// Tab-separated lines of a shim report, as fields.
+fn report_fields(text: &str) -> impl Iterator<Item = Vec<String>> + '_ {
+    text.lines().map(|l| l.split('\t').map(str::to_owned).collect())
+}
+
+/// Every aten op of a TorchScript model's forward that can run neither on meta nor on the CPU
+/// through the fallback: `(schema, where it is called)`.
+pub(crate) fn script_ops_without_meta(path: &std::path::Path) -> Result<Vec<(String, String)>> {
+    let path = c_string("ops without meta", &path.to_string_lossy())?;
+    let mut report: *mut std::os::raw::c_char = std::ptr::null_mut();
+    // SAFETY: `path` lives across the call; `report` is a valid out-pointer.
+    check("ops without meta", unsafe { sys::gmt_script_ops_without_meta(path.as_ptr(), &mut report) })?;
+    // SAFETY: set by the shim on success (or left null), owned by us.
+    let text = unsafe { take_shim_string(report) };
+    Ok(report_fields(&text)
+        .map(|mut f| {
+            f.resize(2, String::new());
+            (std::mem::take(&mut f[0]), std::mem::take(&mut f[1]))
+        })
+        .collect())
 }
 
 impl Drop for CpuMeansMeta {

@@ -354,3 +354,33 @@ fn transformer_blocks_with_dropout_estimate_on_meta_like_the_cpu() {
         }
     }
 }
+
+/// An op that can run neither on meta nor on the CPU (CUDA-only ops have neither kernel): the
+/// error names every such op of the model at once, with its schema and where it is called, not
+/// only the one the run stopped at.
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export the model (scripts/dev installs it)"
+)]
+#[test]
+fn every_op_without_a_meta_or_cpu_kernel_is_named_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = export_models(dir.path(), &["cudaonly"]).remove(0);
+    let options = EstimateOptions { input_shape: vec![4, 8], ..EstimateOptions::default() };
+    let e = estimate_torchscript(&model, &options).unwrap_err();
+    let Error::MissingMetaKernel { op, all } = &e else { panic!("{e}") };
+    assert_eq!(op, "aten::batch_norm_stats", "{e}");
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert!(all[0].starts_with("aten::batch_norm_stats(Tensor input, float eps)"), "{all:?}");
+    assert!(all[1].starts_with("aten::batch_norm_elemt("), "{all:?}");
+    for entry in all {
+        assert!(entry.contains("export_models.py line "), "{entry}");
+    }
+    let msg = e.to_string();
+    assert!(
+        msg.contains("2 op(s) with no meta, composite or CPU kernel")
+            && msg.contains("cannot run them either"),
+        "{msg}"
+    );
+    assert_eq!(msg.lines().count(), 1, "{msg}");
+}

@@ -9,7 +9,9 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 
+#include <algorithm>
 #include <chrono>
+#include <sstream>
 
 #include "common.h"
 #include "recorder.h"
@@ -286,6 +288,57 @@ std::string short_message(const std::exception& e) {
   return "libtorch gave no reason (not a TorchScript archive, or a damaged one)";
 }
 }  // namespace
+
+namespace {
+bool has_meta_path(const c10::OperatorName& name) {
+  auto op = c10::Dispatcher::singleton().findOp(name);
+  if (!op) return true;  // not a dispatcher op (prim::, a builtin): nothing to check
+  using K = c10::DispatchKey;
+  // A CPU kernel is enough: the meta-via-CPU fallback runs it.
+  return op->hasKernelForDispatchKey(K::Meta) || op->hasKernelForDispatchKey(K::CompositeExplicitAutograd) ||
+         op->hasKernelForDispatchKey(K::CompositeExplicitAutogradNonFunctional) ||
+         op->hasKernelForDispatchKey(K::CompositeImplicitAutograd) || op->hasKernelForDispatchKey(K::CPU);
+}
+
+void collect_without_meta(torch::jit::Block* block, std::vector<std::string>& out) {
+  for (torch::jit::Node* n : block->nodes()) {
+    for (torch::jit::Block* b : n->blocks()) collect_without_meta(b, out);
+    if (!n->kind().is_aten()) continue;
+    const torch::jit::Operator* op = n->maybeOperator();
+    if (!op) continue;
+    const c10::FunctionSchema& schema = op->schema();
+    if (has_meta_path(schema.operator_name())) continue;
+    std::ostringstream line;
+    line << schema << "\t";
+    // The Python source the archive was scripted from when its debug info says so, else the
+    // archive's own code.
+    torch::jit::SourceRange range = n->sourceRange();
+    if (auto original = range.findSourceRangeThatGenerated()) range = *original;
+    if (auto flc = range.file_line_col()) {
+      line << std::get<0>(*flc) << " line " << std::get<1>(*flc);
+    } else {
+      line << "graph node " << n->kind().toQualString();
+    }
+    if (std::find(out.begin(), out.end(), line.str()) == out.end()) out.push_back(line.str());
+  }
+}
+}  // namespace
+
+// Every aten op the model's forward calls (methods and submodules inlined) that can run neither
+// on meta nor through the meta-via-CPU fallback: "schema\twhere" a line.
+extern "C" gmt_error gmt_script_ops_without_meta(const char* path, char** report) {
+  GMT_TRY({
+    if (!path || !report) throw std::invalid_argument("null argument");
+    auto module = torch::jit::load(path, c10::Device(c10::DeviceType::Meta));
+    auto graph = module.get_method("forward").graph()->copy();
+    torch::jit::Inline(*graph);
+    std::vector<std::string> lines;
+    collect_without_meta(graph->block(), lines);
+    std::string joined;
+    for (const auto& l : lines) joined += l + "\n";
+    *report = gmt::dup_string(joined);
+  })
+}
 
 extern "C" gmt_error gmt_estimate_torchscript(const gmt_estimate_options* o, gmt_estimate_result* out) {
   GMT_TRY({

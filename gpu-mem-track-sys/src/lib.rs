@@ -301,6 +301,7 @@ extern "C" {
     pub fn gmt_recorder_peak() -> i64;
     pub fn gmt_recorder_parameter_ids(out: *mut i64, cap: usize) -> usize;
     pub fn gmt_recorder_op_name(op: i32) -> *const c_char;
+    pub fn gmt_script_ops_without_meta(path: *const c_char, report: *mut *mut c_char) -> gmt_error;
     pub fn gmt_estimate_torchscript(
         options: *const gmt_estimate_options,
         out: *mut gmt_estimate_result,

@@ -422,7 +422,11 @@ fn run_model(args: &EstimateArgs, options: &mut EstimateOptions) -> Result<(Esti
     let model = &args.model.model;
     let label = format!("estimating {} on {:?}", model.display(), args.run_on).to_lowercase();
     let mut result = with_progress(label, options.mode, || estimate_torchscript_traced(model, options));
-    if let (Err(Error::MissingMetaKernel { op }), true) = (&result, args.allow_cpu) {
+    // Ops with no CPU kernel either (`all` names them) cannot run on the CPU: no retry then.
+    if let (Err(Error::MissingMetaKernel { op, all }), true) = (&result, args.allow_cpu) {
+        if !all.is_empty() {
+            return Ok(result?);
+        }
         eprintln!("warning: {op} has no meta kernel; estimating on the CPU instead");
         options.device = EstimateDevice::Cpu;
         result = with_progress(format!("estimating {} on the CPU", model.display()), options.mode, || {

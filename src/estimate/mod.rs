@@ -452,7 +452,13 @@ fn classify_failure(path: &Path, message: String) -> Error {
             .find(|w| w.starts_with("aten::") || w.contains("::"))
             .map(|w| w.trim_end_matches(':').to_owned())
             .unwrap_or_else(|| "an operator".into());
-        return Error::MissingMetaKernel { op };
+        // All of them at once, read from the graph, not only the one the run stopped at.
+        let all = ffi::script_ops_without_meta(path)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(schema, place)| format!("{schema} at {place}"))
+            .collect();
+        return Error::MissingMetaKernel { op, all };
     }
     if message.starts_with("cannot load") || message.starts_with("forward failed") {
         return Error::EstimateInput(message.replace('\n', " "));
