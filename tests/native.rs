@@ -93,14 +93,7 @@ fn ops_without_a_meta_kernel_run_their_cpu_kernel_and_match_the_cpu() {
             .add(nn::linear(p / "l3", 256, 10, Default::default()))
     }
     let step = |m: &nn::Sequential, x: &Tensor, y: &Tensor| m.forward(x).cross_entropy_for_logits(y);
-    let options = |device| NativeStepOptions {
-        input_shape: vec![32, 64],
-        input_is_index: false,
-        target_shape: vec![32],
-        precision: Precision::F32,
-        optimizer: Optimizer::Adam,
-        device,
-    };
+    let options = |device| NativeStepOptions { device, ..adam(Precision::F32, &[32, 64], false, &[32]) };
     let (meta, _) = training_step(mlp, step, &options(EstimateDevice::Meta)).unwrap();
     let (cpu, _) = training_step(mlp, step, &options(EstimateDevice::Cpu)).unwrap();
     // What the forward pass keeps (outputs, dropout masks as bool) is the CPU run's to the byte.

@@ -118,7 +118,6 @@ void cpu_means_meta(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch
   const size_t n = args.size();
   const size_t base = stack->size() - n;
   bool moved = false;
-  bool has_tensor_args = false;
   for (size_t i = 0; i < n; ++i) {
     c10::IValue& v = (*stack)[base + i];
     if (args[i].name() == "device" && v.isDevice() && names_cpu(v.toDevice())) {
@@ -134,9 +133,8 @@ void cpu_means_meta(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch
     } else if (replace_cpu_tensors(v, op)) {
       moved = true;
     }
-    has_tensor_args = has_tensor_args || v.isTensor() || v.isTensorList() || v.isList();
   }
-  if (moved && has_tensor_args) {
+  if (moved) {
     // Only the backends changed (CPU to meta): keep the functionality keys the dispatcher
     // computed, take the backends from the arguments as they are now.
     uint64_t bits = 0;
