@@ -8,7 +8,7 @@ import torch
 import torchvision
 
 # Run for real on the CPU too (small enough for a CPU training step at batch 2 in seconds): live
-# after forward within 2 %, the peak within 2 % above and 5 % below the CPU's.
+# after forward and the peak within 2 % of the CPU's.
 COMPARED = ["alexnet", "convnext_tiny", "densenet121", "efficientnet_b0", "googlenet", "mnasnet0_5",
             "mobilenet_v2", "mobilenet_v3_small", "regnet_y_400mf", "resnet18", "shufflenet_v2_x0_5",
             "squeezenet1_0"]
@@ -78,9 +78,9 @@ def main():
                 continue
             d_peak = (meta["peak"]["bytes"] - cpu["peak"]["bytes"]) / cpu["peak"]["bytes"] * 100
             d_live = (meta["live_after_forward"] - cpu["live_after_forward"]) / cpu["live_after_forward"] * 100
-            # What the forward keeps must agree within 2 %. The peak is within 2 % for most; the
-            # CPU's own kernels' temporaries in backward (not a GPU's) put it up to 5 % above meta.
-            if abs(d_live) > 2 or d_peak > 2 or d_peak < -5:
+            # What the forward keeps and the peak must agree within 2 % (the CPU run's figures leave
+            # out oneDNN's scratch memory, which no GPU run has: Estimate::cpu_only_temporaries).
+            if abs(d_live) > 2 or abs(d_peak) > 2:
                 off.append(name)
             line += (f" {mib(cpu['peak']['bytes']):>13.1f} {d_peak:>7.2f} {mib(meta['live_after_forward']):>14.1f}"
                      f" {mib(cpu['live_after_forward']):>13.1f} {d_live:>7.2f}")

@@ -131,6 +131,9 @@ pub(crate) struct AllocEvent {
     pub site: Option<usize>,
     /// A category the shim tagged the allocation with.
     pub tag: Option<Category>,
+    /// Memory a CPU kernel library took raw from the allocator (oneDNN's scratchpads), tagged
+    /// when it came back: it exists only on the CPU.
+    pub kernel_scratch: bool,
     nframes: usize,
 }
 
@@ -153,6 +156,7 @@ impl From<&sys::gmt_alloc_event> for AllocEvent {
             time_ns: e.time_ns,
             site: usize::try_from(e.site).ok(),
             tag: category_from_code(e.category),
+            kernel_scratch: e.category == sys::GMT_CAT_KERNEL_SCRATCH,
             nframes: (e.nframes.max(0) as usize).min(sys::GMT_STACK_FRAMES),
         }
     }

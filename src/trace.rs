@@ -69,14 +69,20 @@ pub(crate) fn categorize(events: &[AllocEvent], parameter_ids: &[i64]) -> Vec<Op
         .collect()
 }
 
-/// Builds a trace from recorded events, op names and the parameter allocation ids.
+/// Builds a trace from recorded events, op names and the parameter allocation ids. Scratch memory
+/// a CPU kernel library took raw from the allocator (see [`AllocEvent::kernel_scratch`]) is left
+/// out: no GPU run has it, and the estimates' figures leave it out too.
 pub(crate) fn classify(events: &[AllocEvent], names: &[String], parameter_ids: &[i64]) -> Trace {
     let categories = categorize(events, parameter_ids);
     let mut sizes: HashMap<i64, u64> = HashMap::new();
+    let mut scratch: HashSet<i64> = HashSet::new();
     let mut out = Vec::with_capacity(events.len());
     for (e, category) in events.iter().zip(categories) {
         let Some(category) = category else { continue };
         let alloc = e.kind == EventKind::Alloc;
+        if (alloc && e.kernel_scratch && scratch.insert(e.id)) || (!alloc && scratch.remove(&e.id)) {
+            continue;
+        }
         let size = if alloc {
             sizes.insert(e.id, e.size);
             e.size

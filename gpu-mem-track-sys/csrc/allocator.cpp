@@ -71,6 +71,15 @@ void tracking_delete(void* p) {
   g_orig_deleter(p);
 }
 
+// What comes back through the raw deleter was handed out raw (`raw_allocate`), never as a
+// tensor's storage: oneDNN's scratchpads and reordered weights (PyTorch gives ideep's engine the
+// CPU allocator's raw calls). A recording tags it as kernel scratch, memory only the CPU's
+// kernels take from the allocator, which a CPU run's estimate keeps apart from the GPU's figures.
+void tracking_raw_delete(void* p) {
+  gmt::tag_allocation(reinterpret_cast<int64_t>(p), GMT_CAT_KERNEL_SCRATCH);
+  tracking_delete(p);
+}
+
 struct TrackingCpuAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     const int64_t limit = g_limit.load(std::memory_order_relaxed);
@@ -91,7 +100,7 @@ struct TrackingCpuAllocator final : c10::Allocator {
     gmt::record_alloc(GMT_DEV_CPU, reinterpret_cast<int64_t>(p), static_cast<int64_t>(n));
     return c10::DataPtr(p, p, &tracking_delete, c10::Device(c10::DeviceType::CPU));
   }
-  c10::DeleterFnPtr raw_deleter() const override { return &tracking_delete; }
+  c10::DeleterFnPtr raw_deleter() const override { return &tracking_raw_delete; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }

@@ -11,6 +11,10 @@
 // - in TorchScript only, copies to the CPU stay on meta (traced graphs bake in
 //   `aten::to(x, device="cpu")`); in tch code a copy to the CPU is there to read values, which a
 //   meta tensor has none of, so it fails as it did ("Cannot copy out of meta tensor").
+// - an RNN (`aten::lstm`, `gru`, `rnn_tanh`, `rnn_relu` on a padded sequence) takes the CPU's
+//   path of PyTorch's RNN.cpp: each layer projects all time steps' input at once (one GEMM, then
+//   a slice per step), as the CPU does and cuDNN does too, where the path for other devices
+//   projects step by step; the two keep different tensors alive (see `RnnAsOnCpu`).
 // Left on the CPU: factories with no device (tch's from-data path copies the caller's bytes into
 // the new tensor's memory, which a meta tensor has none of) and 0-dim CPU tensors (scalars, which
 // every backend's ops accept as they are and whose values `.item()` reads).
@@ -26,7 +30,11 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <memory>
+#include <optional>
+#include <tuple>
+#include <utility>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -113,6 +121,168 @@ uint64_t backend_bits(const c10::IValue& v) {
   return bits;
 }
 
+
+// PyTorch's RNN.cpp runs an RNN layer by layer; only a CPU input gets the whole sequence's input
+// projection in one GEMM (`FullLayer`, `inputs.device().is_cpu()`), which then stays alive for
+// the layer and is sliced per step. This is that path, op for op, for meta inputs, so that a
+// meta estimate keeps what the CPU run keeps. Packed sequences and LSTMs with projections take
+// PyTorch's own path.
+class RnnAsOnCpu {
+ public:
+  enum class Cell { Lstm, Gru, Tanh, Relu };
+
+  // The cell an op is, if it is one of the RNN ops this runs.
+  static std::optional<Cell> of(const c10::OperatorHandle& op) {
+    const auto& s = op.schema();
+    if (s.overload_name() != "input") return std::nullopt;
+    const std::string& name = s.name();
+    if (name == "aten::lstm") return Cell::Lstm;
+    if (name == "aten::gru") return Cell::Gru;
+    if (name == "aten::rnn_tanh") return Cell::Tanh;
+    if (name == "aten::rnn_relu") return Cell::Relu;
+    return std::nullopt;
+  }
+
+  // Runs the op on `stack` and returns true, or leaves the stack as it is and returns false.
+  static bool run(Cell cell, torch::jit::Stack* stack) {
+    // (input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
+    const size_t base = stack->size() - 9;
+    const at::Tensor input = (*stack)[base].toTensor();
+    if (!input.is_meta() || input.dim() != 3) return false;
+    std::vector<at::Tensor> hx =
+        cell == Cell::Lstm ? (*stack)[base + 1].toTensorVector() : std::vector<at::Tensor>{(*stack)[base + 1].toTensor()};
+    const std::vector<at::Tensor> flat = (*stack)[base + 2].toTensorVector();
+    const bool has_biases = (*stack)[base + 3].toBool();
+    const int64_t num_layers = (*stack)[base + 4].toInt();
+    const double dropout_p = (*stack)[base + 5].toDouble();
+    const bool train = (*stack)[base + 6].toBool();
+    const bool bidirectional = (*stack)[base + 7].toBool();
+    const bool batch_first = (*stack)[base + 8].toBool();
+    const size_t per_layer = has_biases ? 4 : 2;
+    const size_t directions = bidirectional ? 2 : 1;
+    if (cell == Cell::Lstm && (hx.size() != 2 || hx[0].dim() != 3 || hx[1].dim() != 3 || hx[0].size(2) != hx[1].size(2)))
+      return false;  // projections, or shapes PyTorch's own checks should report
+    if (num_layers < 1 || flat.size() != per_layer * directions * static_cast<size_t>(num_layers) || hx[0].dim() != 3 ||
+        hx[0].size(0) != num_layers * static_cast<int64_t>(directions))
+      return false;
+    std::vector<Weights> weights;
+    for (size_t i = 0; i < flat.size(); i += per_layer) {
+      weights.push_back(has_biases ? Weights{flat[i], flat[i + 1], flat[i + 2], flat[i + 3]}
+                                   : Weights{flat[i], flat[i + 1], at::Tensor(), at::Tensor()});
+    }
+    // Per layer and direction: (h, c), c only for an LSTM.
+    std::vector<Hidden> hiddens;
+    std::vector<at::Tensor> h0 = hx[0].unbind(0);
+    std::vector<at::Tensor> c0 = cell == Cell::Lstm ? hx[1].unbind(0) : std::vector<at::Tensor>(h0.size());
+    for (size_t i = 0; i < h0.size(); ++i) hiddens.emplace_back(h0[i], c0[i]);
+
+    const RnnAsOnCpu rnn{cell};
+    at::Tensor layer_input = batch_first ? input.transpose(0, 1) : input;
+    std::vector<Hidden> final_hiddens;
+    for (int64_t l = 0; l < num_layers; ++l) {
+      if (bidirectional) {
+        auto [output, fw, bw] = rnn.bidirectional_layer(layer_input, hiddens[2 * l], hiddens[2 * l + 1], weights[2 * l],
+                                                        weights[2 * l + 1]);
+        final_hiddens.push_back(std::move(fw));
+        final_hiddens.push_back(std::move(bw));
+        layer_input = std::move(output);
+      } else {
+        auto [output, last] = rnn.layer(layer_input, hiddens[l], weights[l]);
+        final_hiddens.push_back(std::move(last));
+        layer_input = std::move(output);
+      }
+      if (dropout_p != 0 && train && l < num_layers - 1) layer_input = at::dropout(layer_input, dropout_p, true);
+    }
+    at::Tensor output = batch_first ? layer_input.transpose(0, 1) : layer_input;
+    std::vector<at::Tensor> hy, cy;
+    for (auto& h : final_hiddens) {
+      hy.push_back(std::move(h.first));
+      cy.push_back(std::move(h.second));
+    }
+    torch::jit::drop(*stack, 9);
+    stack->emplace_back(std::move(output));
+    stack->emplace_back(at::stack(hy, 0));
+    if (cell == Cell::Lstm) stack->emplace_back(at::stack(cy, 0));
+    return true;
+  }
+
+ private:
+  struct Weights {
+    at::Tensor w_ih, w_hh, b_ih, b_hh;
+  };
+  using Hidden = std::pair<at::Tensor, at::Tensor>;
+
+  explicit RnnAsOnCpu(Cell cell) : cell_(cell) {}
+
+  Cell cell_;
+
+  // One step; `projected` is this step's slice of the input projection.
+  Hidden step(const at::Tensor& projected, const Hidden& hidden, const Weights& w) const {
+    switch (cell_) {
+      case Cell::Lstm: {
+        const auto gates = at::linear(hidden.first, w.w_hh, w.b_hh).add_(projected);
+        auto chunked = gates.unsafe_chunk(4, 1);
+        auto ingate = chunked[0].sigmoid_();
+        auto forgetgate = chunked[1].sigmoid_();
+        auto cellgate = chunked[2].tanh_();
+        auto outgate = chunked[3].sigmoid_();
+        auto cy = (forgetgate * hidden.second).add_(ingate * cellgate);
+        auto hy = outgate * cy.tanh();
+        return {std::move(hy), std::move(cy)};
+      }
+      case Cell::Gru: {
+        const auto igates = projected.unsafe_chunk(3, 1);
+        auto hgates = at::linear(hidden.first, w.w_hh, w.b_hh).unsafe_chunk(3, 1);
+        const auto reset = hgates[0].add_(igates[0]).sigmoid_();
+        const auto update = hgates[1].add_(igates[1]).sigmoid_();
+        const auto candidate = igates[2].add(hgates[2].mul_(reset)).tanh_();
+        return {(hidden.first - candidate).mul_(update).add_(candidate), at::Tensor()};
+      }
+      case Cell::Tanh:
+        return {at::tanh(at::linear(hidden.first, w.w_hh, w.b_hh).add_(projected)), at::Tensor()};
+      case Cell::Relu:
+        return {at::relu(at::linear(hidden.first, w.w_hh, w.b_hh).add_(projected)), at::Tensor()};
+    }
+    TORCH_CHECK(false, "unknown RNN cell");
+  }
+
+  // The steps of one direction over already projected inputs: (step outputs, last hidden).
+  std::pair<std::vector<at::Tensor>, Hidden> steps(const std::vector<at::Tensor>& projected, Hidden hidden,
+                                                   const Weights& w) const {
+    std::vector<at::Tensor> outputs;
+    for (const auto& x : projected) {
+      hidden = step(x, hidden, w);
+      outputs.push_back(hidden.first);
+    }
+    return {std::move(outputs), std::move(hidden)};
+  }
+
+  std::pair<at::Tensor, Hidden> layer(const at::Tensor& input, const Hidden& hidden, const Weights& w) const {
+    const auto projected = at::linear(input, w.w_ih, w.b_ih);
+    auto [outputs, last] = steps(projected.unbind(0), hidden, w);
+    TORCH_CHECK(!outputs.empty(), "Expected sequence length to be larger than 0 in RNN");
+    return {at::stack(outputs, 0), std::move(last)};
+  }
+
+  std::tuple<at::Tensor, Hidden, Hidden> bidirectional_layer(const at::Tensor& input, const Hidden& fw_hidden,
+                                                             const Hidden& bw_hidden, const Weights& fw_w,
+                                                             const Weights& bw_w) const {
+    auto projected = at::linear(input, fw_w.w_ih, fw_w.b_ih);
+    std::vector<at::Tensor> step_inputs = projected.unbind(0);
+    auto [fw_outputs, fw_last] = steps(step_inputs, fw_hidden, fw_w);
+    TORCH_CHECK(!fw_outputs.empty(), "Expected sequence length to be larger than 0 in RNN");
+    auto fw_output = at::stack(fw_outputs, 0);
+    // Reassigned as RNN.cpp does: the forward projection is freed once the backward one exists.
+    projected = at::linear(input, bw_w.w_ih, bw_w.b_ih);
+    step_inputs = projected.unbind(0);
+    std::reverse(step_inputs.begin(), step_inputs.end());
+    auto [bw_outputs, bw_last] = steps(step_inputs, bw_hidden, bw_w);
+    std::reverse(bw_outputs.begin(), bw_outputs.end());
+    auto bw_output = at::stack(bw_outputs, 0);
+    return {at::cat({fw_output, bw_output}, fw_output.dim() - 1), std::move(fw_last), std::move(bw_last)};
+  }
+};
+
 void cpu_means_meta(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const auto& args = op.schema().arguments();
   const size_t n = args.size();
@@ -144,7 +314,9 @@ void cpu_means_meta(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch
   }
   {
     c10::impl::ExcludeDispatchKeyGuard leave(kModeKey);
-    op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kModeKey), stack);
+    // From here on an RNN's pieces run through the whole dispatcher (autograd included).
+    const auto cell = RnnAsOnCpu::of(op);
+    if (!cell || !RnnAsOnCpu::run(*cell, stack)) op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kModeKey), stack);
   }
   const size_t nret = op.schema().returns().size();
   for (size_t r = stack->size() - nret; r < stack->size(); ++r) {

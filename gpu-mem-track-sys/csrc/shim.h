@@ -183,7 +183,10 @@ static_assert(sizeof(gmt_alloc_event) == 48, "gmt_alloc_event is mirrored in gpu
 #define GMT_STACK_FRAMES 48
 // What the tracker learnt an allocation holds (tags; untagged allocations are judged by lifetime).
 enum gmt_category { GMT_CAT_NONE = 0, GMT_CAT_PARAMETER = 1, GMT_CAT_BUFFER = 2, GMT_CAT_GRADIENT = 3,
-                    GMT_CAT_ACTIVATION = 4, GMT_CAT_INPUT = 5 };
+                    GMT_CAT_ACTIVATION = 4, GMT_CAT_INPUT = 5,
+                    // memory a CPU kernel library took raw from the CPU allocator (oneDNN's scratchpads):
+                    // never a tensor's storage, tagged when it comes back (allocator.cpp)
+                    GMT_CAT_KERNEL_SCRATCH = 6 };
 // GMT_EVENT_OOM: an allocation of `size` bytes failed; `id` holds the device's free bytes.
 enum gmt_event_kind { GMT_EVENT_ALLOC = 0, GMT_EVENT_FREE = 1, GMT_EVENT_SEGMENT_ALLOC = 2, GMT_EVENT_SEGMENT_FREE = 3,
                       GMT_EVENT_OOM = 4 };

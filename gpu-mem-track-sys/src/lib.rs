@@ -107,6 +107,7 @@ pub const GMT_CAT_BUFFER: i32 = 2;
 pub const GMT_CAT_GRADIENT: i32 = 3;
 pub const GMT_CAT_ACTIVATION: i32 = 4;
 pub const GMT_CAT_INPUT: i32 = 5;
+pub const GMT_CAT_KERNEL_SCRATCH: i32 = 6;
 pub const GMT_EVENT_ALLOC: u8 = 0;
 pub const GMT_EVENT_FREE: u8 = 1;
 pub const GMT_EVENT_SEGMENT_ALLOC: u8 = 2;

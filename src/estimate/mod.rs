@@ -284,8 +284,9 @@ pub struct Estimate {
     /// into its block. The run's own figure is `cuda.peak_allocated - baseline_allocated`.
     pub baseline_allocated: u64,
     /// CPU runs only: highest bytes held at once by temporaries that oneDNN kernels allocate
-    /// directly (reorders, scratch space); no GPU kernel makes them, so they are left out of the
-    /// figures above and reported here.
+    /// directly (reorders, scratch space: its own ops' allocations, and what it takes raw from
+    /// the CPU allocator inside any op, such as a half-precision `mm`); no GPU kernel makes
+    /// them, so they are left out of the figures above (and of the trace) and reported here.
     pub cpu_only_temporaries: u64,
     /// Allocations recorded (of more than 0 bytes: a 0-byte request takes no block on a GPU).
     pub allocations: u64,
@@ -534,10 +535,11 @@ struct TimelineRun {
 }
 
 impl TimelineRun {
-    /// Accounts an event of a oneDNN kernel's own allocation (CPU only); false for the rest.
+    /// Accounts an event of a oneDNN kernel's own allocation (CPU only: an op of its own, or
+    /// scratch it took raw from the allocator inside any op); false for the rest.
     fn cpu_only(&mut self, e: &AllocEvent, op: &str) -> bool {
         match e.kind {
-            EventKind::Alloc if cpu_only_op(op) => {
+            EventKind::Alloc if e.kernel_scratch || cpu_only_op(op) => {
                 self.cpu_only.alloc(e.id, e.size, Category::Temporary);
                 true
             }
