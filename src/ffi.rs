@@ -344,6 +344,83 @@ pub(crate) fn registry_op_name(id: u32) -> Option<String> {
     (!p.is_null()).then(|| tidy_op_name(&unsafe { CStr::from_ptr(p) }.to_string_lossy()).to_owned())
 }
 
+/// A log group the registry interned (see [`GroupTotal::group`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RegistryGroup {
+    pub shape: Box<[i64]>,
+    pub dtype: DType,
+    /// A leaf tensor that requires grad: what Python prints as a Parameter.
+    pub parameter: bool,
+    /// The op that made its tensors (see [`registry_op_name`]); `None` when registered explicitly.
+    pub op_id: Option<u32>,
+}
+
+/// The registry's log group `id`; `None` for an id it never gave.
+pub(crate) fn registry_group(id: u32) -> Option<RegistryGroup> {
+    let id = i32::try_from(id).ok()?;
+    let (mut scalar_type, mut parameter, mut op_id) = (0i32, 0i32, -1i32);
+    let mut sizes = vec![0i64; 8];
+    loop {
+        // SAFETY: copies at most `sizes.len()` dims into our buffer and plain values into locals.
+        let ndim = unsafe {
+            sys::gmt_registry_group(
+                id,
+                sizes.as_mut_ptr(),
+                sizes.len(),
+                &mut scalar_type,
+                &mut parameter,
+                &mut op_id,
+            )
+        };
+        let ndim = usize::try_from(ndim).ok()?;
+        if ndim <= sizes.len() {
+            sizes.truncate(ndim);
+            break;
+        }
+        sizes.resize(ndim, 0); // more dims than the buffer held: read again
+    }
+    Some(RegistryGroup {
+        shape: sizes.into_boxed_slice(),
+        dtype: DType::from_scalar_type(scalar_type),
+        parameter: parameter != 0,
+        op_id: u32::try_from(op_id).ok(),
+    })
+}
+
+/// Totals of one log group in a grouped snapshot: the C record, read through these accessors.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct GroupTotal(sys::gmt_group_total);
+
+impl GroupTotal {
+    /// The registry's group (see [`registry_group`]).
+    pub(crate) fn group(&self) -> u32 {
+        u32::try_from(self.0.group).unwrap_or(u32::MAX)
+    }
+    /// Tensors whose storage another tensor owns.
+    pub(crate) fn view(&self) -> bool {
+        self.0.view != 0
+    }
+    pub(crate) fn count(&self) -> u64 {
+        bytes(self.0.count)
+    }
+    /// Bytes of the storages the group owns.
+    pub(crate) fn bytes(&self) -> u64 {
+        bytes(self.0.bytes)
+    }
+}
+
+/// Overall totals of a grouped snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SnapshotTotals {
+    /// Bytes of unique storages.
+    pub tensor_bytes: u64,
+    /// Live tensors on the device.
+    pub tensor_count: usize,
+    /// Unique storages.
+    pub storage_count: usize,
+}
+
 /// libtorch's name of a scalar type ("Float", "BFloat16", ...), to check gpu-mem-track-log's table.
 #[cfg(test)]
 pub(crate) fn scalar_type_name(scalar_type: i32) -> &'static str {
@@ -408,6 +485,44 @@ impl RawSnapshot {
             let recs = if n == 0 { &[][..] } else { std::slice::from_raw_parts(recs, n) };
             let dims = if dims_len == 0 { &[][..] } else { std::slice::from_raw_parts(dims, dims_len) };
             Ok((recs, dims))
+        }
+    }
+}
+
+impl RawSnapshot {
+    /// What one track needs, without a record per tensor: the totals per log group of the live
+    /// tensors on a device kind and index (-1: any), grouped as the snapshot module groups
+    /// records (`detail == false`: the overall totals only).
+    pub(crate) fn take_grouped(
+        &mut self,
+        device_kind: DeviceKind,
+        device_index: i32,
+        detail: bool,
+    ) -> Result<(&[GroupTotal], SnapshotTotals)> {
+        // SAFETY: `self.ptr` is a live snapshot we own exclusively (&mut self).
+        check("snapshot", unsafe {
+            sys::gmt_snapshot_take_grouped(
+                self.ptr.as_ptr(),
+                device_kind.code(),
+                device_index,
+                i32::from(detail),
+            )
+        })?;
+        let mut totals = sys::gmt_snapshot_totals::default();
+        // SAFETY: as in `take_with`: the array lives until the next take or drop (&mut self).
+        unsafe {
+            sys::gmt_snapshot_totals_of(self.ptr.as_ptr(), &mut totals);
+            let mut len = 0usize;
+            let groups = sys::gmt_snapshot_groups(self.ptr.as_ptr(), &mut len).cast::<GroupTotal>();
+            // GroupTotal is repr(transparent) over the C record.
+            let groups =
+                if len == 0 || groups.is_null() { &[][..] } else { std::slice::from_raw_parts(groups, len) };
+            let totals = SnapshotTotals {
+                tensor_bytes: bytes(totals.tensor_bytes),
+                tensor_count: usize::try_from(totals.tensor_count).unwrap_or(0),
+                storage_count: usize::try_from(totals.storage_count).unwrap_or(0),
+            };
+            Ok((groups, totals))
         }
     }
 }

@@ -8,7 +8,7 @@ use parking_lot::Mutex;
 pub use gpu_mem_track_log::group::{DType, GroupKey, GroupTotals, TensorClass};
 use rustc_hash::FxHashMap;
 
-use crate::ffi::{self, TensorRecord};
+use crate::ffi::{self, GroupTotal, RegistryGroup, SnapshotTotals, TensorRecord};
 
 /// The dtype of a tch `Kind`, by its `c10::ScalarType` number (tch keeps its own mapping
 /// private).
@@ -89,6 +89,20 @@ fn op_name(id: u32) -> Option<Arc<str>> {
     names[i].clone()
 }
 
+/// The registry's log groups by id, looked up once each (its table only grows).
+fn registry_group(id: u32) -> Option<Arc<RegistryGroup>> {
+    static GROUPS: Mutex<Vec<Option<Arc<RegistryGroup>>>> = Mutex::new(Vec::new());
+    let mut groups = GROUPS.lock();
+    let i = id as usize;
+    if groups.len() <= i {
+        groups.resize(i + 1, None);
+    }
+    if groups[i].is_none() {
+        groups[i] = ffi::registry_group(id).map(Arc::new);
+    }
+    groups[i].clone()
+}
+
 /// Index of the owner of each storage held by several tensors, among `records`. A storage held by
 /// one tensor (`storage_shared == 0`, the common case) is owned by it without a lookup.
 fn shared_storage_owners(records: &[TensorRecord]) -> FxHashMap<u64, usize> {
@@ -156,6 +170,36 @@ impl Snapshot {
             let op = k.op.and_then(op_name);
             snap.groups
                 .insert(GroupKey { shape: k.shape.into(), dtype: k.dtype, class, view: k.view, op }, v);
+        }
+        snap
+    }
+}
+
+impl Snapshot {
+    /// The registry's grouped totals (what one track takes: no record per tensor), by op too
+    /// when `by_op`: the same snapshot [`from_records`](Self::from_records) makes of the records.
+    pub(crate) fn from_groups(groups: &[GroupTotal], totals: SnapshotTotals, by_op: bool) -> Snapshot {
+        let mut snap = Snapshot {
+            tensor_bytes: totals.tensor_bytes,
+            tensor_count: totals.tensor_count,
+            storage_count: totals.storage_count,
+            ..Snapshot::default()
+        };
+        snap.groups.reserve(groups.len());
+        for g in groups {
+            // The registry names every group it counts; a miss would be a shim bug, not data.
+            let Some(def) = registry_group(g.group()) else { continue };
+            let key = GroupKey {
+                shape: def.shape.clone(),
+                dtype: def.dtype,
+                class: if def.parameter { TensorClass::Parameter } else { TensorClass::Tensor },
+                view: g.view(),
+                // Groups the registry keeps apart by op merge here unless the log names ops.
+                op: if by_op { def.op_id.and_then(op_name) } else { None },
+            };
+            let totals = snap.groups.entry(key).or_default();
+            totals.count += g.count();
+            totals.bytes += g.bytes();
         }
         snap
     }
@@ -260,5 +304,61 @@ fn holder_label(c: gpu_mem_track_log::Category) -> &'static str {
         C::OptimizerState => "optimizer state",
         C::Temporary => "temporaries",
         C::Unknown => "unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::{DeviceKind, RawSnapshot};
+    use tch::{Device, Kind, Tensor};
+
+    /// The grouped walk and the records' grouping of the same live tensors, by op or not.
+    fn both_ways(raw: &mut RawSnapshot, by_op: bool) -> (Snapshot, Snapshot) {
+        let (records, dims) = raw.take(DeviceKind::Cpu, -1).unwrap();
+        let from_records = Snapshot::from_records(records, dims, true, by_op);
+        let (groups, totals) = raw.take_grouped(DeviceKind::Cpu, -1, true).unwrap();
+        (from_records, Snapshot::from_groups(groups, totals, by_op))
+    }
+
+    fn assert_same(raw: &mut RawSnapshot, what: &str) {
+        for by_op in [false, true] {
+            let (records, grouped) = both_ways(raw, by_op);
+            assert_eq!(grouped.groups, records.groups, "{what} (by op: {by_op})");
+            assert_eq!(
+                (grouped.tensor_bytes, grouped.tensor_count, grouped.storage_count),
+                (records.tensor_bytes, records.tensor_count, records.storage_count),
+                "{what} (by op: {by_op})"
+            );
+        }
+    }
+
+    #[test]
+    fn grouped_snapshots_are_the_records_grouped() {
+        ffi::install().unwrap();
+        let mut raw = RawSnapshot::new().unwrap();
+        let base = Tensor::zeros([6, 4], (Kind::Float, Device::Cpu));
+        // Views share the base's storage; the largest, then oldest, tensor owns it.
+        let row = base.narrow(0, 0, 1);
+        let flat = base.view([-1]);
+        let mut other = Tensor::ones([3], (Kind::Int64, Device::Cpu)) + 1;
+        let weight = Tensor::zeros([4, 4], (Kind::Half, Device::Cpu)).set_requires_grad(true);
+        let derived = weight.to_kind(Kind::Float) * 2;
+        assert_same(&mut raw, "views, a parameter and tensors made by different ops");
+        // A tensor's group changes after it entered the registry: resized, made a parameter.
+        let _ = other.resize_([5]);
+        let _ = derived.set_requires_grad(true); // a leaf? no: it has a grad_fn, stays a tensor
+        let becomes_parameter = Tensor::zeros([3, 3], (Kind::Float, Device::Cpu));
+        let mut grows = Tensor::zeros([2, 2], (Kind::Float, Device::Cpu));
+        assert_same(&mut raw, "before resize_");
+        let _ = becomes_parameter.set_requires_grad(true);
+        let _ = grows.resize_([8, 2]);
+        assert_same(&mut raw, "after resize_");
+        let (_, grouped) = both_ways(&mut raw, false);
+        assert!(grouped.groups.keys().any(|k| *k.shape == [8, 2]), "{:?}", grouped.groups.keys());
+        let views: Vec<_> = grouped.groups.iter().filter(|(k, _)| k.view).collect();
+        assert!(views.len() >= 2 && views.iter().all(|(_, v)| v.bytes == 0), "{views:?}");
+        drop((row, flat, base));
+        assert_same(&mut raw, "after the base and its views are gone");
     }
 }

@@ -391,8 +391,8 @@ impl MemTracker {
         let mut guard = self.state.lock();
         let state = &mut *guard;
         let (kind, index) = self.device.shim_filter();
-        let (records, dims) = state.raw.take(kind, index)?;
-        let snap = Snapshot::from_records(records, dims, self.detail, self.op_names);
+        let (groups, totals) = state.raw.take_grouped(kind, index, self.detail)?;
+        let snap = Snapshot::from_groups(groups, totals, self.op_names);
         let allocator = state.allocator.read()?;
         let retries = allocator.alloc_retries.unwrap_or(0);
         let alloc_retries_since_previous = retries.saturating_sub(state.alloc_retries);

@@ -51,6 +51,13 @@ class PtrIndex {
 
   size_t size() const { return count_; }
 
+  // Empties the map, keeping its capacity.
+  void clear() {
+    if (count_ == 0) return;
+    for (Slot& s : slots_) s.key = nullptr;
+    count_ = 0;
+  }
+
  private:
   struct Slot {
     const void* key;

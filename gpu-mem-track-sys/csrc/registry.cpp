@@ -7,6 +7,8 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <deque>
@@ -28,7 +30,17 @@ struct Entry {
   WeakImpl weak;
   uint64_t seq;
   int32_t name_id;
-  int32_t op_id;  // the op that returned it; -1 when registered explicitly
+  int32_t op_id;       // the op that returned it; -1 when registered explicitly
+  int32_t group = -1;  // its log group when last seen (see Registry::group_of); -1 before
+};
+
+// A log group as the registry interns it: what a `+`/`-` line is keyed by, with the op that made
+// the tensors (the Rust side drops it unless the tracker groups by op).
+struct GroupDef {
+  std::vector<int64_t> sizes;
+  int32_t scalar_type;
+  bool parameter;
+  int32_t op_id;
 };
 
 // Dead entries keep ~176 B each (the weak reference pins the TensorImpl's memory) until pruned.
@@ -52,6 +64,10 @@ struct Registry {
   std::deque<std::string> op_names;  // append-only, index = op id
   const char* last_op = nullptr;     // the last op looked up and its id: ops come in runs
   int32_t last_op_id = -1;
+  // Log groups, interned: a tensor's shape, dtype and class rarely change after an op returns
+  // it, so an entry keeps its group id and a snapshot only checks that it still holds.
+  std::vector<GroupDef> groups;
+  std::unordered_map<std::string, int32_t> group_ids;  // packed (sizes, dtype, op, class) -> id
   uint64_t next_seq = 0;
   size_t prune_at = kMinPruneAt;
   at::CallbackHandle handle = 0;
@@ -110,6 +126,30 @@ struct Registry {
     last_op = name;
     last_op_id = id;
     return id;
+  }
+
+  // Caller holds mu. The group of a live entry's tensor, interned on first sight or when its
+  // shape, dtype or class changed since (resize_, requires_grad_).
+  int32_t group_of(Entry& e, const c10::TensorImpl* impl, bool parameter) {
+    const c10::IntArrayRef sizes = impl->sizes();
+    const int32_t scalar_type = static_cast<int32_t>(impl->dtype().toScalarType());
+    if (e.group >= 0) {
+      const GroupDef& g = groups[e.group];
+      if (g.scalar_type == scalar_type && g.parameter == parameter && g.sizes.size() == sizes.size() &&
+          std::equal(sizes.begin(), sizes.end(), g.sizes.begin()))
+        return e.group;
+    }
+    std::string key(sizes.size() * sizeof(int64_t) + 2 * sizeof(int32_t) + 1, '\0');
+    char* k = key.data();
+    std::memcpy(k, sizes.data(), sizes.size() * sizeof(int64_t));
+    k += sizes.size() * sizeof(int64_t);
+    std::memcpy(k, &scalar_type, sizeof scalar_type);
+    std::memcpy(k + sizeof(int32_t), &e.op_id, sizeof e.op_id);
+    k[2 * sizeof(int32_t)] = parameter ? 1 : 0;
+    auto [it, inserted] = group_ids.try_emplace(std::move(key), static_cast<int32_t>(groups.size()));
+    if (inserted) groups.push_back(GroupDef{std::vector<int64_t>(sizes.begin(), sizes.end()), scalar_type, parameter, e.op_id});
+    e.group = it->second;
+    return e.group;
   }
 
   int32_t intern(const std::string& name) {
@@ -173,9 +213,46 @@ int32_t device_kind_of(c10::DeviceType t) {
 }
 }  // namespace
 
+namespace {
+int32_t device_index_of(const c10::TensorImpl* impl, int32_t kind) {
+  return impl->device().has_index() ? impl->device().index() : (kind == GMT_DEV_CUDA ? 0 : -1);
+}
+
+// Whether the tensor is on the device a snapshot asked for (kind GMT_DEV_ANY: all; index -1: any).
+bool on_device(const c10::TensorImpl* impl, int32_t device_kind, int32_t device_index) {
+  const int32_t kind = device_kind_of(impl->device_type());
+  const int32_t index = device_index_of(impl, kind);
+  return (device_kind == GMT_DEV_ANY || device_kind == kind) && (device_index < 0 || index < 0 || device_index == index);
+}
+
+// A tensor whose storage other tensors share too, met by the grouped walk (views and the tensor
+// they view keep each other's storage: a quarter of a training step's tensors and more).
+struct SharedUse {
+  int64_t storage_nbytes;
+  int64_t nbytes;
+  uint64_t seq;
+  int32_t group;
+
+  // The owner of a shared storage is its largest tensor, then the oldest.
+  bool owns_rather_than(const SharedUse& other) const {
+    return nbytes > other.nbytes || (nbytes == other.nbytes && seq < other.seq);
+  }
+};
+}  // namespace
+
 struct gmt_snapshot {
   std::vector<gmt_tensor_record> records;
   std::vector<int64_t> dims;
+  // gmt_snapshot_take_grouped: the totals per (group, view) and overall.
+  std::vector<gmt_group_total> groups;
+  gmt_snapshot_totals totals{};
+  // Scratch of the grouped walk, kept between snapshots: by group id, owned tensors, their
+  // storages' bytes, views; and the ids touched.
+  std::vector<std::array<int64_t, 3>> by_group;
+  std::vector<int32_t> touched;
+  // Each shared storage's owner so far, and where it is in `owners`.
+  std::vector<SharedUse> owners;
+  gmt::PtrIndex owner_of;
 };
 
 namespace {
@@ -226,9 +303,8 @@ gmt_error take_snapshot(gmt_snapshot* s, int32_t device_kind, int32_t device_ind
       const at::Tensor t(std::move(strong));
       const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
       const int32_t kind = device_kind_of(impl->device_type());
-      const int32_t index = impl->device().has_index() ? impl->device().index() : (kind == GMT_DEV_CUDA ? 0 : -1);
-      if ((device_kind == GMT_DEV_ANY || device_kind == kind) &&
-          (device_index < 0 || index < 0 || device_index == index)) {
+      const int32_t index = device_index_of(impl, kind);
+      if (on_device(impl, device_kind, device_index)) {
         gmt_tensor_record rec{};
         rec.impl_id = reinterpret_cast<uint64_t>(impl);
         if (impl->has_storage()) {
@@ -258,6 +334,96 @@ gmt_error take_snapshot(gmt_snapshot* s, int32_t device_kind, int32_t device_ind
       ++i;
     }
     r.prune_at = std::max(kMinPruneAt, entries.size() * 2);
+  })
+}
+// What gmt_snapshot_take_grouped adds up: count and bytes per (group, owned or view), by the rule
+// of the records' grouping (a storage shared by several tensors is owned by its largest, then
+// oldest, tensor), without a record per tensor.
+gmt_error take_grouped(gmt_snapshot* s, int32_t device_kind, int32_t device_index, bool detail) {
+  GMT_TRY({
+    if (!s) throw std::invalid_argument("null snapshot");
+    s->groups.clear();
+    s->totals = gmt_snapshot_totals{};
+    s->owners.clear();
+    s->owner_of.clear();
+    auto add = [s](int32_t group, bool view, int64_t bytes) {
+      if (group < 0) return;
+      auto& t = s->by_group[group];
+      if (t[0] == 0 && t[2] == 0) s->touched.push_back(group);
+      if (view) {
+        ++t[2];
+      } else {
+        ++t[0];
+        t[1] += bytes;
+      }
+    };
+    {
+      Registry& r = registry();
+      std::lock_guard<std::mutex> lock(r.mu);
+      auto& entries = r.entries;
+      constexpr size_t kAhead = 8;
+      for (size_t i = 0; i < entries.size();) {
+        if (i + kAhead < entries.size()) {
+          const char* ahead = reinterpret_cast<const char*>(entries[i + kAhead].impl);
+          __builtin_prefetch(ahead);
+          __builtin_prefetch(ahead + 64);
+          __builtin_prefetch(ahead + 128);
+        }
+        auto strong = entries[i].weak.lock();
+        if (!strong) {
+          r.remove_at(i);
+          continue;
+        }
+        const at::Tensor t(std::move(strong));
+        const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+        if (on_device(impl, device_kind, device_index)) {
+          ++s->totals.tensor_count;
+          int32_t group = -1;
+          if (detail) {
+            group = r.group_of(entries[i], impl, impl->requires_grad() && t.is_leaf());
+            if (static_cast<size_t>(group) >= s->by_group.size()) s->by_group.resize(r.groups.size(), {0, 0, 0});
+          }
+          if (!impl->has_storage()) {
+            add(group, true, 0);  // nothing to own
+          } else {
+            const c10::Storage& st = impl->unsafe_storage();
+            const auto storage_nbytes = static_cast<int64_t>(st.nbytes());
+            if (st.use_count() > 1) {
+              const SharedUse use{storage_nbytes, impl->numel() * static_cast<int64_t>(impl->itemsize()),
+                                  entries[i].seq, group};
+              auto [slot, first] =
+                  s->owner_of.try_emplace(st.unsafeGetStorageImpl(), static_cast<uint32_t>(s->owners.size()));
+              if (first) {
+                s->owners.push_back(use);
+              } else if (use.owns_rather_than(s->owners[*slot])) {
+                add(s->owners[*slot].group, true, 0);  // the owner so far is a view of it
+                s->owners[*slot] = use;
+              } else {
+                add(group, true, 0);
+              }
+            } else {
+              s->totals.tensor_bytes += storage_nbytes;
+              ++s->totals.storage_count;
+              add(group, false, storage_nbytes);
+            }
+          }
+        }
+        ++i;
+      }
+      r.prune_at = std::max(kMinPruneAt, entries.size() * 2);
+    }
+    for (const SharedUse& owner : s->owners) {
+      s->totals.tensor_bytes += owner.storage_nbytes;
+      ++s->totals.storage_count;
+      add(owner.group, false, owner.storage_nbytes);
+    }
+    for (int32_t g : s->touched) {
+      auto& t = s->by_group[g];
+      if (t[0] > 0) s->groups.push_back(gmt_group_total{g, 0, {0, 0, 0}, t[0], t[1]});
+      if (t[2] > 0) s->groups.push_back(gmt_group_total{g, 1, {0, 0, 0}, t[2], 0});
+      t = {0, 0, 0};
+    }
+    s->touched.clear();
   })
 }
 }  // namespace
@@ -380,6 +546,32 @@ gmt_error gmt_snapshot_take(gmt_snapshot* s, int32_t device_kind, int32_t device
 
 gmt_error gmt_snapshot_take_categorized(gmt_snapshot* s, int32_t device_kind, int32_t device_index) {
   return take_snapshot(s, device_kind, device_index, true);
+}
+
+gmt_error gmt_snapshot_take_grouped(gmt_snapshot* s, int32_t device_kind, int32_t device_index, int32_t detail) {
+  return take_grouped(s, device_kind, device_index, detail != 0);
+}
+
+const gmt_group_total* gmt_snapshot_groups(const gmt_snapshot* s, size_t* len) {
+  if (len) *len = s ? s->groups.size() : 0;
+  return s ? s->groups.data() : nullptr;
+}
+
+void gmt_snapshot_totals_of(const gmt_snapshot* s, gmt_snapshot_totals* out) {
+  if (out) *out = s ? s->totals : gmt_snapshot_totals{};
+}
+
+int64_t gmt_registry_group(int32_t id, int64_t* sizes, size_t cap, int32_t* scalar_type, int32_t* parameter,
+                           int32_t* op_id) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (id < 0 || static_cast<size_t>(id) >= r.groups.size()) return -1;
+  const GroupDef& g = r.groups[id];
+  if (sizes) std::copy_n(g.sizes.begin(), std::min(cap, g.sizes.size()), sizes);
+  if (scalar_type) *scalar_type = g.scalar_type;
+  if (parameter) *parameter = g.parameter ? 1 : 0;
+  if (op_id) *op_id = g.op_id;
+  return static_cast<int64_t>(g.sizes.size());
 }
 
 gmt_snapshot* gmt_peak_snapshot(void) {

@@ -77,6 +77,29 @@ void gmt_snapshot_free(gmt_snapshot* s);
 gmt_error gmt_snapshot_take(gmt_snapshot* s, int32_t device_kind, int32_t device_index);
 // As gmt_snapshot_take, and fills each record's `category` (slower: for the out-of-memory report).
 gmt_error gmt_snapshot_take_categorized(gmt_snapshot* s, int32_t device_kind, int32_t device_index);
+// The grouped form of a snapshot (what one track() needs): totals per log group, no record per
+// tensor. `detail` 0: only the overall totals.
+typedef struct {
+  int32_t group;  // gmt_registry_group id
+  uint8_t view;   // 1: tensors whose storage another tensor owns (no bytes)
+  uint8_t pad_[3];
+  int64_t count;
+  int64_t bytes;  // storages owned
+} gmt_group_total;
+static_assert(sizeof(gmt_group_total) == 24, "gmt_group_total is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
+typedef struct {
+  int64_t tensor_bytes;   // bytes of unique storages
+  int64_t tensor_count;   // live tensors on the device
+  int64_t storage_count;  // unique storages
+} gmt_snapshot_totals;
+static_assert(sizeof(gmt_snapshot_totals) == 24, "gmt_snapshot_totals is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
+gmt_error gmt_snapshot_take_grouped(gmt_snapshot* s, int32_t device_kind, int32_t device_index, int32_t detail);
+const gmt_group_total* gmt_snapshot_groups(const gmt_snapshot* s, size_t* len);
+void gmt_snapshot_totals_of(const gmt_snapshot* s, gmt_snapshot_totals* out);
+// A log group of the registry (ids are stable for the process): copies up to `cap` sizes and
+// returns the number of dimensions, or -1 for an unknown id. `op_id`: the op that made its tensors.
+int64_t gmt_registry_group(int32_t id, int64_t* sizes, size_t cap, int32_t* scalar_type, int32_t* parameter,
+                           int32_t* op_id);
 size_t gmt_snapshot_len(const gmt_snapshot* s);
 const gmt_tensor_record* gmt_snapshot_records(const gmt_snapshot* s);
 const int64_t* gmt_snapshot_dims(const gmt_snapshot* s, size_t* len);

@@ -62,6 +62,26 @@ pub struct gmt_tensor_record {
     pub category: i32,
 }
 
+/// Totals of one log group in a grouped snapshot (mirrors `gmt_group_total` in `csrc/shim.h`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct gmt_group_total {
+    pub group: i32,
+    pub view: u8,
+    pub pad_: [u8; 3],
+    pub count: i64,
+    pub bytes: i64,
+}
+
+/// Overall totals of a grouped snapshot (mirrors `gmt_snapshot_totals` in `csrc/shim.h`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct gmt_snapshot_totals {
+    pub tensor_bytes: i64,
+    pub tensor_count: i64,
+    pub storage_count: i64,
+}
+
 /// Opaque snapshot buffer owned by the shim.
 #[repr(C)]
 pub struct gmt_snapshot {
@@ -246,6 +266,22 @@ extern "C" {
         device_kind: i32,
         device_index: i32,
     ) -> gmt_error;
+    pub fn gmt_snapshot_take_grouped(
+        s: *mut gmt_snapshot,
+        device_kind: i32,
+        device_index: i32,
+        detail: i32,
+    ) -> gmt_error;
+    pub fn gmt_snapshot_groups(s: *const gmt_snapshot, len: *mut usize) -> *const gmt_group_total;
+    pub fn gmt_snapshot_totals_of(s: *const gmt_snapshot, out: *mut gmt_snapshot_totals);
+    pub fn gmt_registry_group(
+        id: i32,
+        sizes: *mut i64,
+        cap: usize,
+        scalar_type: *mut i32,
+        parameter: *mut i32,
+        op_id: *mut i32,
+    ) -> i64;
     pub fn gmt_snapshot_len(s: *const gmt_snapshot) -> usize;
     pub fn gmt_snapshot_records(s: *const gmt_snapshot) -> *const gmt_tensor_record;
     pub fn gmt_snapshot_dims(s: *const gmt_snapshot, len: *mut usize) -> *const i64;
@@ -349,6 +385,8 @@ extern "C" {
 
 // The C layouts this crate mirrors (`csrc/shim.h` asserts the same sizes on its side).
 const _: () = assert!(std::mem::size_of::<gmt_tensor_record>() == 80);
+const _: () = assert!(std::mem::size_of::<gmt_group_total>() == 24);
+const _: () = assert!(std::mem::size_of::<gmt_snapshot_totals>() == 24);
 const _: () = assert!(std::mem::size_of::<gmt_oom_event>() == 48);
 const _: () = assert!(std::mem::size_of::<gmt_cuda_block>() == 48);
 const _: () = assert!(std::mem::size_of::<gmt_alloc_stats>() == 40);
