@@ -1,28 +1,16 @@
-//! Reads logs back: ours and those written by Pytorch-Memory-Utils (whose `-` lines end in a space
-//! and whose numbers are truncated rather than rounded).
+//! Reads logs back, whole or block by block: ours and those written by Pytorch-Memory-Utils
+//! (whose `-` lines end in a space and whose numbers are truncated rather than rounded).
+//!
+//! This file tells the kinds of line apart and gathers them into blocks; each kind is parsed in
+//! its own file (`header.rs`, `group_line.rs`, `at_line.rs`, the `! ` lines in `oom.rs`).
 use std::path::{Path, PathBuf};
 
-use super::{
-    AtLine, GroupLine, LogBlock, LogHeader, MemoryField, ParsedLog, SourceLocation, FIRST_FIELDS, TENSOR_USED,
-};
-use crate::diff::Sign;
+use super::at_line::is_at_line;
+use super::group_line::is_group_line;
+use super::oom::parse_note_line;
+use super::{AtLine, GroupLine, LogBlock, LogHeader, ParsedLog};
 pub use crate::error::LogParseError;
 use crate::error::{Error, Result};
-use crate::group::TensorClass;
-
-/// Quoted text in error reasons is cut to this many characters, so a message stays one short line
-/// whatever the input.
-const QUOTED_CHARS: usize = 60;
-
-/// The start of `s` for an error message.
-fn clip(s: &str) -> String {
-    super::clip_chars(s, QUOTED_CHARS)
-}
-
-/// A finite number: `inf` and `NaN` parse as `f64` but are no memory figure.
-fn parse_finite(s: &str) -> Option<f64> {
-    s.parse::<f64>().ok().filter(|v| v.is_finite())
-}
 
 fn err(line: usize, text: &str, reason: impl Into<String>) -> LogParseError {
     let text: String = text.chars().take(100).collect();
@@ -140,9 +128,6 @@ struct LineParser {
 /// dozen).
 pub const MAX_BLOCK_NOTES: usize = 1_000;
 
-/// A `! ` line is cut to this many characters.
-const MAX_NOTE_CHARS: usize = 2_000;
-
 impl LineParser {
     /// One line, without its line ending; `n` is its 1-based number.
     /// After [`Parsed::NotALog`] its callers stop reading.
@@ -151,7 +136,7 @@ impl LineParser {
             if l.trim().is_empty() {
                 return None;
             }
-            return match parse_header(l) {
+            return match LogHeader::parse(l) {
                 Ok(h) => {
                     self.in_body = true;
                     Some(Parsed::Header(h))
@@ -161,8 +146,8 @@ impl LineParser {
         }
         let parsed = if l.trim().is_empty() {
             return None;
-        } else if l.starts_with("+ |") || l.starts_with("- |") {
-            match parse_group_line(l) {
+        } else if is_group_line(l) {
+            match GroupLine::parse(l) {
                 Ok(_) if self.pending.len() >= MAX_BLOCK_CHANGES => {
                     Err(format!("more than {MAX_BLOCK_CHANGES} group lines before one `At` line; skipped"))
                 }
@@ -172,15 +157,15 @@ impl LineParser {
                 }
                 Err(e) => Err(e),
             }
-        } else if let Some(note) = l.strip_prefix('!') {
+        } else if let Some(note) = parse_note_line(l) {
             if self.notes.len() >= MAX_BLOCK_NOTES {
                 Err(format!("more than {MAX_BLOCK_NOTES} `!` lines before one `At` line; skipped"))
             } else {
-                self.notes.push(super::clip_chars(note.strip_prefix(' ').unwrap_or(note), MAX_NOTE_CHARS));
+                self.notes.push(note);
                 return None;
             }
-        } else if let Some(rest) = l.strip_prefix("At ") {
-            parse_at(rest).map(|at| {
+        } else if is_at_line(l) {
+            AtLine::parse(l).map(|at| {
                 Parsed::Block(LogBlock {
                     changes: self.take_pending(),
                     notes: std::mem::take(&mut self.notes),
@@ -373,114 +358,12 @@ impl<R: std::io::BufRead> Iterator for LogReader<R> {
     }
 }
 
-fn parse_header(l: &str) -> Result<LogHeader, String> {
-    let rest = l
-        .strip_prefix("GPU Memory Track | ")
-        .ok_or("not a gpu_mem_track log: the first line must start with `GPU Memory Track | `")?;
-    let (timestamp, fields) = rest.split_once(" | ").ok_or("header has no ` | ` after the timestamp")?;
-    Ok(LogHeader { timestamp: timestamp.trim().to_owned(), fields: parse_fields(fields)? })
-}
-
-/// `Label:12.3   Mb Label2:0.0    Mb ...`
-fn parse_fields(mut s: &str) -> Result<Vec<MemoryField>, String> {
-    let mut out = Vec::new();
-    loop {
-        s = s.trim_start();
-        if s.is_empty() {
-            return Ok(out);
-        }
-        let colon = s.find(':').ok_or_else(|| format!("expected `Label:value Mb`, found {:?}", clip(s)))?;
-        let label = s[..colon].trim();
-        let after = &s[colon + 1..];
-        let mb = after.find("Mb").ok_or_else(|| format!("field {:?} has no `Mb` unit", clip(label)))?;
-        let value = after[..mb].trim();
-        let mib = parse_finite(value)
-            .ok_or_else(|| format!("field {:?} has a bad number {:?}", clip(label), clip(value)))?;
-        if label.is_empty() {
-            return Err("a memory field has no label".into());
-        }
-        out.push(MemoryField { label: label.to_owned(), mib });
-        s = &after[mb + 2..];
-    }
-}
-
-fn parse_group_line(l: &str) -> Result<GroupLine, String> {
-    let sign = if l.starts_with('+') { Sign::Plus } else { Sign::Minus };
-    let parts: Vec<&str> = l[3..].split(" | ").map(str::trim).collect();
-    let (count_shape, memory, class, dtype, op) = match parts[..] {
-        [a, b, c, d] => (a, b, c, d, None),
-        [a, b, c, d, op] if !op.is_empty() => (a, b, c, d, Some(op)),
-        _ => {
-            return Err(format!(
-                "a group line has 5 `|`-separated columns (6 with its op), this one has {}",
-                parts.len() + 1
-            ))
-        }
-    };
-    let (count, shape) = count_shape.split_once(" * Size:").ok_or("expected `N * Size:(...)`")?;
-    let count = count.trim().parse::<u64>().map_err(|_| format!("bad tensor count {:?}", clip(count)))?;
-    let shape = parse_shape(shape.trim())?;
-    let memory = memory
-        .strip_prefix("Memory:")
-        .and_then(|m| m.trim().strip_suffix('M'))
-        .ok_or("expected `Memory: <MiB> M`")?
-        .trim();
-    let memory_mib = parse_finite(memory).ok_or_else(|| format!("bad memory figure {:?}", clip(memory)))?;
-    let class = class
-        .strip_prefix("<class '")
-        .and_then(|c| c.strip_suffix("'>"))
-        .ok_or("expected a class like `<class 'torch.Tensor'>`")?;
-    if dtype.is_empty() {
-        return Err("missing dtype column".into());
-    }
-    Ok(GroupLine {
-        sign,
-        count,
-        shape,
-        memory_mib,
-        class: TensorClass::from_python_name(class),
-        dtype: dtype.to_owned(),
-        op: op.map(str::to_owned),
-    })
-}
-
-/// `()`, `(512,)`, `(64, 3)`; also `torch.Size([64, 3])`.
-fn parse_shape(s: &str) -> Result<Vec<i64>, String> {
-    let inner = s
-        .strip_prefix("torch.Size([")
-        .and_then(|x| x.strip_suffix("])"))
-        .or_else(|| s.strip_prefix('(').and_then(|x| x.strip_suffix(')')))
-        .ok_or_else(|| format!("bad shape {:?}: expected a tuple like (64, 3)", clip(s)))?;
-    inner
-        .split(',')
-        .map(str::trim)
-        .filter(|d| !d.is_empty())
-        .map(|d| d.parse::<i64>().map_err(|_| format!("bad dimension {:?} in shape {:?}", clip(d), clip(s))))
-        .collect()
-}
-
-fn parse_at(rest: &str) -> Result<AtLine, String> {
-    let idx = FIRST_FIELDS
-        .iter()
-        .filter_map(|label| rest.find(&format!(" {label}:")))
-        .min()
-        .ok_or_else(|| format!("`At` line has no `{TENSOR_USED}` field"))?;
-    let place = rest[..idx].trim_end();
-    let fields = parse_fields(&rest[idx..])?;
-    let line_at = place.rfind(" line ").ok_or("`At` line has no `<file> line <n>: <function>` location")?;
-    let (file, after) = (&place[..line_at], &place[line_at + 6..]);
-    let (num, function) = after.split_once(':').ok_or("`At` location has no `:` after the line number")?;
-    let line = num.trim().parse::<u32>().map_err(|_| format!("bad line number {:?}", clip(num)))?;
-    Ok(AtLine {
-        location: SourceLocation { file: file.to_owned(), line, function: function.trim().to_owned() },
-        fields,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::log::{ALLOCATED, TENSOR_USED};
+    use crate::diff::Sign;
+    use crate::group::TensorClass;
+    use crate::log::{SourceLocation, ALLOCATED, TENSOR_USED};
 
     /// Written by hand from `gpu_mem_track.py`'s format strings: `-` lines end with a space,
     /// numbers are `str(x)[:6]`, the first header says `Total Used Memory` as old versions did.

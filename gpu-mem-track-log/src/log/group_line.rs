@@ -1,0 +1,227 @@
+//! The `+`/`-` line: one group of tensors (same shape, dtype, class and, when the tracker groups
+//! by op, op) that appeared or went away since the previous track point.
+//!
+//! ```text
+//! + | 1 * Size:(64, 64, 3, 3)       | Memory: 0.1406 M | <class 'torch.nn.parameter.Parameter'> | torch.float32
+//! - | 2 * Size:(40, 3, 512, 512)    | Memory: 240.0 M | <class 'torch.Tensor'> | torch.float32 | aten::convolution
+//! ```
+//!
+//! Byte-compatible with Pytorch-Memory-Utils except for its number truncation, which is fixed
+//! here; its lines (whose `-` lines end in a space and whose numbers are truncated) read back.
+use std::fmt::Write as _;
+
+use super::format::MIB;
+use super::{clip, parse_finite};
+use crate::diff::Sign;
+use crate::group::TensorClass;
+
+/// One `+`/`-` line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupLine {
+    /// `+` or `-`.
+    pub sign: Sign,
+    /// Tensors added or removed.
+    pub count: u64,
+    /// Sizes of each tensor of the group.
+    pub shape: Vec<i64>,
+    /// Memory added or removed, MiB, as printed.
+    pub memory_mib: f64,
+    /// Python class.
+    pub class: TensorClass,
+    /// Python dtype name (`torch.float32`).
+    pub dtype: String,
+    /// The op that made the tensors (` | aten::convolution`, a last column printed only when the
+    /// tracker groups by op).
+    pub op: Option<String>,
+}
+
+/// Whether `l` is a `+`/`-` line (what the reader hands to `GroupLine::parse`).
+pub(super) fn is_group_line(l: &str) -> bool {
+    l.starts_with("+ |") || l.starts_with("- |")
+}
+
+impl GroupLine {
+    /// The line of a group's change (its op column only when the group has an op).
+    pub fn from_change(c: &crate::diff::GroupChange) -> Self {
+        GroupLine {
+            sign: c.sign,
+            count: c.count,
+            shape: c.key.shape.to_vec(),
+            memory_mib: c.bytes as f64 / MIB,
+            class: c.key.class.clone(),
+            dtype: c.key.dtype.torch_name(),
+            op: c.key.op.as_deref().map(str::to_owned),
+        }
+    }
+
+    /// The line with its newline; ` | <op>` last when the line names its op.
+    pub fn render(&self) -> String {
+        let mut out = format!(
+            "{} | {} * Size:{:<20} | Memory: {} M | {:<20} | {}",
+            self.sign.as_char(),
+            self.count,
+            python_tuple(&self.shape),
+            group_mib(self.memory_mib),
+            self.class.to_string(),
+            self.dtype
+        );
+        if let Some(op) = &self.op {
+            out.push_str(" | ");
+            out.push_str(op);
+        }
+        out.push('\n');
+        out
+    }
+
+    /// Reads a `+`/`-` line (without its line ending; one that `is_group_line` accepts); the
+    /// error is the reason a log parse error gives.
+    pub(super) fn parse(l: &str) -> Result<GroupLine, String> {
+        let sign = if l.starts_with('+') { Sign::Plus } else { Sign::Minus };
+        let parts: Vec<&str> = l[3..].split(" | ").map(str::trim).collect();
+        let (count_shape, memory, class, dtype, op) = match parts[..] {
+            [a, b, c, d] => (a, b, c, d, None),
+            [a, b, c, d, op] if !op.is_empty() => (a, b, c, d, Some(op)),
+            _ => {
+                return Err(format!(
+                    "a group line has 5 `|`-separated columns (6 with its op), this one has {}",
+                    parts.len() + 1
+                ))
+            }
+        };
+        let (count, shape) = count_shape.split_once(" * Size:").ok_or("expected `N * Size:(...)`")?;
+        let count = count.trim().parse::<u64>().map_err(|_| format!("bad tensor count {:?}", clip(count)))?;
+        let shape = parse_shape(shape.trim())?;
+        let memory = memory
+            .strip_prefix("Memory:")
+            .and_then(|m| m.trim().strip_suffix('M'))
+            .ok_or("expected `Memory: <MiB> M`")?
+            .trim();
+        let memory_mib =
+            parse_finite(memory).ok_or_else(|| format!("bad memory figure {:?}", clip(memory)))?;
+        let class = class
+            .strip_prefix("<class '")
+            .and_then(|c| c.strip_suffix("'>"))
+            .ok_or("expected a class like `<class 'torch.Tensor'>`")?;
+        if dtype.is_empty() {
+            return Err("missing dtype column".into());
+        }
+        Ok(GroupLine {
+            sign,
+            count,
+            shape,
+            memory_mib,
+            class: TensorClass::from_python_name(class),
+            dtype: dtype.to_owned(),
+            op: op.map(str::to_owned),
+        })
+    }
+}
+
+/// A shape as Python prints a tuple: `()`, `(512,)`, `(64, 3, 3)`.
+pub fn python_tuple(shape: &[i64]) -> String {
+    match shape {
+        [] => "()".to_owned(),
+        [one] => format!("({one},)"),
+        _ => {
+            let mut s = String::with_capacity(shape.len() * 5 + 2);
+            s.push('(');
+            for (i, d) in shape.iter().enumerate() {
+                if i > 0 {
+                    s.push_str(", ");
+                }
+                let _ = write!(s, "{d}");
+            }
+            s.push(')');
+            s
+        }
+    }
+}
+
+/// `()`, `(512,)`, `(64, 3)`; also `torch.Size([64, 3])`.
+fn parse_shape(s: &str) -> Result<Vec<i64>, String> {
+    let inner = s
+        .strip_prefix("torch.Size([")
+        .and_then(|x| x.strip_suffix("])"))
+        .or_else(|| s.strip_prefix('(').and_then(|x| x.strip_suffix(')')))
+        .ok_or_else(|| format!("bad shape {:?}: expected a tuple like (64, 3)", clip(s)))?;
+    inner
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(|d| d.parse::<i64>().map_err(|_| format!("bad dimension {:?} in shape {:?}", clip(d), clip(s))))
+        .collect()
+}
+
+/// A group line's memory: rounded to 4 decimals with trailing zeros trimmed to one (`0.1406`,
+/// `63.0`); values too small for that print with two significant digits (`1.3e-05`), as Python's
+/// `{:.2g}` does.
+pub fn group_mib(mib: f64) -> String {
+    let mib = mib.abs();
+    let fixed = format!("{mib:.4}");
+    let trimmed = trim_zeros(&fixed);
+    if trimmed != "0.0" || mib == 0.0 {
+        return trimmed;
+    }
+    let mut exp = mib.log10().floor() as i32;
+    let mut mant = (mib / 10f64.powi(exp) * 10.0).round() / 10.0;
+    if mant >= 10.0 {
+        mant /= 10.0;
+        exp += 1;
+    }
+    let m = format!("{mant:.1}");
+    let m = m.strip_suffix(".0").unwrap_or(&m);
+    format!("{m}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs())
+}
+
+fn trim_zeros(fixed: &str) -> String {
+    let t = fixed.trim_end_matches('0');
+    if t.ends_with('.') {
+        format!("{t}0")
+    } else {
+        t.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tuples_print_like_python() {
+        assert_eq!(python_tuple(&[]), "()");
+        assert_eq!(python_tuple(&[512]), "(512,)");
+        assert_eq!(python_tuple(&[64, 64, 3, 3]), "(64, 64, 3, 3)");
+    }
+
+    #[test]
+    fn group_memory_is_rounded_not_truncated() {
+        assert_eq!(group_mib(64.0 * 64.0 * 9.0 * 4.0 / MIB), "0.1406");
+        assert_eq!(group_mib(63.0), "63.0");
+        assert_eq!(group_mib(240.0), "240.0");
+        assert_eq!(group_mib(1.125), "1.125");
+        // 14 bytes: the Python tool's str(x)[:6] prints "1.3351".
+        assert_eq!(group_mib(14.0 / MIB), "1.3e-05");
+        assert_eq!(group_mib(1.0 / MIB), "9.5e-07");
+        assert_eq!(group_mib(0.0), "0.0");
+        // 0.00004 MiB rounds to 0.0000 at 4 decimals: falls back to 2 significant digits.
+        assert_eq!(group_mib(0.00004), "4e-05");
+        assert_eq!(group_mib(0.00005), "0.0001");
+        assert_eq!(group_mib(0.123456), "0.1235");
+    }
+
+    #[test]
+    fn a_line_reads_back_as_written() {
+        let g = GroupLine {
+            sign: Sign::Minus,
+            count: 2,
+            shape: vec![40, 3, 512, 512],
+            memory_mib: 240.0,
+            class: TensorClass::Tensor,
+            dtype: "torch.float32".into(),
+            op: Some("aten::convolution".into()),
+        };
+        let line = g.render();
+        assert!(is_group_line(&line));
+        assert_eq!(GroupLine::parse(line.trim_end_matches('\n')), Ok(g));
+    }
+}
