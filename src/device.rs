@@ -6,7 +6,7 @@ use std::str::FromStr;
 use crate::error::{Error, Result};
 use crate::ffi;
 
-/// A device whose tensors and allocator a [`MemTracker`](crate::MemTracker) observes.
+/// A device whose tensors and allocator a `MemTracker` observes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum TrackedDevice {
@@ -210,7 +210,7 @@ pub struct CpuAllocatorStats {
     pub frees: u64,
 }
 
-/// Reads the wrapped CPU allocator, or `None` before [`install`](crate::install) ran.
+/// Reads the wrapped CPU allocator, or `None` before `install` ran.
 pub fn cpu_allocator_stats() -> Option<CpuAllocatorStats> {
     if !ffi::cpu_allocator_installed() {
         return None;

@@ -73,7 +73,7 @@ pub struct HistoryEvent {
     pub site: Option<Arc<Site>>,
     /// Innermost op running.
     pub op: String,
-    /// The phase the program declared (see [`MemTracker::optimizer_step`](crate::MemTracker::optimizer_step)).
+    /// The phase the program declared (see `MemTracker::optimizer_step`).
     pub phase: Phase,
     /// What the allocation holds (on a free: the freed allocation's); `None` for segments and
     /// for frees of memory allocated before the recording.
@@ -280,7 +280,7 @@ impl History {
     /// (host memory has no caching segments).
     ///
     /// # Errors
-    /// [`LogError::SnapshotWrite`](crate::LogError::SnapshotWrite) naming the file when it cannot be
+    /// [`LogError::SnapshotWrite`](gpu_mem_track_log::Error::SnapshotWrite) naming the file when it cannot be
     /// written.
     pub fn dump_snapshot(&self, path: &Path) -> Result<()> {
         let mut trace = Vec::with_capacity(self.events.len() * if self.host_memory { 4 } else { 2 });

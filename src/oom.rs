@@ -1,6 +1,6 @@
 //! Out of memory: when the allocator of a tracked device refuses an allocation (CUDA's caching
 //! allocator, or the wrapped CPU allocator past
-//! [`cpu_memory_limit`](crate::MemTrackerBuilder::cpu_memory_limit)), every tracker of that device
+//! `MemTrackerBuilder::cpu_memory_limit`), every tracker of that device
 //! appends an out-of-memory block to its log (see `gpu_mem_track_log::log::oom`) and writes a
 //! snapshot pickle beside it, on the failing thread, before the program gets its error.
 //!
@@ -15,15 +15,15 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::device::TrackedDevice;
-use crate::diff::diff_groups;
 use crate::ffi::RawSnapshot;
 use crate::ffi::{self, DeviceKind, OomEvent};
 use crate::history;
-use crate::log::oom::{OomReport, MAX_HOLDERS};
-use crate::log::{GroupLine, LogWriter, SourceLocation};
-use crate::memviz::{self, Block, Segment, Snapshot as MemvizSnapshot, TraceEntry};
 use crate::site::Site;
 use crate::snapshot::{largest_holders, GroupKey, GroupTotals, Snapshot};
+use gpu_mem_track_log::diff::diff_groups;
+use gpu_mem_track_log::log::oom::{OomReport, MAX_HOLDERS};
+use gpu_mem_track_log::log::{GroupLine, LogWriter, SourceLocation};
+use gpu_mem_track_log::memviz::{self, Block, Segment, Snapshot as MemvizSnapshot, TraceEntry};
 use rustc_hash::FxHashMap;
 
 /// How long a report waits for a tracker that another thread is using.
@@ -97,7 +97,7 @@ fn write_report(
     op_names: bool,
     log_path: &Path,
     e: &OomEvent,
-) -> crate::Result<()> {
+) -> crate::error::Result<()> {
     let (kind, index) = device.shim_filter();
     let (records, dims) = state.raw.take_categorized(kind, index)?;
     let snap = Snapshot::from_records(records, dims, detail, op_names);
@@ -157,7 +157,7 @@ fn oom_snapshot_path(log_path: &Path, nth: u32) -> PathBuf {
 /// The snapshot at the failure: with a history recording this device, its trace (which ends with
 /// the `oom` entry); without, the allocator's own state (CUDA: its segments and their blocks;
 /// CPU: the live allocations, each its own segment) and the `oom` entry alone.
-fn write_snapshot(path: &Path, device: TrackedDevice, e: &OomEvent) -> crate::Result<()> {
+fn write_snapshot(path: &Path, device: TrackedDevice, e: &OomEvent) -> crate::error::Result<()> {
     if history::recording_device() == Some(device.shim_filter().0) {
         return history::read(false).dump_snapshot(path);
     }

@@ -1,7 +1,7 @@
 //! Where a track point is: file, line and the enclosing function.
 //!
 //! `track!()` gets all three at compile time (`file!()`, `line!()` and the type name of a local
-//! item); [`MemTracker::track`](crate::MemTracker::track) gets file and line from
+//! item); `MemTracker::track` gets file and line from
 //! `#[track_caller]` and resolves the function once per call site through `backtrace`.
 use std::panic::Location;
 use std::sync::Arc;

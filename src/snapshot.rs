@@ -205,7 +205,7 @@ impl Snapshot {
     }
 }
 
-/// One live tensor, for [`MemTracker::print_all_tensors`](crate::MemTracker::print_all_tensors).
+/// One live tensor, for `MemTracker::print_all_tensors`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorInfo {
     /// Name given at registration (`watch_varstore`, `watch_module`, `register`), if any.

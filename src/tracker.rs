@@ -9,21 +9,21 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use crate::device::{AllocatorCounters, AllocatorReading, TrackedDevice};
-use crate::diff::{diff_groups, GroupChange};
 use crate::error::{Error, Result};
 use crate::ffi::{self, RawSnapshot};
 use crate::history::{self, History, HistoryOptions};
-use crate::log::format::{self, MIB};
-use crate::log::writer::{launcher_rank, log_file_stem, validate_prefix, TIMESTAMP_FORMAT};
-use crate::log::{
-    AtLine, GroupLine, LogHeader, LogWriter, MemoryField, SourceLocation, ALLOCATED, ALLOC_RETRIES,
-    DEVICE_FREE, NVML_USED, PEAK_ALLOCATED, PEAK_NVML_USED, RESERVED, TENSOR_USED,
-};
-use crate::nvml::{self, NvmlReader, NvmlReading};
 use crate::oom::{OomParts, OomSink, OomWatch};
 use crate::sampler::{DeviceSource, SampledPeak, Sampler};
 use crate::site::Site;
 use crate::snapshot::{self, GroupKey, GroupTotals, Snapshot, TensorInfo};
+use gpu_mem_track_log::diff::{diff_groups, GroupChange};
+use gpu_mem_track_log::log::format::{self, MIB};
+use gpu_mem_track_log::log::writer::{launcher_rank, log_file_stem, validate_prefix, TIMESTAMP_FORMAT};
+use gpu_mem_track_log::log::{
+    AtLine, GroupLine, LogHeader, LogWriter, MemoryField, SourceLocation, ALLOCATED, ALLOC_RETRIES,
+    DEVICE_FREE, NVML_USED, PEAK_ALLOCATED, PEAK_NVML_USED, RESERVED, TENSOR_USED,
+};
+use gpu_mem_track_log::nvml::{self, NvmlReader, NvmlReading};
 
 /// Default log folder, created when missing.
 pub const DEFAULT_LOG_DIR: &str = "logs";
@@ -119,9 +119,9 @@ impl MemTrackerBuilder {
     /// `RANK`, `SLURM_PROCID` or `LOCAL_RANK` when a launcher set them.
     ///
     /// # Errors
-    /// [`LogError::InvalidPrefix`](crate::LogError::InvalidPrefix) (inside [`Error::Log`]);
+    /// [`LogError::InvalidPrefix`](gpu_mem_track_log::Error::InvalidPrefix) (inside [`Error::Log`]);
     /// [`Error::CudaUnavailable`] / [`Error::NoSuchCudaDevice`] for a CUDA device this process
-    /// cannot use; [`LogError::LogDirMissing`](crate::LogError::LogDirMissing),
+    /// cannot use; [`LogError::LogDirMissing`](gpu_mem_track_log::Error::LogDirMissing),
     /// `LogDirNotADirectory`, `LogDirUnwritable` for the log folder;
     /// [`Error::Libtorch`] if the hooks cannot be installed; [`Error::InvalidOption`] for a
     /// `cpu_memory_limit` on a CUDA tracker.
@@ -369,10 +369,10 @@ impl MemTracker {
     }
 
     /// Takes a track point at the caller's line (function name resolved once per call site).
-    /// Prefer [`track!`](crate::track), which knows the function at compile time.
+    /// Prefer `track!`, which knows the function at compile time.
     ///
     /// # Errors
-    /// [`LogError::LogWrite`](crate::LogError::LogWrite) when the block cannot be appended; [`Error::Libtorch`] when the
+    /// [`LogError::LogWrite`](gpu_mem_track_log::Error::LogWrite) when the block cannot be appended; [`Error::Libtorch`] when the
     /// snapshot or the allocator counters cannot be read.
     #[track_caller]
     pub fn track(&self) -> Result<TrackPoint> {
@@ -525,7 +525,7 @@ impl MemTracker {
     /// Writes the recorded history as a PyTorch memory snapshot pickle (open it in memory_viz).
     ///
     /// # Errors
-    /// [`LogError::LogWrite`](crate::LogError::LogWrite) naming the file.
+    /// [`LogError::LogWrite`](gpu_mem_track_log::Error::LogWrite) naming the file.
     pub fn dump_snapshot(&self, path: impl AsRef<Path>) -> Result<()> {
         self.history().dump_snapshot(path.as_ref())
     }

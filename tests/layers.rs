@@ -1,8 +1,11 @@
-//! The code's layering holds: no import cycle between the modules of either library crate, and
-//! the C boundary (`gpu_mem_track_sys::`, its `GMT_*` codes) is read in `src/ffi.rs` only.
+//! The code's layering holds: no import cycle between the modules of either library crate, no
+//! module reaches up to its crate's root (the facade that re-exports them), and the C boundary
+//! (`gpu_mem_track_sys::`, its `GMT_*` codes) is read in `src/ffi.rs` only.
 //!
-//! A module's imports are the `crate::<module>` paths in its files outside `#[cfg(test)]` (tests
-//! may reach anywhere); submodules count as their top-level module.
+//! A module's imports are the `crate::` paths in its files outside `#[cfg(test)]` (tests may
+//! reach anywhere), grouped ones (`crate::{a, b::C}`) included; submodules count as their
+//! top-level module. A name the root re-exports (`crate::MemTracker`) is an import of the module
+//! that defines it, and an import through the root, which only the root may make.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -38,33 +41,92 @@ fn code(file: &Path) -> String {
     }
 }
 
-/// `crate::name` paths in `text`, comments included (a doc link is a dependency too).
+fn ident(s: &str) -> String {
+    s.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect()
+}
+
+/// The first segment of every `crate::` path in `text`, comments included (a doc link is a
+/// dependency too); in a group (`crate::{a::B, C}`) the first segment of each member.
 fn crate_paths(text: &str) -> BTreeSet<String> {
-    text.match_indices("crate::")
-        .filter(|(i, _)| !text[..*i].ends_with(|c: char| c.is_alphanumeric() || c == '_'))
-        .map(|(i, m)| {
-            text[i + m.len()..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect::<String>()
-        })
-        .filter(|name| !name.is_empty() && name.starts_with(|c: char| c.is_ascii_lowercase()))
-        .collect()
+    let mut out = BTreeSet::new();
+    for (i, m) in text.match_indices("crate::") {
+        if text[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+            continue; // `mycrate::`
+        }
+        let rest = &text[i + m.len()..];
+        match rest.strip_prefix('{') {
+            Some(group) => {
+                let group = &group[..group.find('}').unwrap_or(group.len())];
+                out.extend(group.split(',').map(|member| ident(member.trim())));
+            }
+            None => {
+                out.insert(ident(rest));
+            }
+        }
+    }
+    out.remove("");
+    out
+}
+
+/// What the crate root (`lib.rs`) re-exports with `pub use`: name -> the top-level module it
+/// comes from (`None`: another crate).
+fn root_reexports(src_dir: &Path, modules: &BTreeSet<String>) -> BTreeMap<String, Option<String>> {
+    let root = std::fs::read_to_string(src_dir.join("lib.rs")).expect("lib.rs");
+    let mut out = BTreeMap::new();
+    for (i, m) in root.match_indices("pub use ") {
+        let item = &root[i + m.len()..];
+        let item =
+            item[..item.find(';').unwrap_or(item.len())].split_whitespace().collect::<Vec<_>>().join(" ");
+        let source = ident(&item);
+        let source = modules.contains(&source).then_some(source);
+        let names = match (item.find('{'), item.rfind('}')) {
+            (Some(open), Some(close)) if open < close => item[open + 1..close].to_owned(),
+            _ => item.rsplit("::").next().unwrap_or("").to_owned(),
+        };
+        for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            // `a::B as C` exports C; `a::B` exports B.
+            let exported = name.rsplit(" as ").next().unwrap_or(name);
+            let exported = exported.rsplit("::").next().unwrap_or(exported).trim();
+            out.insert(exported.to_owned(), source.clone());
+        }
+    }
+    out
+}
+
+/// One crate's imports: edges module -> module, and the imports that go through the root
+/// (file, name).
+struct Imports {
+    graph: BTreeMap<String, BTreeSet<String>>,
+    through_root: Vec<(String, String)>,
+}
+
+fn imports(src_dir: &Path) -> Imports {
+    let mut files = Vec::new();
+    rust_files(src_dir, &mut files);
+    let modules: BTreeSet<String> = files.iter().filter_map(|f| top_module(src_dir, f)).collect();
+    let reexports = root_reexports(src_dir, &modules);
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut through_root = Vec::new();
+    for file in &files {
+        let Some(from) = top_module(src_dir, file) else { continue };
+        let edges = graph.entry(from.clone()).or_default();
+        for name in crate_paths(&code(file)) {
+            let to = if modules.contains(&name) {
+                Some(name)
+            } else {
+                // Defined in or re-exported by the root: up a layer.
+                through_root.push((file.display().to_string(), name.clone()));
+                reexports.get(&name).cloned().flatten()
+            };
+            edges.extend(to.filter(|to| *to != from));
+        }
+    }
+    Imports { graph, through_root }
 }
 
 /// Edges module -> module it imports, for one crate.
 fn import_graph(src_dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    let mut files = Vec::new();
-    rust_files(src_dir, &mut files);
-    let modules: BTreeSet<String> = files.iter().filter_map(|f| top_module(src_dir, f)).collect();
-    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for file in &files {
-        let Some(from) = top_module(src_dir, file) else { continue };
-        let to: Vec<String> =
-            crate_paths(&code(file)).into_iter().filter(|m| *m != from && modules.contains(m)).collect();
-        graph.entry(from).or_default().extend(to);
-    }
-    graph
+    imports(src_dir).graph
 }
 
 /// A cycle of the graph, if it has one.
@@ -109,6 +171,27 @@ fn no_import_cycle_between_modules() {
 }
 
 #[test]
+fn no_module_imports_through_the_crate_root() {
+    for crate_src in ["src", "gpu-mem-track-log/src"] {
+        let src = Path::new(ROOT).join(crate_src);
+        let found = imports(&src).through_root;
+        assert!(found.is_empty(), "{crate_src}: imports through the crate root: {found:?}");
+        let modules: BTreeSet<String> =
+            ["error", "tracker", "snapshot"].into_iter().map(String::from).collect();
+        let reexports = root_reexports(&src, &modules);
+        assert!(reexports.len() > 5, "{crate_src}: re-exports not read: {reexports:?}");
+    }
+    // The root's own re-exports are read as the modules they come from.
+    let src = Path::new(ROOT).join("src");
+    let all: BTreeSet<String> =
+        ["error", "tracker", "site", "snapshot"].into_iter().map(String::from).collect();
+    let reexports = root_reexports(&src, &all);
+    assert_eq!(reexports.get("MemTracker"), Some(&Some("tracker".to_owned())));
+    assert_eq!(reexports.get("Site"), Some(&Some("site".to_owned())));
+    assert_eq!(reexports.get("LogError"), Some(&None));
+}
+
+#[test]
 fn cycle_finder_sees_a_cycle() {
     let graph: BTreeMap<String, BTreeSet<String>> = [("a", "b"), ("b", "c"), ("c", "a"), ("d", "a")]
         .into_iter()
@@ -121,6 +204,9 @@ fn cycle_finder_sees_a_cycle() {
     assert_eq!(cycle.len(), 4);
     assert_eq!(crate_paths("use crate::log::{x}; // see [`y`](crate::trace::Y), mycrate::no"), {
         ["log", "trace"].into_iter().map(String::from).collect::<BTreeSet<_>>()
+    });
+    assert_eq!(crate_paths("use crate::{error::Error, MemTracker};\nx(crate::Site::new())"), {
+        ["error", "MemTracker", "Site"].into_iter().map(String::from).collect::<BTreeSet<_>>()
     });
 }
 

@@ -26,7 +26,7 @@ pub enum PlotError {
     NothingToDraw(String),
     /// The log file cannot be read or is not a log.
     #[error(transparent)]
-    Log(crate::Error),
+    Log(crate::error::Error),
     /// Drawing or writing failed.
     #[error("cannot draw {path}: {message}")]
     Draw {

@@ -760,7 +760,7 @@ pub fn estimate_static(path: &Path, options: &EstimateOptions) -> Result<StaticE
 ///
 /// # Errors
 /// As [`estimate_torchscript`].
-pub fn peak_tensors(path: &Path, estimate: &Estimate) -> Result<Vec<crate::log::GroupLine>> {
+pub fn peak_tensors(path: &Path, estimate: &Estimate) -> Result<Vec<gpu_mem_track_log::log::GroupLine>> {
     ffi::recorder_snapshot_at(estimate.peak.event as i64);
     estimate_torchscript_traced(path, &estimate.options)?;
     let (records, dims) = ffi::peak_snapshot_records();
@@ -769,11 +769,11 @@ pub fn peak_tensors(path: &Path, estimate: &Estimate) -> Result<Vec<crate::log::
     groups.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(b.1.count.cmp(&a.1.count)).then(a.0.cmp(&b.0)));
     Ok(groups
         .into_iter()
-        .map(|(key, totals)| crate::log::GroupLine {
+        .map(|(key, totals)| gpu_mem_track_log::log::GroupLine {
             sign: gpu_mem_track_log::Sign::Plus,
             count: totals.count,
             shape: key.shape.to_vec(),
-            memory_mib: totals.bytes as f64 / crate::log::format::MIB,
+            memory_mib: totals.bytes as f64 / gpu_mem_track_log::log::format::MIB,
             class: key.class,
             dtype: key.dtype.torch_name(),
             op: None,

@@ -285,7 +285,7 @@ pub fn analyse(path: &Path, log: &ParsedLog, errors: Vec<String>, top: usize) ->
 /// lines and groups (not its length).
 ///
 /// # Errors
-/// [`Error::LogRead`](crate::Error::LogRead) when the file cannot be opened or read, [`Error::LogParse`](crate::Error::LogParse) (naming the
+/// [`Error::LogRead`](crate::error::Error::LogRead) when the file cannot be opened or read, [`Error::LogParse`](crate::error::Error::LogParse) (naming the
 /// file) when it has no `GPU Memory Track | ...` header. Lines that are not in the format are
 /// skipped and listed in the report.
 pub fn analyse_file(path: &Path, top: usize) -> Result<LogReport> {
