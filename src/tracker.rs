@@ -20,8 +20,8 @@ use gpu_mem_track_log::diff::{diff_groups, GroupChange};
 use gpu_mem_track_log::log::format::{self, MIB};
 use gpu_mem_track_log::log::writer::{launcher_rank, log_file_stem, validate_prefix, TIMESTAMP_FORMAT};
 use gpu_mem_track_log::log::{
-    AtLine, GroupLine, LogHeader, LogWriter, MemoryField, SourceLocation, ALLOCATED, ALLOC_RETRIES,
-    DEVICE_FREE, NVML_USED, PEAK_ALLOCATED, PEAK_NVML_USED, RESERVED, TENSOR_USED,
+    AtLine, GroupLine, LogHeader, LogWriter, MemoryField, SourceLocation, TrackFigures, ALLOCATED,
+    TENSOR_USED,
 };
 use gpu_mem_track_log::nvml::{self, NvmlReader, NvmlReading};
 
@@ -149,7 +149,6 @@ impl MemTrackerBuilder {
         };
         let timestamp = chrono::Local::now().format(TIMESTAMP_FORMAT).to_string();
         let stem = log_file_stem(&self.prefix, &timestamp, &device.file_tag(), launcher_rank());
-        let mut writer = LogWriter::create(&dir, &stem)?;
         let open_nvml = || match (device, self.nvml) {
             (TrackedDevice::Cuda(_), true) => NvmlReader::open().map_err(|e| nvml::warn_once(&e)).ok(),
             _ => None,
@@ -175,7 +174,7 @@ impl MemTrackerBuilder {
                 MemoryField::from_bytes(ALLOCATED, reading.allocated),
             ],
         };
-        writer.append(&format::header(&header))?;
+        let writer = LogWriter::create_with_header(&dir, &stem, &header)?;
         let log_path = writer.path().to_owned();
         let state = Arc::new(Mutex::new(State {
             raw,
@@ -271,38 +270,24 @@ pub struct TrackPoint {
 impl TrackPoint {
     /// The `At` line this point printed.
     pub fn at_line(&self) -> AtLine {
-        let mut fields = vec![
-            MemoryField::from_bytes(TENSOR_USED, self.tensor_bytes),
-            MemoryField::from_bytes(ALLOCATED, self.allocator.allocated),
-            MemoryField::from_bytes(PEAK_ALLOCATED, self.allocator.peak_since_previous),
-        ];
-        if let Some(r) = self.allocator.reserved {
-            fields.push(MemoryField::from_bytes(RESERVED, r));
-        }
-        if let Some(free) = self.allocator.device_free {
-            fields.push(MemoryField::from_bytes(DEVICE_FREE, free));
-        }
-        if self.alloc_retries_since_previous > 0 {
-            // A count, printed in the figure column like the others.
-            fields.push(MemoryField {
-                label: ALLOC_RETRIES.to_owned(),
-                mib: self.alloc_retries_since_previous as f64,
-            });
-        }
-        if let Some(used) = self.nvml.and_then(|n| n.process_used) {
-            fields.push(MemoryField::from_bytes(NVML_USED, used));
-        }
-        if let Some(peak) = self.sampled.and_then(|s| s.nvml_process_used) {
-            fields.push(MemoryField::from_bytes(PEAK_NVML_USED, peak));
-        }
-        AtLine {
-            location: SourceLocation {
-                file: self.site.file.to_owned(),
-                line: self.site.line,
-                function: self.site.function.to_string(),
+        let location = SourceLocation {
+            file: self.site.file.to_owned(),
+            line: self.site.line,
+            function: self.site.function.to_string(),
+        };
+        AtLine::of_track(
+            location,
+            &TrackFigures {
+                tensor_bytes: self.tensor_bytes,
+                allocated: self.allocator.allocated,
+                peak_allocated: self.allocator.peak_since_previous,
+                reserved: self.allocator.reserved,
+                device_free: self.allocator.device_free,
+                alloc_retries: self.alloc_retries_since_previous,
+                nvml_used: self.nvml.and_then(|n| n.process_used),
+                peak_nvml_used: self.sampled.and_then(|s| s.nvml_process_used),
             },
-            fields,
-        }
+        )
     }
 
     /// The `+`/`-` lines this point printed.
@@ -695,6 +680,7 @@ pub fn registry_entries() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpu_mem_track_log::log::{ALLOC_RETRIES, DEVICE_FREE, RESERVED};
 
     #[test]
     fn cuda_at_lines_show_the_headroom_and_new_allocator_retries() {

@@ -162,9 +162,7 @@ pub enum StopReason {
 fn open_log(cfg: &WatchConfig, header_fields: Vec<MemoryField>) -> Result<LogWriter> {
     let timestamp = chrono::Local::now().format(TIMESTAMP_FORMAT).to_string();
     let stem = log_file_stem(&cfg.prefix, &timestamp, &format!("gpu{}", cfg.device), None) + "-watch";
-    let mut writer = LogWriter::create(&cfg.log_dir, &stem)?;
-    writer.append(&format::header(&LogHeader { timestamp, fields: header_fields }))?;
-    Ok(writer)
+    LogWriter::create_with_header(&cfg.log_dir, &stem, &LogHeader { timestamp, fields: header_fields })
 }
 
 fn device_fields(mem: DeviceMemory) -> [MemoryField; 2] {

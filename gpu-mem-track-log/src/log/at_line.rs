@@ -218,6 +218,29 @@ pub struct AtLine {
     pub fields: Vec<MemoryField>,
 }
 
+/// What one track point measured, as its `At` line prints it (`None`: not measured where the
+/// tracker runs: no CUDA, no NVML, no sampler). The tracker fills it; [`AtLine::of_track`] turns
+/// it into the line, so how a measurement becomes text lives here with the rest of the line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TrackFigures {
+    /// [`AtField::TensorUsed`].
+    pub tensor_bytes: u64,
+    /// [`AtField::Allocated`].
+    pub allocated: u64,
+    /// [`AtField::PeakAllocated`].
+    pub peak_allocated: u64,
+    /// [`AtField::Reserved`] (CUDA).
+    pub reserved: Option<u64>,
+    /// [`AtField::DeviceFree`] (CUDA).
+    pub device_free: Option<u64>,
+    /// [`AtField::AllocRetries`] since the previous line; printed only when more than 0.
+    pub alloc_retries: u64,
+    /// [`AtField::NvmlUsed`] (CUDA + NVML).
+    pub nvml_used: Option<u64>,
+    /// [`AtField::PeakNvmlUsed`] (CUDA + NVML, sampler on).
+    pub peak_nvml_used: Option<u64>,
+}
+
 /// What starts an `At` line.
 const PREFIX: &str = "At ";
 
@@ -227,6 +250,33 @@ pub(super) fn is_at_line(l: &str) -> bool {
 }
 
 impl AtLine {
+    /// The `At` line of a track point at `location`: the Python tool's two figures, then the
+    /// extensions that were measured, in a fixed order.
+    pub fn of_track(location: SourceLocation, figures: &TrackFigures) -> AtLine {
+        let mut fields = vec![
+            MemoryField::from_bytes(TENSOR_USED, figures.tensor_bytes),
+            MemoryField::from_bytes(ALLOCATED, figures.allocated),
+            MemoryField::from_bytes(PEAK_ALLOCATED, figures.peak_allocated),
+        ];
+        if let Some(r) = figures.reserved {
+            fields.push(MemoryField::from_bytes(RESERVED, r));
+        }
+        if let Some(free) = figures.device_free {
+            fields.push(MemoryField::from_bytes(DEVICE_FREE, free));
+        }
+        if figures.alloc_retries > 0 {
+            // A count, printed in the figure column like the others.
+            fields.push(MemoryField { label: ALLOC_RETRIES.to_owned(), mib: figures.alloc_retries as f64 });
+        }
+        if let Some(used) = figures.nvml_used {
+            fields.push(MemoryField::from_bytes(NVML_USED, used));
+        }
+        if let Some(peak) = figures.peak_nvml_used {
+            fields.push(MemoryField::from_bytes(PEAK_NVML_USED, peak));
+        }
+        AtLine { location, fields }
+    }
+
     /// A field by label.
     pub fn field(&self, label: &str) -> Option<f64> {
         self.fields.iter().find(|f| f.label == label).map(|f| f.mib)

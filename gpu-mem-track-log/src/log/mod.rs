@@ -36,8 +36,9 @@ mod reader;
 pub mod writer;
 
 pub use at_line::{
-    AtField, AtLine, MemoryField, SourceLocation, ALLOCATED, ALLOC_RETRIES, DEVICE_FREE, DEVICE_TOTAL,
-    DEVICE_USED, MEMORY_LIMIT, NVML_USED, PEAK_ALLOCATED, PEAK_NVML_USED, REQUESTED, RESERVED, TENSOR_USED,
+    AtField, AtLine, MemoryField, SourceLocation, TrackFigures, ALLOCATED, ALLOC_RETRIES, DEVICE_FREE,
+    DEVICE_TOTAL, DEVICE_USED, MEMORY_LIMIT, NVML_USED, PEAK_ALLOCATED, PEAK_NVML_USED, REQUESTED, RESERVED,
+    TENSOR_USED,
 };
 pub use block::{LogBlock, ParsedLog};
 pub use group_line::GroupLine;

@@ -5,6 +5,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::log::LogHeader;
 
 /// `strftime` format of the timestamp in file names and headers (`30-Apr-21-20:25:29`).
 pub const TIMESTAMP_FORMAT: &str = "%d-%b-%y-%H:%M:%S";
@@ -19,6 +20,17 @@ pub struct LogWriter {
 }
 
 impl LogWriter {
+    /// A new log in `dir` (as [`create`](Self::create)) that starts with its header line: how
+    /// every log of this project (the tracker's, `watch`'s) is opened.
+    ///
+    /// # Errors
+    /// As [`create`](Self::create) and [`append`](Self::append).
+    pub fn create_with_header(dir: &Path, stem: &str, header: &LogHeader) -> Result<Self> {
+        let mut writer = Self::create(dir, stem)?;
+        writer.append(&header.render())?;
+        Ok(writer)
+    }
+
     /// Creates `<dir>/<stem>-gpu_mem_track.txt` (adding `-2`, `-3`, ... before the suffix if that
     /// name is taken), never appending to another run's file. See [`log_file_stem`].
     ///
