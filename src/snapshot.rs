@@ -75,32 +75,34 @@ impl Hash for BorrowedKey<'_> {
     }
 }
 
-/// Op names by registry op id, looked up once each (the registry's table only grows).
-fn op_name(id: u32) -> Option<Arc<str>> {
-    static NAMES: Mutex<Vec<Option<Arc<str>>>> = Mutex::new(Vec::new());
-    let mut names = NAMES.lock();
+/// Entry `id` of a table of the registry, looked up once (its tables only grow) and kept in
+/// `cache`.
+fn cached<T: Clone>(
+    cache: &Mutex<Vec<Option<T>>>,
+    id: u32,
+    look_up: impl FnOnce(u32) -> Option<T>,
+) -> Option<T> {
+    let mut cache = cache.lock();
     let i = id as usize;
-    if names.len() <= i {
-        names.resize(i + 1, None);
+    if cache.len() <= i {
+        cache.resize(i + 1, None);
     }
-    if names[i].is_none() {
-        names[i] = ffi::registry_op_name(id).map(Arc::from);
+    if cache[i].is_none() {
+        cache[i] = look_up(id);
     }
-    names[i].clone()
+    cache[i].clone()
 }
 
-/// The registry's log groups by id, looked up once each (its table only grows).
+/// Op names by registry op id.
+fn op_name(id: u32) -> Option<Arc<str>> {
+    static NAMES: Mutex<Vec<Option<Arc<str>>>> = Mutex::new(Vec::new());
+    cached(&NAMES, id, |id| ffi::registry_op_name(id).map(Arc::from))
+}
+
+/// The registry's log groups by id.
 fn registry_group(id: u32) -> Option<Arc<RegistryGroup>> {
     static GROUPS: Mutex<Vec<Option<Arc<RegistryGroup>>>> = Mutex::new(Vec::new());
-    let mut groups = GROUPS.lock();
-    let i = id as usize;
-    if groups.len() <= i {
-        groups.resize(i + 1, None);
-    }
-    if groups[i].is_none() {
-        groups[i] = ffi::registry_group(id).map(Arc::new);
-    }
-    groups[i].clone()
+    cached(&GROUPS, id, |id| ffi::registry_group(id).map(Arc::new))
 }
 
 /// Index of the owner of each storage held by several tensors, among `records`. A storage held by

@@ -266,6 +266,32 @@ int32_t category_of(const at::Tensor& t, int32_t name_id, const std::unordered_s
   return gmt::allocation_category(gmt::allocation_id(storage));
 }
 
+// Caller holds r.mu. Calls f(entry, tensor) for every live entry, pruning the dead ones, the
+// tensor pinned while f reads it. Memory latency dominates large registries: the TensorImpls are
+// prefetched a few entries ahead.
+template <class F>
+void for_each_live(Registry& r, F&& f) {
+  auto& entries = r.entries;
+  constexpr size_t kAhead = 8;
+  for (size_t i = 0; i < entries.size();) {
+    if (i + kAhead < entries.size()) {
+      const char* ahead = reinterpret_cast<const char*>(entries[i + kAhead].impl);
+      __builtin_prefetch(ahead);
+      __builtin_prefetch(ahead + 64);
+      __builtin_prefetch(ahead + 128);
+    }
+    auto strong = entries[i].weak.lock();
+    if (!strong) {
+      r.remove_at(i);
+      continue;
+    }
+    const at::Tensor t(std::move(strong));
+    f(entries[i], t);
+    ++i;
+  }
+  r.prune_at = std::max(kMinPruneAt, entries.size() * 2);
+}
+
 gmt_error take_snapshot(gmt_snapshot* s, int32_t device_kind, int32_t device_index, bool categorize) {
   GMT_TRY({
     if (!s) throw std::invalid_argument("null snapshot");
@@ -286,21 +312,7 @@ gmt_error take_snapshot(gmt_snapshot* s, int32_t device_kind, int32_t device_ind
       }
     }
     s->records.reserve(entries.size());
-    // Memory latency dominates large registries: prefetch the TensorImpls a few entries ahead.
-    constexpr size_t kAhead = 8;
-    for (size_t i = 0; i < entries.size();) {
-      if (i + kAhead < entries.size()) {
-        const char* ahead = reinterpret_cast<const char*>(entries[i + kAhead].impl);
-        __builtin_prefetch(ahead);
-        __builtin_prefetch(ahead + 64);
-        __builtin_prefetch(ahead + 128);
-      }
-      auto strong = entries[i].weak.lock();
-      if (!strong) {
-        r.remove_at(i);
-        continue;
-      }
-      const at::Tensor t(std::move(strong));
+    for_each_live(r, [&](const Entry& e, const at::Tensor& t) {
       const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
       const int32_t kind = device_kind_of(impl->device_type());
       const int32_t index = device_index_of(impl, kind);
@@ -315,7 +327,7 @@ gmt_error take_snapshot(gmt_snapshot* s, int32_t device_kind, int32_t device_ind
           rec.storage_shared = st.use_count() > 1 ? 1 : 0;
         }
         rec.nbytes = impl->numel() * static_cast<int64_t>(impl->itemsize());
-        rec.seq = entries[i].seq;
+        rec.seq = e.seq;
         const auto sizes = impl->sizes();
         rec.dims_offset = static_cast<int64_t>(s->dims.size());
         rec.ndim = static_cast<int32_t>(sizes.size());
@@ -323,19 +335,18 @@ gmt_error take_snapshot(gmt_snapshot* s, int32_t device_kind, int32_t device_ind
         rec.scalar_type = static_cast<int32_t>(impl->dtype().toScalarType());
         rec.device_kind = kind;
         rec.device_index = index;
-        rec.name_id = entries[i].name_id;
+        rec.name_id = e.name_id;
         rec.requires_grad = impl->requires_grad() ? 1 : 0;
         // is_leaf only matters for tensors that require grad (the Parameter class).
         rec.is_leaf = rec.requires_grad ? (t.is_leaf() ? 1 : 0) : 1;
-        rec.op_id = entries[i].op_id;
+        rec.op_id = e.op_id;
         rec.category = categorize ? category_of(t, rec.name_id, grads) : GMT_CAT_NONE;
         s->records.push_back(rec);
       }
-      ++i;
-    }
-    r.prune_at = std::max(kMinPruneAt, entries.size() * 2);
+    });
   })
 }
+
 // What gmt_snapshot_take_grouped adds up: count and bytes per (group, owned or view), by the rule
 // of the records' grouping (a storage shared by several tensors is owned by its largest, then
 // oldest, tensor), without a record per tensor.
@@ -360,27 +371,13 @@ gmt_error take_grouped(gmt_snapshot* s, int32_t device_kind, int32_t device_inde
     {
       Registry& r = registry();
       std::lock_guard<std::mutex> lock(r.mu);
-      auto& entries = r.entries;
-      constexpr size_t kAhead = 8;
-      for (size_t i = 0; i < entries.size();) {
-        if (i + kAhead < entries.size()) {
-          const char* ahead = reinterpret_cast<const char*>(entries[i + kAhead].impl);
-          __builtin_prefetch(ahead);
-          __builtin_prefetch(ahead + 64);
-          __builtin_prefetch(ahead + 128);
-        }
-        auto strong = entries[i].weak.lock();
-        if (!strong) {
-          r.remove_at(i);
-          continue;
-        }
-        const at::Tensor t(std::move(strong));
+      for_each_live(r, [&](Entry& e, const at::Tensor& t) {
         const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
         if (on_device(impl, device_kind, device_index)) {
           ++s->totals.tensor_count;
           int32_t group = -1;
           if (detail) {
-            group = r.group_of(entries[i], impl, impl->requires_grad() && t.is_leaf());
+            group = r.group_of(e, impl, impl->requires_grad() && t.is_leaf());
             if (static_cast<size_t>(group) >= s->by_group.size()) s->by_group.resize(r.groups.size(), {0, 0, 0});
           }
           if (!impl->has_storage()) {
@@ -390,7 +387,7 @@ gmt_error take_grouped(gmt_snapshot* s, int32_t device_kind, int32_t device_inde
             const auto storage_nbytes = static_cast<int64_t>(st.nbytes());
             if (st.use_count() > 1) {
               const SharedUse use{storage_nbytes, impl->numel() * static_cast<int64_t>(impl->itemsize()),
-                                  entries[i].seq, group};
+                                  e.seq, group};
               auto [slot, first] =
                   s->owner_of.try_emplace(st.unsafeGetStorageImpl(), static_cast<uint32_t>(s->owners.size()));
               if (first) {
@@ -408,9 +405,7 @@ gmt_error take_grouped(gmt_snapshot* s, int32_t device_kind, int32_t device_inde
             }
           }
         }
-        ++i;
-      }
-      r.prune_at = std::max(kMinPruneAt, entries.size() * 2);
+      });
     }
     for (const SharedUse& owner : s->owners) {
       s->totals.tensor_bytes += owner.storage_nbytes;
