@@ -3,6 +3,7 @@
 //! exported (`links = "gpu_mem_track"`): a dependent's build script reads it as
 //! `DEP_GPU_MEM_TRACK_LIBTORCH_LIB` and sets its own rpath. libtorch_cuda needs nothing here: the
 //! shim references it (gpu-mem-track-sys), which keeps it linked in every binary that uses the library.
+//! The test cfgs found here are exported the same way, for the estimator's tests.
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,16 +26,20 @@ fn probe_test_environment() {
     let memory_viz = env::var_os("GMT_MEMORY_VIZ_JS").is_some_and(|p| Path::new(&p).is_file())
         && Path::new("/usr/share/nodejs/d3").exists()
         && env::var_os("PATH").is_some_and(|p| env::split_paths(&p).any(|d| d.join("chromium").is_file()));
-    for (name, on) in [
+    let found: Vec<&str> = [
         ("gmt_gpu", gpu),
         ("gmt_python_torch", python),
         ("gmt_torchvision", torchvision),
         ("gmt_memory_viz", memory_viz),
-    ] {
-        if on {
-            println!("cargo:rustc-cfg={name}");
-        }
+    ]
+    .into_iter()
+    .filter_map(|(name, on)| on.then_some(name))
+    .collect();
+    for name in &found {
+        println!("cargo:rustc-cfg={name}");
     }
+    // For the estimator's build script (DEP_GPU_MEM_TRACK_TEST_CFGS): its tests need the same.
+    println!("cargo:test_cfgs={}", found.join(","));
 }
 
 const CFGS: [&str; 4] = ["gmt_gpu", "gmt_python_torch", "gmt_torchvision", "gmt_memory_viz"];

@@ -285,12 +285,14 @@ fn main() {
             "csrc/oom.cpp",
             "csrc/cuda.cpp",
             "csrc/recorder.cpp",
-            "csrc/meta_kernels.cpp",
-            "csrc/cpu_means_meta.cpp",
-            "csrc/meta_kernel_check.cpp",
-            "csrc/script.cpp",
+            "csrc/module.cpp",
             "csrc/saved.cpp",
             "csrc/torch_cuda_link.cpp",
+            // The estimator's (the gpu-mem-track-estimate crate wraps them).
+            "csrc/estimate/torchscript.cpp",
+            "csrc/estimate/meta_kernels.cpp",
+            "csrc/estimate/cpu_means_meta.cpp",
+            "csrc/estimate/meta_kernel_check.cpp",
         ])
         .compile("gpu_mem_track_shim");
 

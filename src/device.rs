@@ -6,6 +6,8 @@ use std::str::FromStr;
 use crate::error::{Error, Result};
 use crate::ffi;
 
+pub use crate::ffi::DeviceKind;
+
 /// A device whose tensors and allocator a `MemTracker` observes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -67,10 +69,10 @@ impl TrackedDevice {
     }
 
     /// (shim device kind, index) used to filter registry snapshots.
-    pub(crate) fn shim_filter(self) -> (ffi::DeviceKind, i32) {
+    pub(crate) fn shim_filter(self) -> (DeviceKind, i32) {
         match self {
-            TrackedDevice::Cpu => (ffi::DeviceKind::Cpu, -1),
-            TrackedDevice::Cuda(i) => (ffi::DeviceKind::Cuda, i as i32),
+            TrackedDevice::Cpu => (DeviceKind::Cpu, -1),
+            TrackedDevice::Cuda(i) => (DeviceKind::Cuda, i as i32),
         }
     }
 }

@@ -23,20 +23,6 @@ pub enum Error {
     /// The background sampler thread could not be started.
     #[error("cannot start the sampler thread: {source}")]
     SamplerStart { source: io::Error },
-    /// An estimate's model file or input is unusable (missing, not TorchScript, wrong input).
-    #[error("{0}")]
-    EstimateInput(String),
-    /// An op of the model has no meta-device kernel (nor a CPU one the meta-via-CPU fallback
-    /// could run); the estimate can run on the CPU instead.
-    #[error("{}", missing_meta_message(op, all))]
-    MissingMetaKernel {
-        /// The op the run stopped at.
-        op: String,
-        /// Every op of the model's forward without one, with its schema and where it is called
-        /// (`aten::batch_norm_stats(Tensor input, float eps) -> (Tensor, Tensor)` at
-        /// `model.py line 12`); empty when the graph could not be read.
-        all: Vec<String>,
-    },
     /// This build left a capability out (`gpu_mem_track::capabilities()` lists them): the reason
     /// says what was missing when it was compiled and how to get it.
     #[error("this build of gpu-mem-track has no {capability}: {reason}")]
@@ -51,19 +37,3 @@ pub enum Error {
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-fn missing_meta_message(op: &str, all: &[String]) -> String {
-    let mut m = format!("operator {op} has no meta kernel, so the model cannot run on the meta device");
-    if all.is_empty() {
-        m.push_str(" (--run-on cpu, or --allow-cpu, computes the same run for real on the CPU)");
-    } else {
-        // Ops with a CPU kernel run through the meta-via-CPU fallback: these have none.
-        m.push_str(&format!(
-            "; the model calls {} op(s) with no meta, composite or CPU kernel in this libtorch (GPU-only): {}; \
-             a CPU run (--run-on cpu) cannot run them either",
-            all.len(),
-            all.join("; ")
-        ));
-    }
-    m
-}

@@ -11,15 +11,18 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
+pub use crate::recorder::EventKind;
 pub use gpu_mem_track_log::memviz::Frame;
-use gpu_mem_track_log::memviz::{self, Block, Segment, Snapshot, TraceEntry};
+use gpu_mem_track_log::memviz::{self, Block, MemorySnapshot, Segment, TraceEntry};
 pub use gpu_mem_track_log::trace::read_snapshot_trace;
-use gpu_mem_track_log::{Category, Phase, Replay, Trace, TraceEvent};
+use gpu_mem_track_log::Replay;
+pub use gpu_mem_track_log::{Category, Phase, Trace, TraceEvent};
 
+use crate::device::DeviceKind;
 use crate::error::Result;
-use crate::ffi::{self, EventKind};
+use crate::ffi;
+use crate::recorder::categorize;
 use crate::site::Site;
-use crate::trace::categorize;
 
 /// What to record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,27 +45,12 @@ impl HistoryOptions {
     }
 }
 
-/// Allocation or free.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    /// Memory handed out.
-    Alloc,
-    /// Memory given back.
-    Free,
-    /// The CUDA caching allocator reserved a segment (`cudaMalloc`).
-    SegmentAlloc,
-    /// The CUDA caching allocator released a segment (`cudaFree`, e.g. on `empty_cache`).
-    SegmentFree,
-    /// An allocation of `size` bytes was refused (out of memory); `addr` holds the device's free
-    /// bytes then, as PyTorch's `oom` trace entry does.
-    Oom,
-}
-
 /// One recorded event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HistoryEvent {
-    /// What happened.
-    pub action: Action,
+    /// What happened (the recorder's own [`EventKind`]; for [`EventKind::Oom`], `addr` holds the
+    /// device's free bytes then, as PyTorch's `oom` trace entry does).
+    pub kind: EventKind,
     /// Address (CPU) or allocation number (meta).
     pub addr: u64,
     /// Bytes (for a free: of the matching allocation, 0 if it was not recorded).
@@ -97,10 +85,10 @@ pub struct History {
 static SITES: Mutex<Vec<Arc<Site>>> = Mutex::new(Vec::new());
 
 /// The device kind of the running (or last) recording.
-static RECORDING: Mutex<Option<ffi::DeviceKind>> = Mutex::new(None);
+static RECORDING: Mutex<Option<DeviceKind>> = Mutex::new(None);
 
 /// The device kind a history is recording now, if one is.
-pub(crate) fn recording_device() -> Option<ffi::DeviceKind> {
+pub(crate) fn recording_device() -> Option<DeviceKind> {
     if ffi::history_active() {
         *RECORDING.lock()
     } else {
@@ -131,7 +119,7 @@ pub(crate) fn note_site(site: &Site) {
 }
 
 /// Starts recording allocations on a device kind, outside any phase, tagging saved tensors.
-pub(crate) fn start(device_kind: ffi::DeviceKind, options: HistoryOptions) -> Result<()> {
+pub(crate) fn start(device_kind: DeviceKind, options: HistoryOptions) -> Result<()> {
     ffi::install()?;
     ffi::history_start(device_kind, options.max_entries, options.with_stacks)?;
     *RECORDING.lock() = Some(device_kind);
@@ -182,16 +170,14 @@ pub(crate) fn read(with_stacks: bool) -> History {
         .zip(categories)
         .enumerate()
         .map(|(i, (e, category))| {
-            let (action, size) = match e.kind {
+            let size = match e.kind {
                 EventKind::Alloc => {
                     sizes.insert(e.id, e.size);
-                    (Action::Alloc, e.size)
+                    e.size
                 }
                 // CPU frees carry no size; CUDA's do (also for blocks allocated before recording).
-                EventKind::Free => (Action::Free, sizes.remove(&e.id).unwrap_or(e.size)),
-                EventKind::SegmentAlloc => (Action::SegmentAlloc, e.size),
-                EventKind::SegmentFree => (Action::SegmentFree, e.size),
-                EventKind::Oom => (Action::Oom, e.size),
+                EventKind::Free => sizes.remove(&e.id).unwrap_or(e.size),
+                EventKind::SegmentAlloc | EventKind::SegmentFree | EventKind::Oom => e.size,
             };
             let site = e.site.and_then(|s| sites.get(s).cloned());
             let mut frames: Vec<Frame> = if with_stacks {
@@ -207,7 +193,7 @@ pub(crate) fn read(with_stacks: bool) -> History {
                 });
             }
             HistoryEvent {
-                action,
+                kind: e.kind,
                 addr: e.id as u64,
                 size,
                 time_us: e.time_ns / 1000,
@@ -219,30 +205,30 @@ pub(crate) fn read(with_stacks: bool) -> History {
             }
         })
         .collect();
-    History { events, dropped: rec.dropped, host_memory: *RECORDING.lock() == Some(ffi::DeviceKind::Cpu) }
+    History { events, dropped: rec.dropped, host_memory: *RECORDING.lock() == Some(DeviceKind::Cpu) }
 }
 
 impl History {
     /// Allocations and frees in the history (segment events left out).
     pub fn counts(&self) -> (usize, usize) {
-        let count = |a| self.events.iter().filter(|e| e.action == a).count();
-        (count(Action::Alloc), count(Action::Free))
+        let count = |a| self.events.iter().filter(|e| e.kind == a).count();
+        (count(EventKind::Alloc), count(EventKind::Free))
     }
 
     /// Highest bytes live at once among the recorded allocations.
     pub fn peak_bytes(&self) -> u64 {
         let mut replay = Replay::new();
         for e in &self.events {
-            match e.action {
-                Action::Alloc => {
+            match e.kind {
+                EventKind::Alloc => {
                     replay.alloc(e.addr as i64, e.size, e.category.unwrap_or(Category::Unknown));
                 }
                 // Only frees of recorded allocations count: CUDA also reports frees of older
                 // blocks, which the replay never saw.
-                Action::Free => {
+                EventKind::Free => {
                     replay.free(e.addr as i64);
                 }
-                Action::SegmentAlloc | Action::SegmentFree | Action::Oom => {}
+                EventKind::SegmentAlloc | EventKind::SegmentFree | EventKind::Oom => {}
             }
         }
         replay.peak()
@@ -256,10 +242,10 @@ impl History {
         let events = self
             .events
             .iter()
-            .filter(|e| matches!(e.action, Action::Alloc | Action::Free))
+            .filter(|e| matches!(e.kind, EventKind::Alloc | EventKind::Free))
             .filter_map(|e| {
                 Some(TraceEvent {
-                    alloc: e.action == Action::Alloc,
+                    alloc: e.kind == EventKind::Alloc,
                     id: e.addr as i64,
                     size: e.size,
                     phase: e.phase,
@@ -298,8 +284,8 @@ impl History {
                 category: e.category.map(Category::name),
                 device_free: None,
             };
-            match e.action {
-                Action::Alloc => {
+            match e.kind {
+                EventKind::Alloc => {
                     live_at.insert(e.addr, live.len());
                     live.push(Some(e));
                     // Host memory: the allocation is its own segment, reserved just before it, so
@@ -309,7 +295,7 @@ impl History {
                     }
                     trace.push(entry("alloc"));
                 }
-                Action::Free => {
+                EventKind::Free => {
                     let known = live_at.remove(&e.addr).map(|i| live[i].take());
                     if self.host_memory && known.is_none() {
                         continue; // allocated before the recording: no segment holds it
@@ -320,21 +306,23 @@ impl History {
                         trace.push(entry("segment_free"));
                     }
                 }
-                Action::SegmentAlloc => {
+                EventKind::SegmentAlloc => {
                     segments_live.push((e.addr, e.size));
                     trace.push(entry("segment_alloc"));
                 }
-                Action::SegmentFree => {
+                EventKind::SegmentFree => {
                     segments_live = unmap(segments_live, e.addr, e.addr.saturating_add(e.size));
                     trace.push(entry("segment_free"));
                 }
                 // PyTorch's `oom` entry: the bytes asked for and the device's free bytes, no address.
-                Action::Oom => trace.push(TraceEntry { addr: 0, device_free: Some(e.addr), ..entry("oom") }),
+                EventKind::Oom => {
+                    trace.push(TraceEntry { addr: 0, device_free: Some(e.addr), ..entry("oom") })
+                }
             }
         }
         let live: Vec<&HistoryEvent> = live.into_iter().flatten().collect();
         let segments = segments_at_end(live, segments_live);
-        Ok(memviz::write(path, Snapshot { segments, device_traces: vec![trace] })?)
+        Ok(memviz::write(path, MemorySnapshot { segments, device_traces: vec![trace] })?)
     }
 }
 
@@ -395,9 +383,9 @@ fn segments_at_end<'a>(mut live: Vec<&'a HistoryEvent>, mut reserved: Vec<(u64, 
 mod tests {
     use super::*;
 
-    fn event(action: Action, addr: u64, size: u64, category: Option<Category>) -> HistoryEvent {
+    fn event(kind: EventKind, addr: u64, size: u64, category: Option<Category>) -> HistoryEvent {
         HistoryEvent {
-            action,
+            kind,
             addr,
             size,
             time_us: 0,
@@ -418,18 +406,18 @@ mod tests {
         let p = Some(Category::Parameter);
         let history = History {
             events: vec![
-                event(Action::SegmentAlloc, 0x1000_0000, 2 << 20, None),
-                event(Action::Alloc, 0x1000_0000, 512, p),
-                event(Action::Alloc, 0x1000_0200, 1024, t),
-                event(Action::Free, 0x1000_0200, 1024, t),
-                event(Action::Alloc, 0x1000_0600, 4096, t),
-                event(Action::Alloc, 0x9000_0000, 8192, t),
-                event(Action::SegmentAlloc, 0x2000_0000, 20 << 20, None),
-                event(Action::SegmentFree, 0x2000_0000, 20 << 20, None),
+                event(EventKind::SegmentAlloc, 0x1000_0000, 2 << 20, None),
+                event(EventKind::Alloc, 0x1000_0000, 512, p),
+                event(EventKind::Alloc, 0x1000_0200, 1024, t),
+                event(EventKind::Free, 0x1000_0200, 1024, t),
+                event(EventKind::Alloc, 0x1000_0600, 4096, t),
+                event(EventKind::Alloc, 0x9000_0000, 8192, t),
+                event(EventKind::SegmentAlloc, 0x2000_0000, 20 << 20, None),
+                event(EventKind::SegmentFree, 0x2000_0000, 20 << 20, None),
                 // Expandable segments: map 4 MiB, unmap its first half, a block in the second.
-                event(Action::SegmentAlloc, 0x3000_0000, 4 << 20, None),
-                event(Action::SegmentFree, 0x3000_0000, 2 << 20, None),
-                event(Action::Alloc, 0x3020_0000, 1 << 20, t),
+                event(EventKind::SegmentAlloc, 0x3000_0000, 4 << 20, None),
+                event(EventKind::SegmentFree, 0x3000_0000, 2 << 20, None),
+                event(EventKind::Alloc, 0x3020_0000, 1 << 20, t),
             ],
             dropped: 0,
             host_memory: false,

@@ -62,7 +62,7 @@
 //! what the tracker knows, and the history opens in PyTorch's memory_viz:
 //!
 //! ```
-//! use gpu_mem_track::estimate::Category;
+//! use gpu_mem_track::history::Category;
 //! use gpu_mem_track::{MemTracker, TrackedDevice};
 //! use tch::nn::{self, Module, OptimizerConfig};
 //! use tch::{Device, Kind, Tensor};
@@ -103,14 +103,13 @@
 mod capabilities;
 pub mod device;
 mod error;
-pub mod estimate;
 mod ffi;
 pub mod history;
 mod oom;
+pub mod recorder;
 pub mod sampler;
 pub mod site;
 pub mod snapshot;
-mod trace;
 mod tracker;
 
 /// SVG/PNG charts of logs and timelines (feature `plot`).
@@ -120,7 +119,9 @@ pub use gpu_mem_track_log::plot;
 pub use gpu_mem_track_log::{diff, log, memviz, nvml, report, watch};
 
 pub use capabilities::{capabilities, Capabilities};
-pub use device::{cpu_allocator_stats, cuda_device_count, empty_cuda_cache, AllocatorReading, TrackedDevice};
+pub use device::{
+    cpu_allocator_stats, cuda_device_count, empty_cuda_cache, AllocatorReading, DeviceKind, TrackedDevice,
+};
 pub use error::{Error, Result};
 /// The error of the libtorch-free layer, inside [`Error::Log`].
 pub use gpu_mem_track_log::Error as LogError;

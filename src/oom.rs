@@ -14,16 +14,17 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::device::DeviceKind;
 use crate::device::TrackedDevice;
 use crate::ffi::RawSnapshot;
-use crate::ffi::{self, DeviceKind, OomEvent};
+use crate::ffi::{self, OomEvent};
 use crate::history;
 use crate::site::Site;
 use crate::snapshot::{largest_holders, GroupKey, GroupTotals, Snapshot};
 use gpu_mem_track_log::diff::diff_groups;
 use gpu_mem_track_log::log::oom::{OomReport, MAX_HOLDERS};
 use gpu_mem_track_log::log::{GroupLine, LogWriter, SourceLocation};
-use gpu_mem_track_log::memviz::{self, Block, Segment, Snapshot as MemvizSnapshot, TraceEntry};
+use gpu_mem_track_log::memviz::{self, Block, MemorySnapshot, Segment, TraceEntry};
 use rustc_hash::FxHashMap;
 
 /// How long a report waits for a tracker that another thread is using.
@@ -178,7 +179,7 @@ fn write_snapshot(path: &Path, device: TrackedDevice, e: &OomEvent) -> crate::er
             .collect(),
         TrackedDevice::Cuda(i) => cuda_segments(&ffi::cuda_blocks(i)?),
     };
-    Ok(memviz::write(path, MemvizSnapshot { segments, device_traces: vec![vec![oom]] })?)
+    Ok(memviz::write(path, MemorySnapshot { segments, device_traces: vec![vec![oom]] })?)
 }
 
 fn block(address: u64, size: u64, requested_size: u64, allocated: bool) -> Block<'static> {

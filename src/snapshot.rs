@@ -312,7 +312,8 @@ fn holder_label(c: gpu_mem_track_log::Category) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::{DeviceKind, RawSnapshot};
+    use crate::device::DeviceKind;
+    use crate::ffi::RawSnapshot;
     use tch::{Device, Kind, Tensor};
 
     /// The grouped walk and the records' grouping of the same live tensors, by op or not.

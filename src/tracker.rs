@@ -8,7 +8,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
-use crate::device::{AllocatorCounters, AllocatorReading, TrackedDevice};
+use crate::device::{AllocatorCounters, AllocatorReading, DeviceKind, TrackedDevice};
 use crate::error::{Error, Result};
 use crate::ffi::{self, RawSnapshot};
 use crate::history::{self, History, HistoryOptions};
@@ -450,7 +450,7 @@ impl MemTracker {
             });
         }
         match self.device {
-            TrackedDevice::Cpu => history::start(ffi::DeviceKind::Cpu, options)?,
+            TrackedDevice::Cpu => history::start(DeviceKind::Cpu, options)?,
             TrackedDevice::Cuda(i) => {
                 if !ffi::cuda_history_compiled() {
                     return Err(Error::NotInThisBuild {
@@ -461,7 +461,7 @@ impl MemTracker {
                 ffi::cuda_history_attach(i).map_err(|e| Error::CudaUnavailable {
                     reason: format!("cannot record the memory history of {}: {e}", self.device),
                 })?;
-                if let Err(e) = history::start(ffi::DeviceKind::Cuda, options) {
+                if let Err(e) = history::start(DeviceKind::Cuda, options) {
                     ffi::cuda_history_detach();
                     return Err(e);
                 }

@@ -1,28 +1,10 @@
 //! Memory history and snapshots PyTorch's memory_viz tools read.
 mod common;
 
-use common::{cpu_tracker, exported_model, python_with_torch};
-use gpu_mem_track::history::{Action, HistoryOptions};
+use common::{cpu_tracker, python_with_torch, MEMORY_VIZ_CHECK as CHECK};
+use gpu_mem_track::history::{EventKind, HistoryOptions};
 use gpu_mem_track::track;
 use tch::{Device, Kind, Tensor};
-
-const CHECK: &str = r#"
-import json, pickle, sys
-import torch.cuda._memory_viz as viz
-with open(sys.argv[1], "rb") as f:
-    data = pickle.load(f)
-html = viz.trace_plot(data)
-segments = viz.segment_plot(data)
-live = peak = 0
-allocs = frees = 0
-for e in data["device_traces"][0]:
-    if e["action"] == "alloc":
-        allocs += 1; live += e["size"]; peak = max(peak, live)
-    elif e["action"] == "free_completed":
-        frees += 1; live -= e["size"]
-print(json.dumps({"allocs": allocs, "frees": frees, "peak": peak, "html": len(html), "segments_html": len(segments),
-                  "live_segments": len(data["segments"])}))
-"#;
 
 #[cfg_attr(
     not(gmt_python_torch),
@@ -87,7 +69,7 @@ fn the_ring_buffer_keeps_the_last_max_entries() {
     assert_eq!(h.events.len() as u64 + h.dropped, 100_000, "one alloc and one free per tensor");
     // Oldest first, and the last event is the last free.
     assert!(h.events.windows(2).all(|w| w[0].time_us <= w[1].time_us));
-    assert_eq!(h.events.last().unwrap().action, Action::Free);
+    assert_eq!(h.events.last().unwrap().kind, EventKind::Free);
 }
 
 #[inline(never)]
@@ -106,7 +88,7 @@ fn stacks_are_resolved_to_rust_functions() {
     let alloc = h
         .events
         .iter()
-        .find(|e| e.action == Action::Alloc && e.size == 4000)
+        .find(|e| e.kind == EventKind::Alloc && e.size == 4000)
         .expect("the 4000-byte allocation");
     assert!(alloc.frames.iter().any(|f| f.name.contains("allocate_here")), "{:#?}", alloc.frames);
     drop(x);
@@ -117,51 +99,8 @@ fn stacks_are_resolved_to_rust_functions() {
     ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
 )]
 #[test]
-fn estimate_trace_categories_sum_to_the_peak_and_its_snapshot_loads_in_memory_viz() {
-    use gpu_mem_track::estimate::{estimate_torchscript_traced, Category, EstimateOptions, Mode, Optimizer};
-    let (dir, model) = exported_model("cnn");
-    let options = EstimateOptions {
-        input_shape: vec![32, 3, 64, 64],
-        mode: Mode::Train(Optimizer::Adam),
-        ..EstimateOptions::default()
-    };
-    let (e, trace) = estimate_torchscript_traced(&model, &options).unwrap();
-    let peak = trace.peak().unwrap();
-    assert_eq!(peak.total, e.peak.bytes);
-    assert_eq!(peak.bytes.iter().map(|b| b.1).sum::<u64>(), peak.total, "categories sum to the peak");
-    let at = |c: Category| peak.bytes.iter().find(|b| b.0 == c).unwrap().1;
-    assert_eq!(at(Category::Parameter), e.param_bytes, "parameters are exactly the model's");
-    assert_eq!(at(Category::OptimizerState), 2 * e.param_bytes, "Adam's two buffers are alive at the peak");
-    assert_eq!(at(Category::Input), e.input_bytes);
-    assert!(at(Category::Activation) > 0);
-
-    let pickle = dir.path().join("estimate.pickle");
-    trace.dump_snapshot(&pickle).unwrap();
-    let python = python_with_torch().expect("a Python with torch");
-    let script = dir.path().join("check.py");
-    std::fs::write(
-        &script,
-        CHECK.replace(
-            "print(json.dumps({",
-            "segs = sum(1 for e in data['device_traces'][0] if e['action'] == 'segment_alloc')\nprint(json.dumps({'segment_allocs': segs, ",
-        ),
-    )
-    .unwrap();
-    let out = std::process::Command::new(python).arg(&script).arg(&pickle).output().unwrap();
-    assert!(out.status.success(), "memory_viz failed: {}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["allocs"], e.allocations);
-    assert_eq!(v["peak"], e.cuda.peak_allocated, "the snapshot replays the caching allocator model");
-    assert_eq!(v["segment_allocs"], e.cuda.segment_allocs);
-}
-
-#[cfg_attr(
-    not(gmt_python_torch),
-    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
-)]
-#[test]
 fn live_training_step_categories_sum_to_the_peak_with_exact_parameters_and_adam_state() {
-    use gpu_mem_track::estimate::Category;
+    use gpu_mem_track::history::Category;
     use tch::nn::{self, Module, OptimizerConfig};
     let dir = tempfile::tempdir().unwrap();
     let t = cpu_tracker(dir.path());
@@ -254,45 +193,18 @@ fn cuda_history_records_the_caching_allocator() {
     drop(x);
     t.stop_history().unwrap();
     let h = t.history();
-    let sizes: Vec<(Action, u64)> = h.events.iter().map(|e| (e.action, e.size)).collect();
-    assert!(sizes.contains(&(Action::Alloc, 4096)), "1000 floats round up to 4096 B: {sizes:?}");
-    assert!(sizes.contains(&(Action::Free, 4096)), "{sizes:?}");
-    assert!(sizes.contains(&(Action::Alloc, 32 << 20)), "{sizes:?}");
-    assert!(sizes.iter().any(|s| s.0 == Action::SegmentAlloc), "{sizes:?}");
+    let sizes: Vec<(EventKind, u64)> = h.events.iter().map(|e| (e.kind, e.size)).collect();
+    assert!(sizes.contains(&(EventKind::Alloc, 4096)), "1000 floats round up to 4096 B: {sizes:?}");
+    assert!(sizes.contains(&(EventKind::Free, 4096)), "{sizes:?}");
+    assert!(sizes.contains(&(EventKind::Alloc, 32 << 20)), "{sizes:?}");
+    assert!(sizes.iter().any(|s| s.0 == EventKind::SegmentAlloc), "{sizes:?}");
     t.dump_snapshot(dir.path().join("cuda.pickle")).unwrap();
     drop(y);
 }
 
-/// Renders the snapshot pages in headless Chromium when the machine can (Debian's `chromium` and
-/// `node-d3`, and a local MemoryViz.js in `GMT_MEMORY_VIZ_JS`); says why not otherwise.
-#[cfg_attr(
-    not(all(gmt_python_torch, gmt_memory_viz)),
-    ignore = "needs Python with torch, Debian's chromium and node-d3, and a MemoryViz.js in GMT_MEMORY_VIZ_JS"
-)]
-#[test]
-fn snapshots_render_in_headless_chromium_without_script_errors() {
-    use gpu_mem_track::estimate::{estimate_torchscript_traced, EstimateOptions, Mode, Optimizer};
-    let (dir, model) = exported_model("cnn");
-    let options = EstimateOptions {
-        input_shape: vec![4, 3, 32, 32],
-        mode: Mode::Train(Optimizer::Adam),
-        ..EstimateOptions::default()
-    };
-    let (_, trace) = estimate_torchscript_traced(&model, &options).unwrap();
-    let pickle = dir.path().join("estimate.pickle");
-    trace.dump_snapshot(&pickle).unwrap();
-    let checker = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/check-memory-viz");
-    let out = std::process::Command::new(checker).arg(&pickle).arg(dir.path()).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    match out.status.code() {
-        Some(0) => assert!(text.contains("OK"), "{text}"),
-        _ => panic!("memory_viz pages failed in Chromium:\n{text}\n{}", String::from_utf8_lossy(&out.stderr)),
-    }
-}
-
 #[test]
 fn registered_buffers_stay_buffers_when_autograd_saves_them() {
-    use gpu_mem_track::estimate::Category;
+    use gpu_mem_track::history::Category;
     use tch::nn::{self, ModuleT};
     let dir = tempfile::tempdir().unwrap();
     let t = cpu_tracker(dir.path());

@@ -1,6 +1,7 @@
-//! The code's layering holds: no import cycle between the modules of either library crate, no
-//! module reaches up to its crate's root (the facade that re-exports them), and the C boundary
-//! (`gpu_mem_track_sys::`, its `GMT_*` codes) is read in `src/ffi.rs` only.
+//! The code's layering holds: no import cycle between the modules of any library crate, no module
+//! reaches up to its crate's root (the facade that re-exports them), the C boundary
+//! (`gpu_mem_track_sys::`, its `GMT_*` codes) is read in the tracker's `src/ffi/` and the
+//! estimator's `src/ffi.rs` only, and the crates stack one way: log < tracker < estimator.
 //!
 //! A module's imports are the `crate::` paths in its files outside `#[cfg(test)]` (tests may
 //! reach anywhere), grouped ones (`crate::{a, b::C}`) included; submodules count as their
@@ -10,6 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The library crates' sources: the log layer, the tracker, the estimator.
+const LIBRARY_SOURCES: [&str; 3] = ["gpu-mem-track-log/src", "src", "gpu-mem-track-estimate/src"];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
@@ -161,7 +165,7 @@ fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>>
 
 #[test]
 fn no_import_cycle_between_modules() {
-    for crate_src in ["src", "gpu-mem-track-log/src"] {
+    for crate_src in LIBRARY_SOURCES {
         let graph = import_graph(&Path::new(ROOT).join(crate_src));
         assert!(graph.len() > 5, "{crate_src}: found only {graph:?}");
         if let Some(cycle) = find_cycle(&graph) {
@@ -172,14 +176,16 @@ fn no_import_cycle_between_modules() {
 
 #[test]
 fn no_module_imports_through_the_crate_root() {
-    for crate_src in ["src", "gpu-mem-track-log/src"] {
+    for crate_src in LIBRARY_SOURCES {
         let src = Path::new(ROOT).join(crate_src);
         let found = imports(&src).through_root;
         assert!(found.is_empty(), "{crate_src}: imports through the crate root: {found:?}");
-        let modules: BTreeSet<String> =
-            ["error", "tracker", "snapshot"].into_iter().map(String::from).collect();
+        let modules: BTreeSet<String> = ["error", "tracker", "snapshot", "native", "saved", "size"]
+            .into_iter()
+            .map(String::from)
+            .collect();
         let reexports = root_reexports(&src, &modules);
-        assert!(reexports.len() > 5, "{crate_src}: re-exports not read: {reexports:?}");
+        assert!(reexports.len() > 3, "{crate_src}: re-exports not read: {reexports:?}");
     }
     // The root's own re-exports are read as the modules they come from.
     let src = Path::new(ROOT).join("src");
@@ -217,6 +223,10 @@ fn only_ffi_reads_the_c_boundary() {
         "src",
         "gpu-mem-track-log/src",
         "gpu-mem-track-cli/src",
+        "gpu-mem-track-estimate/src",
+        "gpu-mem-track-estimate/tests",
+        "gpu-mem-track-estimate/benches",
+        "gpu-mem-track-estimate/examples",
         "tests",
         "benches",
         "examples",
@@ -224,18 +234,44 @@ fn only_ffi_reads_the_c_boundary() {
     ] {
         rust_files(&Path::new(ROOT).join(dir), &mut files);
     }
-    let ffi = Path::new(ROOT).join("src/ffi.rs");
+    let tracker_ffi = Path::new(ROOT).join("src/ffi");
+    let estimator_ffi = Path::new(ROOT).join("gpu-mem-track-estimate/src/ffi.rs");
     let this = Path::new(ROOT).join("tests/layers.rs");
+    let reads_sys =
+        |f: &Path| std::fs::read_to_string(f).expect("readable source").contains("gpu_mem_track_sys");
     let offenders: Vec<String> = files
         .iter()
-        .filter(|f| **f != ffi && **f != this)
-        .filter(|f| {
-            let text = std::fs::read_to_string(f).expect("readable source");
-            text.contains("gpu_mem_track_sys")
-        })
+        .filter(|f| !f.starts_with(&tracker_ffi) && **f != estimator_ffi && **f != this)
+        .filter(|f| reads_sys(f))
         .map(|f| f.display().to_string())
         .collect();
-    assert!(offenders.is_empty(), "gpu_mem_track_sys used outside src/ffi.rs: {offenders:?}");
-    let ffi_text = std::fs::read_to_string(&ffi).expect("src/ffi.rs");
-    assert!(ffi_text.contains("gpu_mem_track_sys"), "src/ffi.rs no longer wraps gpu_mem_track_sys?");
+    assert!(offenders.is_empty(), "gpu_mem_track_sys used outside the ffi modules: {offenders:?}");
+    for ffi in [tracker_ffi.join("mod.rs"), tracker_ffi.join("registry.rs"), estimator_ffi] {
+        assert!(reads_sys(&ffi), "{} no longer wraps gpu_mem_track_sys?", ffi.display());
+    }
+}
+
+/// The tracker crate is `track!`, `MemTracker`, the sampler, the memory history and snapshots: the
+/// estimator is its own crate on top of it, never the other way round.
+#[test]
+fn the_estimator_is_a_crate_above_the_tracker() {
+    let root = Path::new(ROOT);
+    assert!(!root.join("src/estimate").exists() && !root.join("src/estimate.rs").exists());
+    let lib = std::fs::read_to_string(root.join("src/lib.rs")).expect("src/lib.rs");
+    assert!(!lib.contains("mod estimate"), "the tracker declares an estimate module");
+    let manifest = |p: &str| std::fs::read_to_string(root.join(p)).expect("manifest");
+    let deps = |text: &str| -> BTreeSet<String> {
+        let deps = text.split("\n[dependencies]").nth(1).unwrap_or("");
+        let deps = &deps[..deps.find("\n[").unwrap_or(deps.len())];
+        deps.lines().filter_map(|l| l.split(['=', '.']).next()).map(|n| n.trim().to_owned()).collect()
+    };
+    let tracker = deps(&manifest("Cargo.toml"));
+    let estimator = deps(&manifest("gpu-mem-track-estimate/Cargo.toml"));
+    let log = deps(&manifest("gpu-mem-track-log/Cargo.toml"));
+    assert!(
+        tracker.contains("gpu-mem-track-log") && !tracker.contains("gpu-mem-track-estimate"),
+        "{tracker:?}"
+    );
+    assert!(estimator.contains("gpu-mem-track") && estimator.contains("gpu-mem-track-sys"), "{estimator:?}");
+    assert!(!log.iter().any(|d| d.starts_with("gpu-mem-track") || d == "tch"), "{log:?}");
 }

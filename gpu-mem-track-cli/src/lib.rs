@@ -1,6 +1,6 @@
 //! What both binaries of the gpu-mem-track command line share: exit codes and one-line errors,
 //! and how a timeline is written. The `gpu-mem-track` binary of this package links no libtorch;
-//! `gpu-mem-track-estimate` (package `gpu-mem-track`, feature `cli`) does, and uses this too.
+//! `gpu-mem-track-estimate` (package `gpu-mem-track-estimate`, feature `cli`) does, and uses this too.
 use std::path::Path;
 use std::process::ExitCode;
 

@@ -177,7 +177,7 @@ fn run_estimate_binary(subcommand: &str, args: &[OsString]) -> Result<()> {
         let e = command.exec();
         bail!(
             "cannot run {} ({e}); `estimate`, `fit` and `timeline MODEL` need libtorch: \
-             `cargo install gpu-mem-track --features cli` installs {ESTIMATE_BINARY} (with a libtorch: see its README)",
+             `cargo install gpu-mem-track-estimate --features cli` installs {ESTIMATE_BINARY} (with a libtorch: see its README)",
             Path::new(&program).display()
         )
     }

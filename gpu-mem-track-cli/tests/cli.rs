@@ -191,7 +191,7 @@ fn without_the_estimator_a_one_line_error_says_how_to_install_it() {
         .env("PATH", "/usr/bin:/bin")
         .output()
         .unwrap();
-    one_line_error(&o, "cargo install gpu-mem-track --features cli");
+    one_line_error(&o, "cargo install gpu-mem-track-estimate --features cli");
     // Reports still work: they need no estimator and no libtorch.
     let o = Command::new(&exe).args(["report", FIXTURE]).env("PATH", "/usr/bin:/bin").output().unwrap();
     assert!(o.status.success(), "{}", stderr(&o));

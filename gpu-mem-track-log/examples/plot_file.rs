@@ -6,16 +6,34 @@
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
+use gpu_mem_track_log::diff::Sign;
+use gpu_mem_track_log::group::TensorClass;
+use gpu_mem_track_log::log::format;
+use gpu_mem_track_log::log::{
+    AtLine, GroupLine, LogHeader, MemoryField, SourceLocation, ALLOCATED, PEAK_ALLOCATED, TENSOR_USED,
+};
 use gpu_mem_track_log::plot::plot_log_file;
 
 /// A training loop of `points` track points, three per step (forward, backward, step), with a
-/// slow leak, a noisy activation size and one spike, so every kind of shape is drawn.
+/// slow leak, a noisy activation size and one spike, so every kind of shape is drawn. The lines
+/// are the log crate's own (`format::header`, `format::block`), as the tracker writes them.
 fn generate(points: usize, out: &Path) -> std::io::Result<()> {
     let mut w = BufWriter::new(std::fs::File::create(out)?);
-    writeln!(
-        w,
-        "GPU Memory Track | 01-Jan-24-00:00:00 | Total Tensor Used Memory:0.0    Mb Total Allocated Memory:0.0    Mb\n"
-    )?;
+    let zero = |label: &str| MemoryField { label: label.into(), mib: 0.0 };
+    let header = LogHeader {
+        timestamp: "01-Jan-24-00:00:00".into(),
+        fields: vec![zero(TENSOR_USED), zero(ALLOCATED)],
+    };
+    w.write_all(format::header(&header).as_bytes())?;
+    let activation = GroupLine {
+        sign: Sign::Plus,
+        count: 1,
+        shape: vec![128, 16, 28, 28],
+        memory_mib: 6.125,
+        class: TensorClass::Tensor,
+        dtype: "torch.float32".into(),
+        op: None,
+    };
     let mut peak = 0.0f64;
     // A small xorshift: noise without a dependency.
     let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -33,15 +51,15 @@ fn generate(points: usize, out: &Path) -> std::io::Result<()> {
         let used = if i == points * 2 / 3 { used + 900.0 } else { used };
         let allocated = used + 64.0;
         peak = peak.max(allocated);
-        writeln!(
-            w,
-            "+ | 1 * Size:(128, 16, 28, 28)    | Memory: 6.125 M | <class 'torch.Tensor'> | torch.float32\n"
-        )?;
-        writeln!(
-            w,
-            "At {:<50} Total Tensor Used Memory:{used:<7.1}Mb Total Allocated Memory:{allocated:<7.1}Mb Peak Allocated Memory:{peak:<7.1}Mb\n",
-            format!("examples/train.rs line {line}: {function}")
-        )?;
+        let at = AtLine {
+            location: SourceLocation { file: "examples/train.rs".into(), line, function: function.into() },
+            fields: vec![
+                MemoryField { label: TENSOR_USED.into(), mib: used },
+                MemoryField { label: ALLOCATED.into(), mib: allocated },
+                MemoryField { label: PEAK_ALLOCATED.into(), mib: peak },
+            ],
+        };
+        w.write_all(format::block(std::slice::from_ref(&activation), &at).as_bytes())?;
     }
     w.flush()
 }

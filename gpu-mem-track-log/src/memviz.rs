@@ -97,9 +97,9 @@ impl<'a> Segment<'a> {
     }
 }
 
-/// The whole snapshot.
+/// A whole PyTorch memory snapshot (what `torch.cuda.memory._snapshot()` pickles).
 #[derive(Debug, Serialize)]
-pub struct Snapshot<'a> {
+pub struct MemorySnapshot<'a> {
     /// Segments at the end, with their blocks.
     pub segments: Vec<Segment<'a>>,
     /// One trace per device.
@@ -113,7 +113,7 @@ pub struct Snapshot<'a> {
 ///
 /// # Errors
 /// [`Error::SnapshotWrite`] naming the file.
-pub fn write(path: &Path, mut snapshot: Snapshot<'_>) -> Result<()> {
+pub fn write(path: &Path, mut snapshot: MemorySnapshot<'_>) -> Result<()> {
     for trace in &mut snapshot.device_traces {
         if trace.iter().any(|e| e.category.is_some()) && !trace.iter().any(|e| e.category == Some("unknown"))
         {
@@ -149,7 +149,7 @@ pub enum EntryAction {
 
 /// One `device_traces` entry as read back (other keys ignored).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SnapshotEntry {
+pub struct ReadTraceEntry {
     /// Allocation or free.
     pub action: EntryAction,
     /// Address.
@@ -165,7 +165,7 @@ pub struct SnapshotEntry {
 /// The `device_traces` of a decoded snapshot, walked without recursion (the shape is fixed:
 /// dict -> list of devices -> list of entry dicts), so no nesting in the file can overflow
 /// the stack.
-fn device_traces(p: &crate::pickle::Pickle<'_>) -> std::result::Result<Vec<Vec<SnapshotEntry>>, String> {
+fn device_traces(p: &crate::pickle::Pickle<'_>) -> std::result::Result<Vec<Vec<ReadTraceEntry>>, String> {
     let traces =
         p.get(p.root, "device_traces").ok_or("it has no `device_traces` (is it a memory snapshot?)")?;
     let devices = p.items(traces).ok_or("`device_traces` is not a list")?;
@@ -195,7 +195,7 @@ fn device_traces(p: &crate::pickle::Pickle<'_>) -> std::result::Result<Vec<Vec<S
                     .ok_or_else(|| format!("{}: bad `time_us`", at()))?,
                 None => 0,
             };
-            read.push(SnapshotEntry {
+            read.push(ReadTraceEntry {
                 action,
                 addr: unsigned("addr")?,
                 size: unsigned("size")?,
@@ -213,7 +213,7 @@ fn device_traces(p: &crate::pickle::Pickle<'_>) -> std::result::Result<Vec<Vec<S
 ///
 /// # Errors
 /// [`Error::SnapshotRead`] naming the file when it cannot be read or has no `device_traces`.
-pub fn read_device_traces(path: &Path) -> Result<Vec<Vec<SnapshotEntry>>> {
+pub fn read_device_traces(path: &Path) -> Result<Vec<Vec<ReadTraceEntry>>> {
     let fail = |reason: String| Error::SnapshotRead { path: path.to_owned(), reason };
     let bytes = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
     // Our own iterative reader: serde-pickle recurses on nested values (a stack overflow on a

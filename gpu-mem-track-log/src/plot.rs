@@ -517,7 +517,7 @@ where
 /// [`PlotError`] naming the output.
 pub fn plot_timeline(trace: &crate::trace::Trace, title: &str, out: &Path) -> Result<(), PlotError> {
     check_format(out)?;
-    let points = highest_per_column(trace.timeline(), COLUMNS);
+    let points = highest_per_column(trace.timeline_points(), trace.events.len(), COLUMNS);
     if points.is_empty() {
         return Err(PlotError::EmptyLog);
     }
@@ -531,24 +531,32 @@ fn whole(x: f64) -> Option<i64> {
     ((x - x.round()).abs() <= 1e-6).then(|| x.round() as i64)
 }
 
-/// A long timeline reduced to the highest point of each pixel column (and the last point), so
-/// the stacked areas show every peak and draw in bounded time.
+/// A long timeline (`len` points) reduced to the highest point of each pixel column (and the
+/// last point), so the stacked areas show every peak and draw in bounded time; read one point at
+/// a time, so a long trace's timeline is never held whole.
 fn highest_per_column(
-    points: Vec<crate::trace::TimelinePoint>,
+    points: impl Iterator<Item = crate::trace::TimelinePoint>,
+    len: usize,
     columns: usize,
 ) -> Vec<crate::trace::TimelinePoint> {
-    if points.len() <= 2 * columns {
-        return points;
+    if len <= 2 * columns {
+        return points.collect();
     }
-    let per = points.len().div_ceil(columns);
-    let last = points.last().cloned();
+    let per = len.div_ceil(columns);
     let mut out: Vec<crate::trace::TimelinePoint> = Vec::with_capacity(columns + 1);
-    for chunk in points.chunks(per) {
+    let mut best: Option<crate::trace::TimelinePoint> = None;
+    let mut last = None;
+    for (i, p) in points.enumerate() {
         // The first of equal maxima, as `Trace::peak` names it.
-        if let Some(p) = chunk.iter().rev().max_by_key(|p| p.total) {
-            out.push(p.clone());
+        if best.as_ref().is_none_or(|b| p.total > b.total) {
+            best = Some(p.clone());
         }
+        if (i + 1) % per == 0 {
+            out.extend(best.take());
+        }
+        last = Some(p);
     }
+    out.extend(best);
     out.extend(last.filter(|l| out.last().is_none_or(|p| p.event != l.event)));
     out
 }

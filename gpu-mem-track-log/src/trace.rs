@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::caching_allocator::{BlockId, CachingAllocatorModel};
 use crate::error::{Error, Result};
-use crate::memviz::{self, Block, EntryAction, Frame, Segment, Snapshot, TraceEntry};
+use crate::memviz::{self, Block, EntryAction, Frame, MemorySnapshot, Segment, TraceEntry};
 
 /// What an allocation holds, judged from the phase that made it and how long it lived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -219,21 +219,23 @@ impl Replay {
 impl Trace {
     /// Live bytes by category after every event.
     pub fn timeline(&self) -> Vec<TimelinePoint> {
+        self.timeline_points().collect()
+    }
+
+    /// [`Trace::timeline`] one point at a time, for readers that keep only some of them (a plot
+    /// keeps the highest of each pixel column).
+    pub fn timeline_points(&self) -> impl Iterator<Item = TimelinePoint> + '_ {
         let mut replay = Replay::new();
-        self.events
-            .iter()
-            .enumerate()
-            .map(|(i, e)| {
-                replay.apply(e);
-                TimelinePoint {
-                    event: i,
-                    phase: e.phase,
-                    iteration: e.iteration,
-                    bytes: replay.by_category(),
-                    total: replay.live(),
-                }
-            })
-            .collect()
+        self.events.iter().enumerate().map(move |(i, e)| {
+            replay.apply(e);
+            TimelinePoint {
+                event: i,
+                phase: e.phase,
+                iteration: e.iteration,
+                bytes: replay.by_category(),
+                total: replay.live(),
+            }
+        })
     }
 
     /// Highest bytes live at once.
@@ -333,7 +335,7 @@ impl Trace {
                 Segment::new(s.address, s.size, allocated, s.small, blocks)
             })
             .collect();
-        memviz::write(path, Snapshot { segments, device_traces: vec![trace] })
+        memviz::write(path, MemorySnapshot { segments, device_traces: vec![trace] })
     }
 }
 

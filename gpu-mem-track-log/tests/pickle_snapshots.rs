@@ -2,7 +2,7 @@
 //! name the file, never a panic, an abort (stack overflow) or a huge allocation.
 use std::path::Path;
 
-use gpu_mem_track_log::memviz::{write, Snapshot, TraceEntry};
+use gpu_mem_track_log::memviz::{write, MemorySnapshot, TraceEntry};
 use gpu_mem_track_log::trace::read_snapshot_trace;
 use proptest::prelude::*;
 
@@ -29,7 +29,7 @@ fn real_pickle(dir: &Path, n: u64, size: u64) -> Vec<u8> {
         }
     }
     let path = dir.join("real.pickle");
-    write(&path, Snapshot { segments: Vec::new(), device_traces: vec![trace] }).unwrap();
+    write(&path, MemorySnapshot { segments: Vec::new(), device_traces: vec![trace] }).unwrap();
     std::fs::read(&path).unwrap()
 }
 
@@ -94,7 +94,7 @@ fn four_huge_allocations_saturate_instead_of_wrapping_to_zero() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("huge.pickle");
     let trace = (1..=4).map(|i| entry("alloc", i, 1 << 62, i as i64)).collect();
-    write(&path, Snapshot { segments: Vec::new(), device_traces: vec![trace] }).unwrap();
+    write(&path, MemorySnapshot { segments: Vec::new(), device_traces: vec![trace] }).unwrap();
     let trace = read_snapshot_trace(&path).unwrap();
     assert_eq!(trace.peak_bytes(), u64::MAX);
     assert_eq!(trace.timeline().last().unwrap().total, u64::MAX);
@@ -145,10 +145,10 @@ fn the_segment_replay_needs_every_block_inside_a_live_segment() {
     };
     let mut trace = segmented();
     trace.push(entry("alloc", 0x1800, 16, 9)); // overlaps the live block at 0x1000
-    write(&path, Snapshot { segments: Vec::new(), device_traces: vec![trace] }).unwrap();
+    write(&path, MemorySnapshot { segments: Vec::new(), device_traces: vec![trace] }).unwrap();
     let err = gpu_mem_track_log::memviz::replay_segments(&path).unwrap_err().to_string();
     assert!(err.contains("overlaps a live block"), "{err}");
-    write(&path, Snapshot { segments: Vec::new(), device_traces: vec![segmented()] }).unwrap();
+    write(&path, MemorySnapshot { segments: Vec::new(), device_traces: vec![segmented()] }).unwrap();
     let r = gpu_mem_track_log::memviz::replay_segments(&path).unwrap();
     assert_eq!((r.blocks, r.segments, r.max_live_segments), (4, 4, 3));
 }

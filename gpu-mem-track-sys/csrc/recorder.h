@@ -38,7 +38,7 @@ int64_t allocation_id(const void* storage_impl);
 void tag_allocation(int64_t id, int32_t category);
 // Marks allocations as parameters for the current recording.
 void tag_parameter(int64_t id);
-// Registers the meta-via-CPU kernel for every op without a Meta kernel (meta_kernels.cpp); once.
+// Registers the meta-via-CPU kernel for every op without a Meta kernel (estimate/meta_kernels.cpp); once.
 void meta_fallback_install();
 // Snapshots the registry's live tensors of a device into the peak snapshot (registry.cpp).
 void take_peak_snapshot(int32_t device_kind);

@@ -19,7 +19,7 @@ enum gmt_device_kind { GMT_DEV_ANY = -1, GMT_DEV_CPU = 0, GMT_DEV_CUDA = 1, GMT_
 // into every binary that calls this; 0 with a CPU-only libtorch. Call it on a path every user runs.
 int gmt_torch_cuda_linked(void);
 
-// ---- meta kernels (meta_kernels.cpp) ----
+// ---- meta kernels (estimate/meta_kernels.cpp) ----
 // How many times `.item()` (aten::_local_scalar_dense) ran on a meta tensor since the process
 // started: each returned 0, so data-dependent control flow may have taken another branch.
 int64_t gmt_meta_scalar_reads(void);
@@ -29,7 +29,7 @@ int64_t gmt_meta_fallback_ops(void);
 // The ops with a hand-written meta kernel (static names, `*count` of them).
 const char* const* gmt_meta_kernels_registered(size_t* count);
 // Runs every hand-written meta kernel and the CPU kernel of the same op on inputs of several
-// shapes (meta_kernel_check.cpp); `*report` gets one line a case: "op\tshapes\tok" or what differs.
+// shapes (estimate/meta_kernel_check.cpp); `*report` gets one line a case: "op\tshapes\tok" or what differs.
 gmt_error gmt_meta_kernels_check(char** report);
 // Per op that went through that fallback since the process started: its name (stable for the
 // process), calls and bytes of CPU twins materialised. Fills up to `cap`; returns how many ops.
@@ -217,7 +217,7 @@ enum gmt_event_kind { GMT_EVENT_ALLOC = 0, GMT_EVENT_FREE = 1, GMT_EVENT_SEGMENT
 gmt_error gmt_meta_allocator_install(void);  // idempotent
 int64_t gmt_meta_allocator_current(void);    // live meta bytes
 
-// ---- "the CPU means meta" on this thread (cpu_means_meta.cpp) ----
+// ---- "the CPU means meta" on this thread (estimate/cpu_means_meta.cpp) ----
 // While on (calls nest; end on the thread that began), factories asked for the CPU make meta
 // tensors and CPU tensors that reach an op become meta twins; copies to the CPU stay on meta only
 // when `copies_too` (TorchScript). Other threads are never affected.
@@ -258,7 +258,7 @@ int64_t gmt_recorder_peak(void);
 size_t gmt_recorder_parameter_ids(int64_t* out, size_t cap);  // highest live bytes among recorded allocations
 const char* gmt_recorder_op_name(int32_t op);
 
-// ---- TorchScript estimation (script.cpp) ----
+// ---- TorchScript estimation (estimate/torchscript.cpp) ----
 enum gmt_optimizer { GMT_OPT_NONE = 0, GMT_OPT_SGD = 1, GMT_OPT_SGD_MOMENTUM = 2, GMT_OPT_ADAM = 3, GMT_OPT_ADAMW = 4 };
 // GMT_PHASE_NONE: a live program outside any phase it declared.
 enum gmt_phase { GMT_PHASE_LOAD = 0, GMT_PHASE_INPUT = 1, GMT_PHASE_FORWARD = 2, GMT_PHASE_BACKWARD = 3,
@@ -306,7 +306,7 @@ static_assert(sizeof(gmt_static_result) == 120, "gmt_static_result is mirrored i
 gmt_error gmt_estimate_static(const char* path, const int64_t* shape, int32_t ndim, int32_t dtype, int32_t is_index,
                               gmt_static_result* out);
 
-// ---- tch-native models (script.cpp) ----
+// ---- tch-native models (estimate/torchscript.cpp) ----
 // Moves a variable's data to the device (GMT_DEV_META/CPU) in place, converting floating dtypes
 // to `dtype` (-1: keep). `tensor` is an at::Tensor*.
 gmt_error gmt_tensor_to_device_in_place(void* tensor, int32_t device_kind, int32_t dtype);

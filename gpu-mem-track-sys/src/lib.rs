@@ -1,5 +1,6 @@
 //! Raw FFI to the gpu-mem-track C++ shim (`csrc/`). This is the only crate that knows libtorch's
-//! C++ side; the safe API lives in the `gpu-mem-track` crate.
+//! C++ side; the safe API lives in the `gpu-mem-track` crate (the tracker) and the
+//! `gpu-mem-track-estimate` crate (the estimator), each in its `ffi` module.
 //!
 //! Conventions: functions returning [`gmt_error`] return null on success or a message allocated
 //! with `malloc` that the caller frees with [`gmt_free_string`]. No C++ exception crosses the
@@ -395,3 +396,33 @@ const _: () = assert!(std::mem::size_of::<gmt_estimate_options>() == 48);
 const _: () = assert!(std::mem::size_of::<gmt_estimate_result>() == 56);
 const _: () = assert!(std::mem::size_of::<gmt_static_result>() == 120);
 const _: () = assert!(std::mem::size_of::<gmt_cuda_stats>() == 72);
+
+/// Copies out and frees a string the shim allocated (an error or a report); `None` for null.
+///
+/// # Safety
+/// `raw` is null or a NUL-terminated string the shim allocated with `malloc`, which no one else
+/// frees.
+pub unsafe fn take_string(raw: *mut c_char) -> Option<String> {
+    if raw.is_null() {
+        return None;
+    }
+    // SAFETY: non-null and NUL-terminated (the caller's promise).
+    let text = unsafe { std::ffi::CStr::from_ptr(raw) }.to_string_lossy().into_owned();
+    // SAFETY: freed exactly once, with the shim's allocator.
+    unsafe { gmt_free_string(raw) };
+    Some(text)
+}
+
+/// Copies a shim table that can grow between the count and the copy: `copy(cap)` fills buffers
+/// of `cap` entries and returns the table's length with what it read; it is called again with room
+/// to spare until the whole table fits.
+pub fn copy_table<T>(mut copy: impl FnMut(usize) -> (usize, T)) -> T {
+    let mut cap = 0usize;
+    loop {
+        let (n, out) = copy(cap);
+        if n <= cap {
+            return out;
+        }
+        cap = n + n / 8 + 16;
+    }
+}

@@ -46,7 +46,7 @@ pub fn python_with_torch() -> Option<std::path::PathBuf> {
     if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
         candidates.push(Path::new(&venv).join("bin/python"));
     }
-    candidates.push(Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
+    candidates.push(workspace_root().join(".venv/bin/python"));
     candidates.push("python3".into());
     candidates.into_iter().find(|p| {
         std::process::Command::new(p)
@@ -62,7 +62,7 @@ pub fn python_with_torch() -> Option<std::path::PathBuf> {
 pub fn fixtures() -> std::path::PathBuf {
     std::env::var_os("GMT_TEST_FIXTURES")
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
+        .unwrap_or_else(|| workspace_root().join("tests/fixtures"))
 }
 
 /// Exports models of `tests/fixtures/export_models.py` to `dir`. The tests calling it are
@@ -80,4 +80,35 @@ pub fn exported_model(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let model = export_models(dir.path(), &[name]).remove(0);
     (dir, model)
+}
+
+/// A Python check of a memory snapshot pickle with PyTorch's own `torch.cuda._memory_viz`: it
+/// renders both pages and prints the trace's counts and peak as JSON.
+pub const MEMORY_VIZ_CHECK: &str = r#"
+import json, pickle, sys
+import torch.cuda._memory_viz as viz
+with open(sys.argv[1], "rb") as f:
+    data = pickle.load(f)
+html = viz.trace_plot(data)
+segments = viz.segment_plot(data)
+live = peak = 0
+allocs = frees = 0
+for e in data["device_traces"][0]:
+    if e["action"] == "alloc":
+        allocs += 1; live += e["size"]; peak = max(peak, live)
+    elif e["action"] == "free_completed":
+        frees += 1; live -= e["size"]
+print(json.dumps({"allocs": allocs, "frees": frees, "peak": peak, "html": len(html), "segments_html": len(segments),
+                  "live_segments": len(data["segments"])}))
+"#;
+
+/// The workspace's root: this package's folder, or its parent for the member crates that share
+/// these helpers (`#[path]`).
+pub fn workspace_root() -> &'static Path {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    if here.join("tests/fixtures").is_dir() {
+        here
+    } else {
+        here.parent().unwrap_or(here)
+    }
 }

@@ -70,46 +70,43 @@ fn parse_inner(text: &str, strict: bool) -> (Option<ParsedLog>, Vec<LogParseErro
     let mut errors = Vec::new();
     let mut parser = LineParser::default();
     let mut log: Option<ParsedLog> = None;
-    for (i, l) in text.lines().enumerate() {
-        match parser.line(i + 1, l.strip_suffix('\r').unwrap_or(l)) {
+    let mut lines = text.lines().enumerate();
+    loop {
+        let event = match lines.next() {
+            Some((i, l)) => parser.line(i + 1, l.strip_suffix('\r').unwrap_or(l)),
+            None => match parser.finish() {
+                None => return (log, errors),
+                end => end,
+            },
+        };
+        match event {
             None => {}
-            Some(Parsed::Header(header)) => {
+            Some(Ok(LogEvent::Header(header))) => {
                 log = Some(ParsedLog { header, blocks: Vec::new(), trailing_changes: Vec::new() })
             }
-            Some(Parsed::Block(b)) => log.as_mut().expect("blocks follow the header").blocks.push(b),
-            Some(Parsed::Skipped(e)) => {
+            Some(Ok(LogEvent::Block(b))) => log.as_mut().expect("blocks follow the header").blocks.push(b),
+            Some(Ok(LogEvent::Trailing(changes))) => {
+                log.as_mut().expect("trailing lines follow the header").trailing_changes = changes;
+                return (log, errors);
+            }
+            Some(Ok(LogEvent::Skipped(e))) => {
                 errors.push(e);
                 if strict {
                     return (None, errors);
                 }
             }
-            Some(Parsed::NotALog(e)) => {
+            Some(Err(e)) => {
                 errors.push(e);
                 return (None, errors);
             }
         }
     }
-    match log {
-        None => {
-            errors.push(err(1, "", "empty file: no `GPU Memory Track | ...` header"));
-            (None, errors)
-        }
-        Some(mut log) => {
-            log.trailing_changes = parser.take_pending();
-            (Some(log), errors)
-        }
-    }
 }
 
-/// What one line gave.
-enum Parsed {
-    Header(LogHeader),
-    Block(LogBlock),
-    /// A line not in the format (skipped).
-    Skipped(LogParseError),
-    /// The first non-blank line is not a header: nothing more is read.
-    NotALog(LogParseError),
-}
+/// What one line (or the end of the input) gave: an item of the log, or `Err` when the input is
+/// not a log (its first non-blank line is not a header, or it has none), after which nothing more
+/// is read.
+type LineResult = Option<std::result::Result<LogEvent, LogParseError>>;
 
 /// Group lines one block may hold before further ones are skipped: a block of a real log has one
 /// line per tensor group (hundreds), so this only bounds the memory a damaged file can take.
@@ -130,8 +127,8 @@ pub const MAX_BLOCK_NOTES: usize = 1_000;
 
 impl LineParser {
     /// One line, without its line ending; `n` is its 1-based number.
-    /// After [`Parsed::NotALog`] its callers stop reading.
-    fn line(&mut self, n: usize, l: &str) -> Option<Parsed> {
+    /// After an `Err` its callers stop reading.
+    fn line(&mut self, n: usize, l: &str) -> LineResult {
         if !self.in_body {
             if l.trim().is_empty() {
                 return None;
@@ -139,9 +136,9 @@ impl LineParser {
             return match LogHeader::parse(l) {
                 Ok(h) => {
                     self.in_body = true;
-                    Some(Parsed::Header(h))
+                    Some(Ok(LogEvent::Header(h)))
                 }
-                Err(reason) => Some(Parsed::NotALog(err(n, l, reason))),
+                Err(reason) => Some(Err(err(n, l, reason))),
             };
         }
         let parsed = if l.trim().is_empty() {
@@ -166,7 +163,7 @@ impl LineParser {
             }
         } else if is_at_line(l) {
             AtLine::parse(l).map(|at| {
-                Parsed::Block(LogBlock {
+                LogEvent::Block(LogBlock {
                     changes: self.take_pending(),
                     notes: std::mem::take(&mut self.notes),
                     at,
@@ -176,7 +173,17 @@ impl LineParser {
         } else {
             Err("not a `+`/`-` group line, a `!` line, an `At` line or a blank line".to_owned())
         };
-        Some(parsed.unwrap_or_else(|reason| Parsed::Skipped(err(n, l, reason))))
+        Some(Ok(parsed.unwrap_or_else(|reason| LogEvent::Skipped(err(n, l, reason)))))
+    }
+
+    /// The end of the input: the group lines after the last `At` line, or `Err` for an input
+    /// without a header.
+    fn finish(&mut self) -> LineResult {
+        if !self.in_body {
+            return Some(Err(err(1, "", "empty file: no `GPU Memory Track | ...` header")));
+        }
+        let trailing = self.take_pending();
+        (!trailing.is_empty()).then_some(Ok(LogEvent::Trailing(trailing)))
     }
 
     fn take_pending(&mut self) -> Vec<GroupLine> {
@@ -263,6 +270,12 @@ impl<R: std::io::BufRead> LogReader<R> {
         self.path.clone().unwrap_or_else(|| PathBuf::from("<input>"))
     }
 
+    /// The error that ends a read of something that is not a log, naming the path when known.
+    fn not_a_log(&self, mut e: LogParseError) -> Error {
+        e.path = self.path.clone();
+        Error::LogParse(e)
+    }
+
     /// Reads one line into `buf` (without its `\n`), at most [`MAX_LINE_BYTES`] of it; returns
     /// `Ok(None)` at the end, `Ok(Some(false))` for a line that was too long (its rest is
     /// consumed and dropped).
@@ -314,13 +327,7 @@ impl<R: std::io::BufRead> Iterator for LogReader<R> {
                 Ok(Some(whole)) => whole,
                 Ok(None) => {
                     self.finished = true;
-                    if !self.parser.in_body {
-                        let mut e = err(1, "", "empty file: no `GPU Memory Track | ...` header");
-                        e.path = self.path.clone();
-                        return Some(Err(Error::LogParse(e)));
-                    }
-                    let trailing = self.parser.take_pending();
-                    return (!trailing.is_empty()).then_some(Ok(LogEvent::Trailing(trailing)));
+                    return self.parser.finish().map(|r| r.map_err(|e| self.not_a_log(e)));
                 }
                 Err(source) => {
                     self.finished = true;
@@ -334,9 +341,9 @@ impl<R: std::io::BufRead> Iterator for LogReader<R> {
             let parsed = if whole {
                 self.parser.line(n, text)
             } else if self.parser.in_body {
-                Some(Parsed::Skipped(err(n, text, format!("line longer than {MAX_LINE_BYTES} bytes"))))
+                Some(Ok(LogEvent::Skipped(err(n, text, format!("line longer than {MAX_LINE_BYTES} bytes")))))
             } else {
-                Some(Parsed::NotALog(err(
+                Some(Err(err(
                     n,
                     text,
                     format!("first line longer than {MAX_LINE_BYTES} bytes: not a gpu_mem_track log"),
@@ -344,13 +351,10 @@ impl<R: std::io::BufRead> Iterator for LogReader<R> {
             };
             match parsed {
                 None => {}
-                Some(Parsed::Header(h)) => return Some(Ok(LogEvent::Header(h))),
-                Some(Parsed::Block(b)) => return Some(Ok(LogEvent::Block(b))),
-                Some(Parsed::Skipped(e)) => return Some(Ok(LogEvent::Skipped(e))),
-                Some(Parsed::NotALog(mut e)) => {
+                Some(Ok(event)) => return Some(Ok(event)),
+                Some(Err(e)) => {
                     self.finished = true;
-                    e.path = self.path.clone();
-                    return Some(Err(Error::LogParse(e)));
+                    return Some(Err(self.not_a_log(e)));
                 }
             }
         }

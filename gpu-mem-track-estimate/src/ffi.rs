@@ -1,0 +1,469 @@
+//! Safe wrappers over the estimator's half of `gpu-mem-track-sys` (`csrc/estimate/`): TorchScript
+//! and static estimates, tch-native models moved to meta, the shim's optimizers, the meta
+//! allocator, hand-written meta kernels and the CPU-means-meta mode, saved-for-backward capture.
+//! The only module of this crate with `unsafe` code.
+#![allow(unsafe_code)]
+
+use std::ffi::{c_void, CStr, CString};
+use std::ptr::NonNull;
+
+use gpu_mem_track::recorder::{self, AllocEvent};
+use gpu_mem_track::DeviceKind;
+use gpu_mem_track_log::DType;
+use gpu_mem_track_sys as sys;
+use sys::copy_table;
+
+use crate::error::{Error, Result};
+use crate::figures::{CpuTensors, FallbackOp, ModelSizes};
+
+/// The shim's code of a device kind.
+fn device_code(kind: DeviceKind) -> i32 {
+    match kind {
+        DeviceKind::Cpu => sys::GMT_DEV_CPU,
+        DeviceKind::Cuda => sys::GMT_DEV_CUDA,
+        DeviceKind::Meta => sys::GMT_DEV_META,
+    }
+}
+
+fn bytes(v: i64) -> u64 {
+    v.max(0) as u64
+}
+
+/// Turns a shim error (owned C string or null) into a typed error.
+fn check(call: &'static str, err: sys::gmt_error) -> Result<()> {
+    // SAFETY: `err` is what a shim call returned: null, or an error string we now own.
+    match unsafe { sys::take_string(err) } {
+        None => Ok(()),
+        Some(message) => Err(Error::Libtorch { call, message }),
+    }
+}
+
+fn c_string(call: &'static str, s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| Error::Libtorch { call, message: format!("name {s:?} contains a NUL byte") })
+}
+
+/// The optimizers the shim implements for tch-native estimates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OptimizerKind {
+    None,
+    Sgd,
+    SgdMomentum,
+    Adam,
+    AdamW,
+}
+
+impl OptimizerKind {
+    fn code(self) -> i32 {
+        match self {
+            OptimizerKind::None => sys::GMT_OPT_NONE,
+            OptimizerKind::Sgd => sys::GMT_OPT_SGD,
+            OptimizerKind::SgdMomentum => sys::GMT_OPT_SGD_MOMENTUM,
+            OptimizerKind::Adam => sys::GMT_OPT_ADAM,
+            OptimizerKind::AdamW => sys::GMT_OPT_ADAMW,
+        }
+    }
+}
+
+/// `.item()` calls on meta tensors since the process started (each returned 0).
+pub(crate) fn meta_scalar_reads() -> u64 {
+    // SAFETY: reads an atomic counter.
+    bytes(unsafe { sys::gmt_meta_scalar_reads() })
+}
+
+/// What the shim reports of a TorchScript (or tch-native) run besides its recording.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct RunFigures {
+    pub sizes: ModelSizes,
+    /// `.item()` calls on meta tensors during the run (each returned 0).
+    pub meta_scalar_reads: u64,
+    /// Ops that ran their CPU kernel for want of a Meta kernel during the run.
+    pub cpu_fallback: Vec<FallbackOp>,
+    /// CPU tensors made or met while the CPU meant meta.
+    pub cpu_tensors: CpuTensors,
+}
+
+/// Calls and bytes of every op that went through the meta-via-CPU fallback since the process
+/// started, by op.
+pub(crate) fn meta_fallback_counts() -> Vec<FallbackOp> {
+    copy_table(|cap| {
+        let mut ops = vec![std::ptr::null(); cap];
+        let mut calls = vec![0i64; cap];
+        let mut sizes = vec![0i64; cap];
+        // SAFETY: the three buffers hold `cap` elements; the shim fills at most `cap` under its lock.
+        let n = unsafe {
+            sys::gmt_meta_fallback_counts(ops.as_mut_ptr(), calls.as_mut_ptr(), sizes.as_mut_ptr(), cap)
+        };
+        let counts = (0..n.min(cap))
+            .map(|i| FallbackOp {
+                // SAFETY: non-null names are map keys that live (unmoved) for the process.
+                op: if ops[i].is_null() {
+                    String::new()
+                } else {
+                    unsafe { CStr::from_ptr(ops[i]) }.to_string_lossy().into_owned()
+                },
+                calls: bytes(calls[i]),
+                bytes: bytes(sizes[i]),
+            })
+            .collect();
+        (n, counts)
+    })
+}
+
+/// The fallback's counts since `before` (a run's own), busiest first.
+pub(crate) fn meta_fallback_since(before: &[FallbackOp]) -> Vec<FallbackOp> {
+    let mut out: Vec<FallbackOp> = meta_fallback_counts()
+        .into_iter()
+        .filter_map(|mut now| {
+            if let Some(b) = before.iter().find(|b| b.op == now.op) {
+                now.calls -= b.calls.min(now.calls);
+                now.bytes -= b.bytes.min(now.bytes);
+            }
+            (now.calls > 0).then_some(now)
+        })
+        .collect();
+    out.sort_by(|a, b| b.calls.cmp(&a.calls).then(a.op.cmp(&b.op)));
+    out
+}
+
+/// Options of a TorchScript estimate, owned on the Rust side.
+pub(crate) struct EstimateCall<'a> {
+    pub path: &'a std::path::Path,
+    pub input_shape: &'a [i64],
+    pub dtype: DType,
+    pub input_is_index: bool,
+    pub train: bool,
+    pub optimizer: OptimizerKind,
+    pub iterations: i32,
+    pub device_kind: DeviceKind,
+    pub eager_lifetimes: bool,
+}
+
+/// Runs a TorchScript model with the allocation recorder on; returns its sizes, the recorded
+/// events and the op names they refer to.
+pub(crate) fn estimate_torchscript(
+    call: &EstimateCall<'_>,
+) -> Result<(RunFigures, Vec<AllocEvent>, Vec<String>)> {
+    let path = c_string("estimate", &call.path.to_string_lossy())?;
+    let opts = sys::gmt_estimate_options {
+        path: path.as_ptr(),
+        input_shape: call.input_shape.as_ptr(),
+        input_ndim: call.input_shape.len() as i32,
+        dtype: call.dtype.scalar_type(),
+        input_is_index: call.input_is_index as i32,
+        train: call.train as i32,
+        optimizer: call.optimizer.code(),
+        iterations: call.iterations,
+        device_kind: device_code(call.device_kind),
+        eager_lifetimes: call.eager_lifetimes as i32,
+    };
+    let reads_before = meta_scalar_reads();
+    let fallback_before = meta_fallback_counts();
+    let cpu_before = cpu_means_meta_counts();
+    let mut raw = sys::gmt_estimate_result::default();
+    // SAFETY: `opts` points at live buffers (`path`, `input_shape`) for the call; `raw` is a
+    // valid out-pointer.
+    check("estimate", unsafe { sys::gmt_estimate_torchscript(&opts, &mut raw) })?;
+    let run = RunFigures {
+        sizes: ModelSizes {
+            param_count: bytes(raw.param_count),
+            param_bytes: bytes(raw.param_bytes),
+            buffer_bytes: bytes(raw.buffer_bytes),
+            input_bytes: bytes(raw.input_bytes),
+            grad_bytes: bytes(raw.grad_bytes),
+            optimizer_state_bytes: bytes(raw.optimizer_state_bytes),
+        },
+        meta_scalar_reads: meta_scalar_reads() - reads_before,
+        cpu_fallback: meta_fallback_since(&fallback_before),
+        cpu_tensors: {
+            // The shim's mode ran on this thread inside the call.
+            let (made, moved) = cpu_means_meta_counts();
+            CpuTensors {
+                made_on_cpu: u64::try_from(made - cpu_before.0).unwrap_or(0),
+                moved_to_meta: u64::try_from(moved - cpu_before.1).unwrap_or(0),
+                examples: take_cpu_means_meta_examples(),
+            }
+        },
+    };
+    let (events, names) = recorder::events();
+    Ok((run, events, names))
+}
+
+/// Starts capturing saved-for-backward tensors on this thread, leaving out `excluded` storages.
+pub(crate) fn saved_capture_begin(excluded: &[&tch::Tensor]) -> Result<()> {
+    let ptrs: Vec<*const c_void> = excluded.iter().map(|t| t.as_ptr() as *const c_void).collect();
+    // SAFETY: the pointers are `at::Tensor*` of tensors borrowed for the call; the shim only reads
+    // their storages' addresses.
+    check("memory_for_backward", unsafe { sys::gmt_saved_capture_begin(ptrs.as_ptr(), ptrs.len()) })
+}
+
+/// Ends the capture started on this thread.
+pub(crate) fn saved_capture_end() {
+    // SAFETY: clears a thread-local flag; no-op without a capture.
+    unsafe { sys::gmt_saved_capture_end() }
+}
+
+/// (bytes, op) of every saved storage still alive, plus parameter bytes that were left out.
+pub(crate) fn saved_entries() -> (Vec<(u64, String)>, u64) {
+    // SAFETY: a first call with cap 0 only counts; the second fills buffers of that size. Entries
+    // may only shrink in between (hooks being destroyed), never grow, as the capture has ended.
+    unsafe {
+        let n = sys::gmt_saved_entries(std::ptr::null_mut(), std::ptr::null_mut(), 0);
+        let mut bytes = vec![0i64; n];
+        let mut ops = vec![std::ptr::null::<std::os::raw::c_char>(); n];
+        let got = sys::gmt_saved_entries(bytes.as_mut_ptr(), ops.as_mut_ptr(), n).min(n);
+        let entries = (0..got)
+            .map(|i| {
+                let op = if ops[i].is_null() {
+                    String::new()
+                } else {
+                    CStr::from_ptr(ops[i]).to_string_lossy().into_owned()
+                };
+                (bytes[i].max(0) as u64, op)
+            })
+            .collect();
+        (entries, sys::gmt_saved_parameter_bytes().max(0) as u64)
+    }
+}
+
+/// Live bytes on the meta device (tracking meta allocator).
+pub(crate) fn meta_allocator_current() -> u64 {
+    // SAFETY: reads an atomic counter.
+    bytes(unsafe { sys::gmt_meta_allocator_current() })
+}
+
+/// Static TorchScript estimate (shape propagation + liveness).
+pub(crate) fn estimate_static(
+    path: &std::path::Path,
+    shape: &[i64],
+    dtype: DType,
+    is_index: bool,
+) -> Result<StaticResult> {
+    let path = c_string("static estimate", &path.to_string_lossy())?;
+    // SAFETY: all-zero is a valid value of this plain C struct.
+    let mut out: sys::gmt_static_result = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` and `shape` are live for the call; `out` is a valid out-pointer.
+    check("static estimate", unsafe {
+        sys::gmt_estimate_static(
+            path.as_ptr(),
+            shape.as_ptr(),
+            shape.len() as i32,
+            dtype.scalar_type(),
+            is_index as i32,
+            &mut out,
+        )
+    })?;
+    Ok(StaticResult {
+        activation_peak: bytes(out.activation_peak),
+        param_bytes: bytes(out.param_bytes),
+        nodes: bytes(out.nodes),
+        unknown_shapes: bytes(out.unknown_shapes),
+        peak_op: fixed_c_str(&out.peak_op),
+        seconds: out.seconds,
+    })
+}
+
+/// What the static (TorchScript IR) analysis found.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StaticResult {
+    pub activation_peak: u64,
+    pub param_bytes: u64,
+    pub nodes: u64,
+    pub unknown_shapes: u64,
+    pub peak_op: String,
+    pub seconds: f64,
+}
+
+/// A fixed-size C string field as text.
+fn fixed_c_str(field: &[std::os::raw::c_char]) -> String {
+    let bytes: Vec<u8> = field.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Moves a tch variable's data to the meta device or the CPU in place (same variable, new
+/// storage), converting floating dtypes to `scalar_type` (-1 keeps them).
+pub(crate) fn tensor_to_device_in_place(
+    t: &tch::Tensor,
+    device_kind: DeviceKind,
+    dtype: Option<DType>,
+) -> Result<()> {
+    let scalar_type = dtype.map_or(-1, DType::scalar_type);
+    // SAFETY: `as_ptr` is tch's live at::Tensor*; set_data mutates the TensorImpl behind it, which
+    // is what every handle on this variable shares (the intent: the VarStore sees the new data).
+    check("move to device", unsafe {
+        sys::gmt_tensor_to_device_in_place(t.as_ptr() as *mut c_void, device_code(device_kind), scalar_type)
+    })
+}
+
+/// Tags a tensor's allocation as a parameter in the current recording.
+pub(crate) fn tag_parameter_tensor(t: &tch::Tensor) -> Result<()> {
+    // SAFETY: a live at::Tensor* borrowed for the call.
+    check("tag parameter", unsafe { sys::gmt_tag_parameter_tensor(t.as_ptr() as *const c_void) })
+}
+
+/// A new tensor on the meta device or the CPU (random floats, zero integers).
+pub(crate) fn make_tensor(shape: &[i64], dtype: DType, device_kind: DeviceKind) -> Result<tch::Tensor> {
+    let (scalar_type, device_kind) = (dtype.scalar_type(), device_code(device_kind));
+    let mut out: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `shape` lives for the call; `out` receives a new at::Tensor* we take ownership of.
+    check("make tensor", unsafe {
+        sys::gmt_make_tensor(shape.as_ptr(), shape.len() as i32, scalar_type, device_kind, &mut out)
+    })?;
+    // SAFETY: the shim allocated a fresh at::Tensor with `new`; tch frees it with delete.
+    Ok(unsafe { tch::Tensor::from_ptr(out as *mut torch_sys::C_tensor) })
+}
+
+/// Optimizer state driven by the shim (the same foreach updates as TorchScript estimates).
+pub(crate) struct ShimOptimizer(NonNull<c_void>);
+
+impl ShimOptimizer {
+    pub(crate) fn new(kind: OptimizerKind) -> Result<Self> {
+        // SAFETY: allocation; null on failure.
+        NonNull::new(unsafe { sys::gmt_optimizer_new(kind.code()) })
+            .map(ShimOptimizer)
+            .ok_or(Error::Libtorch { call: "optimizer", message: "out of memory".into() })
+    }
+
+    pub(crate) fn step(&mut self, params: &[tch::Tensor]) -> Result<()> {
+        let ptrs: Vec<*const c_void> = params.iter().map(|t| t.as_ptr() as *const c_void).collect();
+        // SAFETY: `self.0` is a live optimizer we own; the tensor pointers are borrowed for the call.
+        check("optimizer step", unsafe {
+            sys::gmt_optimizer_step(self.0.as_ptr(), ptrs.as_ptr(), ptrs.len())
+        })
+    }
+
+    pub(crate) fn state_bytes(&self) -> u64 {
+        // SAFETY: reads the live optimizer's state sizes.
+        unsafe { sys::gmt_optimizer_state_bytes(self.0.as_ptr()) }.max(0) as u64
+    }
+}
+
+impl Drop for ShimOptimizer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by gmt_optimizer_new, freed once.
+        unsafe { sys::gmt_optimizer_free(self.0.as_ptr()) }
+    }
+}
+
+/// Drops the gradients of `params` (set_to_none), returning the bytes they held.
+pub(crate) fn grads_set_to_none(params: &[tch::Tensor]) -> Result<u64> {
+    let ptrs: Vec<*const c_void> = params.iter().map(|t| t.as_ptr() as *const c_void).collect();
+    let mut bytes = 0i64;
+    // SAFETY: tensor pointers borrowed for the call; `bytes` is a valid out-pointer.
+    check("zero_grad", unsafe { sys::gmt_grads_set_to_none(ptrs.as_ptr(), ptrs.len(), &mut bytes) })?;
+    Ok(bytes.max(0) as u64)
+}
+
+pub(crate) fn meta_allocator_install() -> Result<()> {
+    // SAFETY: idempotent installation.
+    check("meta allocator", unsafe { sys::gmt_meta_allocator_install() })
+}
+
+/// The ops with a hand-written meta kernel in the shim.
+pub(crate) fn meta_kernels_registered() -> Vec<String> {
+    let mut n = 0usize;
+    // SAFETY: returns a static array of `n` static NUL-terminated names.
+    let names = unsafe { sys::gmt_meta_kernels_registered(&mut n) };
+    (0..n)
+        // SAFETY: `i < n`, and every entry is a static C string.
+        .map(|i| unsafe { CStr::from_ptr(*names.add(i)) }.to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Runs every hand-written meta kernel against the CPU kernel of the same op
+/// (`csrc/estimate/meta_kernel_check.cpp`): one `(op, shapes, verdict)` a case, verdict `ok` or what
+/// differs.
+pub(crate) fn meta_kernels_check() -> Result<Vec<(String, String, String)>> {
+    let mut report: *mut std::os::raw::c_char = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; on success the shim stores a malloc'ed string we own.
+    check("meta kernel check", unsafe { sys::gmt_meta_kernels_check(&mut report) })?;
+    // SAFETY: set by the shim on success (or left null), owned by us.
+    let text = unsafe { take_shim_string(report) };
+    Ok(report_fields(&text)
+        .map(|mut f| {
+            f.resize(3, String::new());
+            (std::mem::take(&mut f[0]), std::mem::take(&mut f[1]), std::mem::take(&mut f[2]))
+        })
+        .collect())
+}
+
+/// "The CPU means meta" on this thread while the guard lives: factories asked for the CPU make
+/// meta tensors and CPU tensors that reach an op become meta twins (`csrc/estimate/cpu_means_meta.cpp`).
+/// Thread-local in libtorch, so the guard stays on the thread that made it.
+pub(crate) struct CpuMeansMeta {
+    made_before: i64,
+    moved_before: i64,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+fn cpu_means_meta_counts() -> (i64, i64) {
+    let (mut made, mut moved) = (0i64, 0i64);
+    // SAFETY: two valid out-pointers; reads this thread's counters.
+    unsafe { sys::gmt_cpu_means_meta_counts(&mut made, &mut moved) };
+    (made, moved)
+}
+
+impl CpuMeansMeta {
+    /// `copies_too`: copies to the CPU (`to`, `_to_copy`) stay on meta as well (TorchScript).
+    pub(crate) fn begin(copies_too: bool) -> Result<Self> {
+        let (made_before, moved_before) = cpu_means_meta_counts();
+        // SAFETY: sets this thread's dispatch-key state; undone by `end` on drop, on this thread.
+        check("cpu means meta", unsafe { sys::gmt_cpu_means_meta_begin(i32::from(copies_too)) })?;
+        // The examples of an earlier span are not this one's.
+        let _ = take_cpu_means_meta_examples();
+        Ok(Self { made_before, moved_before, _not_send: std::marker::PhantomData })
+    }
+
+    /// What this span saw so far.
+    pub(crate) fn counts(&self) -> CpuTensors {
+        let (made, moved) = cpu_means_meta_counts();
+        CpuTensors {
+            made_on_cpu: u64::try_from(made - self.made_before).unwrap_or(0),
+            moved_to_meta: u64::try_from(moved - self.moved_before).unwrap_or(0),
+            examples: take_cpu_means_meta_examples(),
+        }
+    }
+}
+
+fn take_cpu_means_meta_examples() -> Vec<String> {
+    // SAFETY: the shim returns a malloc'ed NUL-terminated string (or null), owned by us.
+    let text = unsafe { take_shim_string(sys::gmt_cpu_means_meta_examples()) };
+    text.lines().map(str::to_owned).collect()
+}
+
+/// Copies out and frees a string the shim allocated; null is the empty string.
+///
+/// # Safety
+/// As [`sys::take_string`].
+unsafe fn take_shim_string(raw: *mut std::os::raw::c_char) -> String {
+    // SAFETY: the caller's promise.
+    unsafe { sys::take_string(raw) }.unwrap_or_default()
+}
+
+/// Tab-separated lines of a shim report, as fields.
+fn report_fields(text: &str) -> impl Iterator<Item = Vec<String>> + '_ {
+    text.lines().map(|l| l.split('\t').map(str::to_owned).collect())
+}
+
+/// Every aten op of a TorchScript model's forward that can run neither on meta nor on the CPU
+/// through the fallback: `(schema, where it is called)`.
+pub(crate) fn script_ops_without_meta(path: &std::path::Path) -> Result<Vec<(String, String)>> {
+    let path = c_string("ops without meta", &path.to_string_lossy())?;
+    let mut report: *mut std::os::raw::c_char = std::ptr::null_mut();
+    // SAFETY: `path` lives across the call; `report` is a valid out-pointer.
+    check("ops without meta", unsafe { sys::gmt_script_ops_without_meta(path.as_ptr(), &mut report) })?;
+    // SAFETY: set by the shim on success (or left null), owned by us.
+    let text = unsafe { take_shim_string(report) };
+    Ok(report_fields(&text)
+        .map(|mut f| {
+            f.resize(2, String::new());
+            (std::mem::take(&mut f[0]), std::mem::take(&mut f[1]))
+        })
+        .collect())
+}
+
+impl Drop for CpuMeansMeta {
+    fn drop(&mut self) {
+        // SAFETY: the matching end of `begin`, on the same thread (the guard is not Send).
+        unsafe { sys::gmt_cpu_means_meta_end() }
+    }
+}

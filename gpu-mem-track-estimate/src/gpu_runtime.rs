@@ -1,0 +1,684 @@
+//! Allocations a GPU run makes that a meta run cannot see, placed where PyTorch makes them and
+//! replayed through the caching allocator model with every tensor of the run.
+//!
+//! A meta run records the tensors ops return. On a GPU, libraries called inside ops also take
+//! memory from PyTorch's caching allocator; those allocations are events of the same sequence, so
+//! they can land in a cached free block (no new segment) and raise the peak only when they
+//! coincide with it. What is modelled, and the PyTorch 2.13 source each rule comes from:
+//!
+//! * **cuBLAS workspace** (`aten/src/ATen/cuda/CublasHandlePool.cpp`): `getCurrentCUDABlasHandle()`
+//!   calls `setWorkspaceForHandle`, which allocates `getChosenWorkspaceSize()` bytes through
+//!   `CUDACachingAllocator::get()->allocate` once per (handle, stream) and keeps them in
+//!   `cublas_handle_stream_to_workspace` until the process ends. The first matmul-family op
+//!   (`mm`, `addmm`, `bmm`, `baddbmm`, `matmul`, `linear`, `addmv`, the math path of attention)
+//!   fetches the handle inside its kernel, after its output tensor was allocated (structured
+//!   kernels allocate `out` in `set_output` before `impl` runs): the workspace is placed right after
+//!   the first such op's first allocation and never freed. Size: `CUBLAS_WORKSPACE_CONFIG`, else
+//!   `:4096:2:16:8` (8 MiB + 128 KiB), or 32 MiB on sm 9.0 (`DeviceProfile::cublas_workspace_bytes` of the `profile` module).
+//!   The cuBLASLt workspace (`getCUDABlasLtWorkspace`, 1 MiB unless `CUBLASLT_WORKSPACE_SIZE`) is
+//!   only taken by `addmm` with a bias when both matrices have more than one row and column
+//!   (`Blas.cpp`, `useLtInterface`); it is not placed (at most 1 MiB, in the small pool).
+//! * **cuDNN convolution workspace** (`aten/src/ATen/native/cudnn/Conv_v8.cpp`, `run_conv_plan`):
+//!   allocated through the caching allocator while each convolution (forward, backward-data,
+//!   backward-weight) runs, after its outputs were allocated, and freed when it returns. Its size is
+//!   the engine cuDNN's heuristics pick on the GPU, unknowable here: the low end is 0, the high end
+//!   places at each convolution call a workspace as large as the largest tensor that call
+//!   allocates (its output, or the largest gradient it returns) - the implicit-GEMM and Winograd
+//!   engines the heuristics favour without `cudnn.benchmark` need at most about one operand.
+//! * Looked at and already in the meta sequence, so nothing is added: max-pool indices (on any
+//!   device but the CPU, `max_pool2d` calls `max_pool2d_with_indices`, `MaxPooling.cpp`), dropout
+//!   masks (`native_dropout` returns its bool mask on CUDA as on meta), attention's logsumexp (this
+//!   crate's meta kernel for fused attention returns it as the flash kernel does). cuDNN
+//!   batch-norm's reserve space and workspace (`aten/src/ATen/native/cudnn/BatchNorm.cpp`, sized
+//!   by `cudnnGetBatchNormalizationTrainingExReserveSpaceSize`/`...WorkspaceSize` for
+//!   `CUDNN_BATCHNORM_OPS_BN`, no fused activation) are cuDNN's choice and small next to the
+//!   activation they normalise (a bitmask at most); they are not placed. Its eval-mode extra
+//!   outputs are 0-byte tensors the allocator never sees.
+//!
+//! **Against a device's memory** ([`replay_on_device`]) the model has a capacity and does what
+//! `CUDACachingAllocator.cpp`'s `malloc` does when `cudaMalloc` fails: it releases every cached
+//! segment that holds no live block (`release_cached_blocks`, as `empty_cache`) and tries again;
+//! the first allocation that still cannot be placed is the predicted `torch.OutOfMemoryError`
+//! ([`FirstOom`]). A cuDNN workspace that cannot be placed is not one: PyTorch catches that
+//! error and runs an engine needing less (`Conv_v8.cpp`, `generate_and_filter_plans` halves the
+//! workspace and drops the plans that need more; `Conv_v7.cpp`, `try_all`), so it is left out and
+//! the replay goes on. The cuBLAS workspace has no such fallback: its failure is the op's.
+use std::fmt;
+
+use serde::Serialize;
+
+use gpu_mem_track_log::caching_allocator::{BlockId, CachingAllocatorModel, CachingStats, OutOfMemory};
+use gpu_mem_track_log::log::oom::human_bytes;
+use gpu_mem_track_log::{Phase, Trace, TraceEvent};
+
+/// Ops whose kernels call cuBLAS (the innermost op an allocation is recorded under).
+const CUBLAS_OPS: [&str; 8] = [
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::matmul",
+    "aten::linear",
+    "aten::addmv",
+    "aten::_scaled_dot_product_attention_math",
+];
+
+/// Whether an op name is `name` or one of its overloads (`aten::mm.out`).
+fn is_op(op: &str, name: &str) -> bool {
+    op.strip_prefix(name).is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+}
+
+/// An allocation made by the op named in `top_op` itself rather than by an op it calls: on meta
+/// a kernel's outputs are recorded under `aten::empty`/`aten::empty_strided`.
+fn is_allocation_primitive(op: &str) -> bool {
+    is_op(op, "aten::empty") || is_op(op, "aten::empty_strided") || is_op(op, "aten::empty_like")
+}
+
+fn is_cublas_call(e: &TraceEvent) -> bool {
+    let cublas = |op: &str| CUBLAS_OPS.iter().any(|name| is_op(op, name));
+    cublas(&e.op) || (is_allocation_primitive(&e.op) && cublas(&e.top_op))
+}
+
+/// Allocations of a convolution call: forward outputs are recorded under `aten::conv2d` (or
+/// `conv1d`, `conv3d`, `conv_transpose2d`, `_convolution`) with an allocation primitive or a
+/// convolution kernel innermost; backward ones under `ConvolutionBackward0`. Other ops under the
+/// same outer op (the `aten::add` that accumulates a gradient) run after the call returned.
+fn is_convolution(e: &TraceEvent) -> bool {
+    // Case-insensitive without allocating: this runs for every event of every replay.
+    let conv = |s: &str| s.as_bytes().windows(4).any(|w| w.eq_ignore_ascii_case(b"conv"));
+    conv(&e.top_op) && (is_allocation_primitive(&e.op) || conv(&e.op))
+}
+
+/// What a GPU library allocation is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuntimeKind {
+    /// The cuBLAS handle's workspace: kept until the process ends.
+    CublasWorkspace,
+    /// A cuDNN convolution's workspace: freed when the call returns.
+    CudnnWorkspace,
+}
+
+/// A GPU library allocation placed in a recorded sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RuntimeAllocation {
+    /// What it is.
+    pub kind: RuntimeKind,
+    /// Bytes requested from the caching allocator.
+    pub bytes: u64,
+    /// Allocated right after this event of the trace.
+    pub after_event: usize,
+    /// Freed right after this event (`None`: kept to the end).
+    pub freed_after: Option<usize>,
+}
+
+/// Which GPU library allocations to place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RuntimeSizes {
+    /// cuBLAS workspace bytes (0: the model has no matmul, or leave it out).
+    pub cublas_workspace: u64,
+    /// Place the high-end cuDNN workspace at each convolution call.
+    pub cudnn_workspaces: bool,
+}
+
+/// Places the GPU library allocations of `sizes` in `trace`, in the order the events happen.
+pub fn place_runtime_allocations(trace: &Trace, sizes: RuntimeSizes) -> Vec<RuntimeAllocation> {
+    let mut out = Vec::new();
+    if sizes.cublas_workspace > 0 {
+        if let Some(i) = trace.events.iter().position(|e| e.alloc && is_cublas_call(e)) {
+            out.push(RuntimeAllocation {
+                kind: RuntimeKind::CublasWorkspace,
+                bytes: sizes.cublas_workspace,
+                after_event: i,
+                freed_after: None,
+            });
+        }
+    }
+    if sizes.cudnn_workspaces {
+        out.extend(convolution_calls(trace).into_iter().map(|(first, last, largest)| RuntimeAllocation {
+            kind: RuntimeKind::CudnnWorkspace,
+            bytes: largest,
+            after_event: first,
+            freed_after: Some(last),
+        }));
+    }
+    out.sort_by_key(|r| r.after_event);
+    out
+}
+
+/// Each convolution call as (its first allocation, its last allocation, its largest allocation):
+/// a run of consecutive convolution allocations with the same outer op and phase.
+fn convolution_calls(trace: &Trace) -> Vec<(usize, usize, u64)> {
+    let mut calls: Vec<(usize, usize, u64)> = Vec::new();
+    let mut open = false;
+    for (i, e) in trace.events.iter().enumerate() {
+        if !(e.alloc && is_convolution(e)) {
+            open = false;
+            continue;
+        }
+        let same_call = open && {
+            let prev = &trace.events[i - 1];
+            prev.top_op == e.top_op && prev.phase == e.phase
+        };
+        match calls.last_mut() {
+            Some(call) if same_call => {
+                call.1 = i;
+                call.2 = call.2.max(e.size);
+            }
+            _ => calls.push((i, i, e.size)),
+        }
+        open = true;
+    }
+    calls
+}
+
+/// The largest cuDNN workspace the high end places (0 without convolutions).
+pub fn largest_cudnn_workspace(trace: &Trace) -> u64 {
+    convolution_calls(trace).iter().map(|c| c.2).max().unwrap_or(0)
+}
+
+/// What the caching allocator model shows for a trace with its GPU library allocations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct GpuReplay {
+    /// `memory_allocated()` once the model and the input are loaded (before the first forward):
+    /// parameters, buffers and input as the allocator rounds them into blocks.
+    pub baseline_allocated: u64,
+    /// `max_memory_allocated()`.
+    pub peak_allocated: u64,
+    /// `max_memory_reserved()`.
+    pub peak_reserved: u64,
+    /// Segments `cudaMalloc`ed.
+    pub segments: u64,
+    /// The trace event after which `peak_allocated` was first reached.
+    pub peak_event: usize,
+}
+
+/// The first allocation a device cannot serve, after the caching allocator released its cache
+/// and tried again: where a GPU run would stop with `torch.OutOfMemoryError`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FirstOom {
+    /// The innermost op of the allocation (`aten::empty` for a kernel's output on meta).
+    pub op: String,
+    /// The outermost op: the call the program made (`aten::conv2d`, or the autograd node in
+    /// backward).
+    pub top_op: String,
+    /// Phase of the run.
+    pub phase: Phase,
+    /// Training iteration (1-based; 0 while loading).
+    pub iteration: u32,
+    /// The trace event of the allocation (for a GPU library's workspace: the event it follows).
+    pub event: usize,
+    /// `None` for a tensor; the GPU library allocation it is otherwise.
+    pub runtime: Option<RuntimeKind>,
+    /// Bytes asked for.
+    pub requested: u64,
+    /// Rounded to the allocator's 512-byte granularity.
+    pub rounded: u64,
+    /// The segment `cudaMalloc` would have had to give: the rounded size for 10 MiB and more
+    /// (rounded up to 2 MiB), a 2 MiB or 20 MiB segment for smaller requests.
+    pub segment: u64,
+    /// `memory_reserved()` after the cache was released: segments with live blocks.
+    pub reserved_after_retry: u64,
+    /// `memory_allocated()` then.
+    pub allocated: u64,
+    /// Memory the allocator can have: the device's, less the CUDA context.
+    pub capacity: u64,
+    /// `segment + reserved_after_retry - capacity`: bytes missing for this allocation to
+    /// succeed (free space inside reserved segments counts as taken: it is fragmentation the
+    /// request cannot use).
+    pub short_by: u64,
+}
+
+impl FirstOom {
+    fn new(e: &TraceEvent, event: usize, runtime: Option<RuntimeKind>, oom: &OutOfMemory) -> FirstOom {
+        FirstOom {
+            op: e.op.clone(),
+            top_op: e.top_op.clone(),
+            phase: e.phase,
+            iteration: e.iteration,
+            event,
+            runtime,
+            requested: oom.requested,
+            rounded: oom.rounded,
+            segment: oom.segment,
+            reserved_after_retry: oom.reserved,
+            allocated: oom.allocated,
+            capacity: oom.capacity,
+            short_by: oom.short_by(),
+        }
+    }
+
+    /// The op to name: the program's call when the innermost op only allocates for it
+    /// (`aten::empty` under `aten::conv2d`), else the innermost op and the call it is in; an
+    /// autograd node by its name (`ConvolutionBackward0`, not
+    /// `autograd::engine::evaluate_function: ConvolutionBackward0`).
+    pub fn op_name(&self) -> String {
+        let top = self.top_op.strip_prefix("autograd::engine::evaluate_function: ").unwrap_or(&self.top_op);
+        if self.op == self.top_op || top.is_empty() {
+            self.op.clone()
+        } else if is_allocation_primitive(&self.op) || self.op.is_empty() {
+            top.to_owned()
+        } else {
+            format!("{} in {top}", self.op)
+        }
+    }
+}
+
+/// `does not fit: aten::conv2d (forward, iteration 1) asks for 196.0 MiB; 58.0 MiB left of 15.6 GiB
+/// usable once the cache is released (15.6 GiB reserved, 15.5 GiB allocated): 138.0 MiB short`
+impl fmt::Display for FirstOom {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.runtime {
+            None => "",
+            Some(RuntimeKind::CublasWorkspace) => "the cuBLAS workspace of ",
+            Some(RuntimeKind::CudnnWorkspace) => "the cuDNN workspace of ",
+        };
+        let when = if self.iteration > 0 {
+            format!("{}, iteration {}", self.phase, self.iteration)
+        } else {
+            self.phase.to_string()
+        };
+        let segment = if self.segment > self.rounded {
+            format!(" (a new {} segment)", human_bytes(self.segment))
+        } else {
+            String::new()
+        };
+        write!(
+            f,
+            "does not fit: {what}{} ({when}) asks for {}{segment}; {} left of {} usable once the cache is \
+             released ({} reserved, {} allocated): {} short",
+            self.op_name(),
+            human_bytes(self.rounded),
+            human_bytes(self.capacity.saturating_sub(self.reserved_after_retry)),
+            human_bytes(self.capacity),
+            human_bytes(self.reserved_after_retry),
+            human_bytes(self.allocated),
+            human_bytes(self.short_by)
+        )
+    }
+}
+
+/// Allocations made directly by a oneDNN kernel (not by an `aten::empty` it calls) exist only on
+/// the CPU.
+pub(crate) fn cpu_only_op(name: &str) -> bool {
+    name.starts_with("aten::mkldnn") || name.starts_with("mkldnn::") || name.starts_with("onednn::")
+}
+
+/// Replays `trace` and the `runtime` allocations (sorted by [`RuntimeAllocation::after_event`])
+/// through one caching allocator model. Allocations only a CPU run makes (oneDNN's own, see
+/// `Estimate::cpu_only_temporaries`) are left out.
+pub fn replay_with_runtime(trace: &Trace, runtime: &[RuntimeAllocation]) -> GpuReplay {
+    replay_on_device(trace, runtime, None).0
+}
+
+/// [`replay_with_runtime`] on a device whose allocator can reserve at most `capacity` bytes
+/// (`None`: unlimited): the replay stops at the first allocation that cannot be placed once the
+/// cache was released, and returns it. A cuDNN workspace that cannot be placed is left out (the
+/// convolution falls back to an engine needing less, see the [module docs](self)). The figures
+/// returned are those up to the failure.
+pub fn replay_on_device(
+    trace: &Trace,
+    runtime: &[RuntimeAllocation],
+    capacity: Option<u64>,
+) -> (GpuReplay, Option<FirstOom>) {
+    let (replay, first_oom, _) = replay_with_stats(trace, runtime, capacity);
+    (replay, first_oom)
+}
+
+/// [`replay_on_device`], with the caching allocator model's own counters at the end (what
+/// `Estimate::cuda` reports). The one loop that feeds a trace through
+/// the model: estimates, GPU predictions and per-rank figures all come from it.
+pub(crate) fn replay_with_stats(
+    trace: &Trace,
+    runtime: &[RuntimeAllocation],
+    capacity: Option<u64>,
+) -> (GpuReplay, Option<FirstOom>, CachingStats) {
+    let mut model = capacity.map_or_else(CachingAllocatorModel::new, CachingAllocatorModel::with_capacity);
+    let mut blocks: std::collections::HashMap<i64, BlockId> = std::collections::HashMap::new();
+    let mut pending_frees: Vec<(usize, BlockId)> = Vec::new();
+    let mut next_runtime = runtime.iter().peekable();
+    let mut baseline = None;
+    let mut out = GpuReplay::default();
+    let mut first_oom = None;
+    'events: for (i, e) in trace.events.iter().enumerate() {
+        if baseline.is_none() && e.phase >= Phase::Forward && e.phase != Phase::Unmarked {
+            baseline = Some(model.stats().allocated);
+        }
+        if e.alloc {
+            // oneDNN's own scratch memory of a CPU run (`--allow-cpu`) has no GPU counterpart; its
+            // frees then find no block. The CUDA allocator returns no block for 0 bytes
+            // (`NativeCachingAllocator::allocate`).
+            if e.size > 0 && !cpu_only_op(&e.op) {
+                match model.malloc(e.size) {
+                    Ok(b) => {
+                        blocks.insert(e.id, b);
+                    }
+                    Err(oom) => {
+                        first_oom = Some(FirstOom::new(e, i, None, &oom));
+                        break 'events;
+                    }
+                }
+            }
+        } else if let Some(b) = blocks.remove(&e.id) {
+            model.free(b);
+        }
+        while let Some(r) = next_runtime.next_if(|r| r.after_event == i) {
+            match model.malloc(r.bytes) {
+                Ok(b) => {
+                    if let Some(at) = r.freed_after {
+                        pending_frees.push((at, b));
+                    }
+                }
+                Err(oom) if r.kind == RuntimeKind::CublasWorkspace => {
+                    first_oom = Some(FirstOom::new(e, i, Some(r.kind), &oom));
+                    break 'events;
+                }
+                Err(_) => {} // a cuDNN engine with a smaller workspace runs instead
+            }
+        }
+        if model.stats().peak_allocated > out.peak_allocated {
+            out.peak_allocated = model.stats().peak_allocated;
+            out.peak_event = i;
+        }
+        pending_frees.retain(|&(at, b)| {
+            if at == i {
+                model.free(b);
+            }
+            at != i
+        });
+    }
+    let stats = model.stats();
+    if let (Some(oom), true) = (&first_oom, stats.peak_allocated > out.peak_allocated) {
+        // The failing event's own tensor was placed before its workspace failed.
+        out.peak_allocated = stats.peak_allocated;
+        out.peak_event = oom.event;
+    }
+    out.baseline_allocated = baseline.unwrap_or(stats.allocated);
+    out.peak_reserved = stats.peak_reserved;
+    out.segments = stats.segment_allocs;
+    (out, first_oom, stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpu_mem_track_log::Category;
+
+    const MIB: u64 = 1 << 20;
+
+    fn ev(alloc: bool, id: i64, mib: u64, phase: Phase, op: &str) -> TraceEvent {
+        TraceEvent {
+            alloc,
+            id,
+            size: mib * MIB,
+            phase,
+            iteration: 1,
+            op: op.into(),
+            top_op: op.into(),
+            category: Category::Unknown,
+        }
+    }
+
+    fn trace(events: Vec<TraceEvent>) -> Trace {
+        Trace { events }
+    }
+
+    fn replay(t: &Trace, sizes: RuntimeSizes) -> GpuReplay {
+        replay_with_runtime(t, &place_runtime_allocations(t, sizes))
+    }
+
+    #[test]
+    fn a_workspace_that_fits_a_cached_free_block_leaves_peak_reserved_unchanged() {
+        // A 30 MiB activation is freed before the first matmul: its 30 MiB segment is cached and
+        // the 8 MiB workspace is carved from it.
+        let t = trace(vec![
+            ev(true, 1, 4, Phase::Load, "aten::empty"),
+            ev(true, 2, 30, Phase::Forward, "aten::relu"),
+            ev(false, 2, 30, Phase::Forward, "aten::relu"),
+            ev(true, 3, 2, Phase::Forward, "aten::addmm"),
+        ]);
+        let without = replay(&t, RuntimeSizes::default());
+        let with = replay(&t, RuntimeSizes { cublas_workspace: 8 * MIB, cudnn_workspaces: false });
+        assert_eq!(with.peak_reserved, without.peak_reserved, "no new segment");
+        assert_eq!(with.segments, without.segments);
+        // Adding on top would have said +20 MiB (a new large segment for the workspace).
+        assert_eq!(without.peak_reserved, 20 * MIB + 30 * MIB);
+    }
+
+    #[test]
+    fn a_workspace_first_needed_after_the_activation_peak_leaves_peak_allocated_unchanged() {
+        // Peak: 4 + 64 MiB in the convolutions; the classifier's matmul comes when 4 + 2 are live.
+        let t = trace(vec![
+            ev(true, 1, 4, Phase::Load, "aten::empty"),
+            ev(true, 2, 64, Phase::Forward, "aten::convolution_overrideable"),
+            ev(true, 3, 2, Phase::Forward, "aten::mean"),
+            ev(false, 2, 64, Phase::Forward, "aten::mean"),
+            ev(true, 4, 1, Phase::Forward, "aten::addmm"),
+        ]);
+        let without = replay(&t, RuntimeSizes::default());
+        let with =
+            replay(&t, RuntimeSizes { cublas_workspace: 8 * MIB + 128 * 1024, cudnn_workspaces: false });
+        assert_eq!(with.peak_allocated, without.peak_allocated);
+        assert_eq!(with.peak_allocated, 70 * MIB);
+        assert_eq!(with.baseline_allocated, 4 * MIB);
+        // It is there: placed after the addmm output, and live at the end.
+        let placed =
+            place_runtime_allocations(&t, RuntimeSizes { cublas_workspace: MIB, cudnn_workspaces: false });
+        assert_eq!(
+            placed,
+            vec![RuntimeAllocation {
+                kind: RuntimeKind::CublasWorkspace,
+                bytes: MIB,
+                after_event: 4,
+                freed_after: None
+            }]
+        );
+    }
+
+    #[test]
+    fn a_convolution_workspace_raises_the_peak_only_where_it_coincides_with_it() {
+        // Conv A (8 MiB output) runs while 40 MiB are live: the peak. Conv B (16 MiB output) runs
+        // later with little else live.
+        let peak_at_a = trace(vec![
+            ev(true, 1, 40, Phase::Forward, "aten::relu"),
+            ev(true, 2, 8, Phase::Forward, "aten::convolution_overrideable"),
+            ev(false, 1, 40, Phase::Forward, "aten::relu"),
+            ev(true, 3, 16, Phase::Forward, "aten::convolution_overrideable"),
+            ev(false, 2, 8, Phase::Forward, "aten::relu"),
+        ]);
+        let low = replay(&peak_at_a, RuntimeSizes::default());
+        let high = replay(&peak_at_a, RuntimeSizes { cublas_workspace: 0, cudnn_workspaces: true });
+        assert_eq!(low.peak_allocated, 48 * MIB);
+        // A's 8 MiB workspace coincides with the 48 MiB peak; B's 16 MiB lands at 8 + 16 + 16 = 40.
+        assert_eq!(high.peak_allocated, 56 * MIB);
+        // Move the peak away from both convolutions: the workspaces no longer raise it.
+        let peak_elsewhere = trace(vec![
+            ev(true, 1, 100, Phase::Forward, "aten::relu"),
+            ev(false, 1, 100, Phase::Forward, "aten::relu"),
+            ev(true, 2, 8, Phase::Forward, "aten::convolution_overrideable"),
+            ev(true, 3, 16, Phase::Forward, "aten::convolution_overrideable"),
+        ]);
+        let low = replay(&peak_elsewhere, RuntimeSizes::default());
+        let high = replay(&peak_elsewhere, RuntimeSizes { cublas_workspace: 0, cudnn_workspaces: true });
+        assert_eq!(low.peak_allocated, 100 * MIB);
+        assert_eq!(high.peak_allocated, 100 * MIB, "a sum on top would say 116 MiB");
+    }
+
+    #[test]
+    fn one_convolution_call_gets_one_workspace_sized_by_its_largest_allocation() {
+        // A backward convolution allocates grad_input then grad_weight: one call, one workspace.
+        let t = trace(vec![
+            ev(true, 1, 6, Phase::Backward, "aten::convolution_backward_overrideable"),
+            ev(true, 2, 2, Phase::Backward, "aten::convolution_backward_overrideable"),
+            ev(true, 3, 1, Phase::Backward, "aten::add"),
+            ev(true, 4, 3, Phase::Backward, "aten::convolution_backward_overrideable"),
+        ]);
+        let placed =
+            place_runtime_allocations(&t, RuntimeSizes { cublas_workspace: 0, cudnn_workspaces: true });
+        let calls: Vec<(usize, Option<usize>, u64)> =
+            placed.iter().map(|r| (r.after_event, r.freed_after, r.bytes / MIB)).collect();
+        assert_eq!(calls, vec![(0, Some(1), 6), (3, Some(3), 3)]);
+        assert_eq!(largest_cudnn_workspace(&t), 6 * MIB);
+    }
+
+    #[test]
+    fn calls_are_recognised_by_the_names_a_meta_run_records() {
+        let named = |top: &str, op: &str, mib: u64| TraceEvent {
+            top_op: top.into(),
+            ..ev(true, 0, mib, Phase::Backward, op)
+        };
+        let t = trace(vec![
+            named("aten::conv2d", "aten::empty", 4),
+            named("aten::batch_norm", "aten::empty", 4),
+            named("autograd::engine::evaluate_function: ConvolutionBackward0", "aten::empty_strided", 2),
+            named("autograd::engine::evaluate_function: ConvolutionBackward0", "aten::empty_strided", 1),
+            named("autograd::engine::evaluate_function: ConvolutionBackward0", "aten::add", 8),
+            named("aten::linear", "aten::addmm", 1),
+        ]);
+        let placed =
+            place_runtime_allocations(&t, RuntimeSizes { cublas_workspace: 3 * MIB, cudnn_workspaces: true });
+        let got: Vec<(RuntimeKind, usize, Option<usize>, u64)> =
+            placed.iter().map(|r| (r.kind, r.after_event, r.freed_after, r.bytes / MIB)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (RuntimeKind::CudnnWorkspace, 0, Some(0), 4),
+                (RuntimeKind::CudnnWorkspace, 2, Some(3), 2),
+                (RuntimeKind::CublasWorkspace, 5, None, 3),
+            ]
+        );
+    }
+
+    #[test]
+    fn matmuls_are_matched_by_name_not_prefix() {
+        let with = |op: &str| trace(vec![ev(true, 1, 1, Phase::Forward, op)]);
+        let sizes = RuntimeSizes { cublas_workspace: MIB, cudnn_workspaces: false };
+        assert_eq!(place_runtime_allocations(&with("aten::mm"), sizes).len(), 1);
+        assert_eq!(place_runtime_allocations(&with("aten::addmm.out"), sizes).len(), 1);
+        assert!(place_runtime_allocations(&with("aten::mmx"), sizes).is_empty());
+    }
+
+    #[test]
+    fn onednn_scratch_of_a_cpu_run_is_not_replayed_on_the_gpu() {
+        let t = trace(vec![
+            ev(true, 1, 4, Phase::Forward, "aten::relu"),
+            ev(true, 2, 64, Phase::Forward, "aten::mkldnn_convolution"),
+            ev(false, 2, 64, Phase::Forward, "aten::mkldnn_convolution"),
+        ]);
+        let r = replay(&t, RuntimeSizes::default());
+        assert_eq!(r.peak_allocated, 4 * MIB);
+    }
+
+    fn with_iteration(mut e: TraceEvent, iteration: u32) -> TraceEvent {
+        e.iteration = iteration;
+        e
+    }
+
+    #[test]
+    fn the_first_allocation_that_cannot_be_placed_is_named_with_its_shortfall() {
+        let t = trace(vec![
+            with_iteration(ev(true, 1, 12, Phase::Load, "aten::empty"), 0),
+            ev(true, 2, 30, Phase::Forward, "aten::relu"),
+            with_iteration(
+                TraceEvent {
+                    size: 40 * MIB + 100,
+                    top_op: "autograd::engine::evaluate_function: ConvolutionBackward0".into(),
+                    ..ev(true, 3, 0, Phase::Backward, "aten::empty_strided")
+                },
+                2,
+            ),
+            ev(true, 4, 1, Phase::Backward, "aten::add"),
+        ]);
+        let (_, oom) = replay_on_device(&t, &[], Some(80 * MIB));
+        let oom = oom.expect("12 + 30 + 42 MiB > 80 MiB");
+        assert_eq!(
+            oom,
+            FirstOom {
+                op: "aten::empty_strided".into(),
+                top_op: "autograd::engine::evaluate_function: ConvolutionBackward0".into(),
+                phase: Phase::Backward,
+                iteration: 2,
+                event: 2,
+                runtime: None,
+                requested: 40 * MIB + 100,
+                rounded: 40 * MIB + 512,
+                segment: 42 * MIB,
+                reserved_after_retry: 42 * MIB,
+                allocated: 42 * MIB,
+                capacity: 80 * MIB,
+                short_by: 4 * MIB,
+            }
+        );
+        assert_eq!(
+            oom.to_string(),
+            "does not fit: ConvolutionBackward0 (backward, iteration 2) asks for 40.0 MiB (a new 42.0 MiB \
+             segment); 38.0 MiB left of 80.0 MiB usable once the cache is released (42.0 MiB \
+             reserved, 42.0 MiB allocated): 4.0 MiB short"
+        );
+        // With room for it, the next allocation is the first that fails; with more, none.
+        assert_eq!(replay_on_device(&t, &[], Some(84 * MIB)).1.map(|o| o.event), Some(3));
+        assert_eq!(replay_on_device(&t, &[], Some(86 * MIB)).1, None);
+        assert_eq!(replay_on_device(&t, &[], None).1, None, "unlimited: never");
+    }
+
+    #[test]
+    fn an_allocation_that_fits_once_the_cache_is_released_is_no_oom() {
+        // The 30 MiB activation is freed: its segment is cached and too small for the 40 MiB.
+        let t = trace(vec![
+            ev(true, 1, 12, Phase::Load, "aten::empty"),
+            ev(true, 2, 30, Phase::Forward, "aten::relu"),
+            ev(false, 2, 30, Phase::Forward, "aten::relu"),
+            ev(true, 3, 40, Phase::Forward, "aten::relu"),
+        ]);
+        // Without a limit the cache is kept: 82 MiB reserved, more than the 60 MiB device.
+        assert_eq!(replay_with_runtime(&t, &[]).peak_reserved, 82 * MIB);
+        // PyTorch releases the cached 30 MiB segment and retries: 12 + 40 fits.
+        let (r, oom) = replay_on_device(&t, &[], Some(60 * MIB));
+        assert_eq!(oom, None);
+        assert_eq!((r.peak_allocated, r.peak_reserved), (52 * MIB, 52 * MIB));
+        // One byte less than 12 + 40 and it does not.
+        let oom = replay_on_device(&t, &[], Some(52 * MIB - 1)).1.unwrap();
+        assert_eq!((oom.event, oom.reserved_after_retry, oom.short_by), (3, 12 * MIB, 1));
+    }
+
+    #[test]
+    fn a_cudnn_workspace_that_cannot_be_placed_falls_back_but_the_cublas_one_fails() {
+        let t = trace(vec![
+            ev(true, 1, 20, Phase::Forward, "aten::relu"),
+            ev(true, 2, 30, Phase::Forward, "aten::convolution_overrideable"),
+            ev(true, 3, 2, Phase::Forward, "aten::addmm"),
+        ]);
+        let sizes = RuntimeSizes { cublas_workspace: 8 * MIB, cudnn_workspaces: true };
+        let placed = place_runtime_allocations(&t, sizes);
+        assert_eq!(replay_on_device(&t, &placed, None).0.peak_allocated, 80 * MIB, "with the 30 MiB one");
+        // 50 MiB of tensors, the 30 MiB cuDNN workspace left out, the 2 MiB output and the 8 MiB
+        // cuBLAS workspace in one 20 MiB segment: 70 MiB.
+        let (r, oom) = replay_on_device(&t, &placed, Some(70 * MIB));
+        assert_eq!(oom, None, "the convolution runs without its workspace");
+        assert_eq!((r.peak_allocated, r.peak_reserved), (60 * MIB, 70 * MIB));
+        let oom = replay_on_device(&t, &placed, Some(69 * MIB)).1.expect("the matmul output's segment");
+        assert_eq!((oom.event, oom.runtime, oom.op.as_str()), (2, None, "aten::addmm"));
+        // The output in a 2 MiB small-pool segment; the workspace then needs 20 MiB more.
+        let t = trace(vec![
+            ev(true, 1, 20, Phase::Forward, "aten::relu"),
+            TraceEvent { size: 4096, ..ev(true, 2, 0, Phase::Forward, "aten::addmm") },
+        ]);
+        let placed = place_runtime_allocations(&t, sizes);
+        let oom = replay_on_device(&t, &placed, Some(30 * MIB)).1.expect("the workspace's segment");
+        assert_eq!((oom.event, oom.runtime), (1, Some(RuntimeKind::CublasWorkspace)));
+        assert_eq!((oom.requested, oom.segment, oom.short_by), (8 * MIB, 20 * MIB, 12 * MIB));
+        assert!(oom.to_string().starts_with("does not fit: the cuBLAS workspace of aten::addmm (forward"));
+    }
+
+    #[test]
+    fn the_baseline_is_what_the_allocator_holds_before_the_first_forward() {
+        // 1000 small parameters of 100 bytes: 512-byte blocks each.
+        let mut events: Vec<TraceEvent> = (0..1000)
+            .map(|i| TraceEvent { size: 100, ..ev(true, i, 0, Phase::Load, "aten::empty") })
+            .collect();
+        events.push(ev(true, 5000, 3, Phase::Input, "aten::empty"));
+        events.push(ev(true, 5001, 1, Phase::Forward, "aten::relu"));
+        let r = replay(&trace(events), RuntimeSizes::default());
+        assert_eq!(r.baseline_allocated, 1000 * 512 + 3 * MIB);
+    }
+}

@@ -1,0 +1,70 @@
+//! # gpu-mem-track-estimate
+//!
+//! Will it fit? Memory estimates of [`tch`] and TorchScript models without a GPU. A model runs on
+//! libtorch's meta device (exact tensor sizes, no data, no compute) while the tracker crate's
+//! allocation recorder ([`gpu_mem_track::recorder`]) notes every allocation and free with the phase
+//! of the step; the recording is then replayed through a model of PyTorch's CUDA caching allocator
+//! ([`caching_allocator`], with cuBLAS and cuDNN workspaces per GPU in [`profile`]) to predict
+//! `memory_allocated`, `memory_reserved` and what `nvidia-smi` would show.
+//!
+//! A training step of a tch-native model, estimated on the meta device:
+//!
+//! ```
+//! use gpu_mem_track_estimate::{training_step, EstimateDevice, NativeStepOptions, Optimizer, Precision};
+//! use tch::nn::{self, Module};
+//!
+//! let options = NativeStepOptions {
+//!     input_shape: vec![32, 64],
+//!     input_is_index: false,
+//!     target_shape: vec![],
+//!     precision: Precision::F32,
+//!     optimizer: Optimizer::Adam,
+//!     device: EstimateDevice::Meta,
+//! };
+//! let build = |p: &nn::Path| nn::linear(p, 64, 10, Default::default());
+//! let step = |m: &nn::Linear, x: &tch::Tensor, _target: &tch::Tensor| m.forward(x).sum(tch::Kind::Float);
+//! let (estimate, trace) = training_step(build, step, &options)?;
+//! let params = (64 * 10 + 10) * 4;
+//! assert_eq!(estimate.sizes.param_bytes, params);
+//! assert_eq!(estimate.sizes.grad_bytes, params);
+//! assert_eq!(estimate.sizes.optimizer_state_bytes, 2 * params); // Adam: exp_avg, exp_avg_sq
+//! assert!(estimate.peak.bytes >= 4 * params);
+//! print!("{}", gpu_mem_track_estimate::report::PeakBreakdown { estimate: &estimate, trace: &trace });
+//! # Ok::<(), gpu_mem_track_estimate::Error>(())
+//! ```
+//!
+//! The rest: [`estimate_torchscript`] (a TorchScript file), [`estimate_static`] (its graph,
+//! statically), [`varstore_size`] and [`torchscript_size`], [`memory_for_backward`], [`fit`] (the
+//! largest batch or sequence that fits a GPU), [`sharding`] (ZeRO and mixed precision, per rank),
+//! and [`report`]: the text the `gpu-mem-track-estimate` binary prints, as `Display`s.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub use gpu_mem_track_log::caching_allocator;
+mod error;
+mod estimate;
+mod ffi;
+mod figures;
+pub mod fit;
+pub mod gpu_runtime;
+mod native;
+mod options;
+pub mod profile;
+pub mod report;
+mod saved;
+pub mod sharding;
+mod size;
+mod torchscript;
+
+pub use error::{Error, Result};
+pub use estimate::{estimate_progress, Estimate, PeakPlace, PhasePeak};
+pub use figures::{CpuTensors, FallbackOp, ModelSizes};
+pub use gpu_mem_track_log::{Category, Phase, TimelinePoint, Trace, TraceEvent};
+pub use native::{inference_step, training_step, NativeStepOptions};
+pub use options::{EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Precision};
+pub use saved::{memory_for_backward, memory_for_backward_excluding, SavedByOp, SavedReport};
+pub use size::{optimizer_state_bytes, torchscript_size, varstore_size, Activations, ModelSize};
+pub use torchscript::{
+    check_meta_kernels, estimate_static, estimate_torchscript, estimate_torchscript_traced, peak_tensors,
+    MetaKernelCase, StaticEstimate,
+};

@@ -1,0 +1,358 @@
+//! GPU device profiles and what a run would show on one: the run's trace replayed through the
+//! caching allocator model with the GPU libraries' own allocations in it (the cuBLAS workspace at
+//! the first matmul, kept; a bounded cuDNN workspace at each convolution, reported as a range), and
+//! the CUDA context and library handles that nvidia-smi shows on top of `reserved`. A run that
+//! does not fit is replayed again against the memory the allocator can have (the device's, less
+//! the context) to name the allocation where PyTorch would raise `torch.OutOfMemoryError`.
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::gpu_runtime::{
+    place_runtime_allocations, replay_on_device, replay_with_runtime, FirstOom, GpuReplay, RuntimeAllocation,
+    RuntimeKind, RuntimeSizes,
+};
+use gpu_mem_track_log::Trace;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// A GPU model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceProfile {
+    /// Short name (`a100-80g`).
+    pub name: String,
+    /// Device memory in bytes.
+    pub memory_bytes: u64,
+    /// CUDA compute capability (major, minor).
+    pub compute_capability: (u32, u32),
+    /// Memory nvidia-smi shows for the CUDA context, kernels and library handles of a PyTorch
+    /// process before any tensor: a per-device constant, measured, not derived.
+    pub context_bytes: u64,
+}
+
+impl DeviceProfile {
+    /// The built-in profiles.
+    pub fn presets() -> Vec<DeviceProfile> {
+        let p = |name: &str, gib: u64, cc: (u32, u32), ctx_mib: u64| DeviceProfile {
+            name: name.into(),
+            memory_bytes: gib * GIB,
+            compute_capability: cc,
+            context_bytes: ctx_mib * MIB,
+        };
+        vec![
+            p("a100-80g", 80, (8, 0), 520),
+            p("a100-40g", 40, (8, 0), 520),
+            p("h100-80g", 80, (9, 0), 540),
+            p("rtx4090", 24, (8, 9), 420),
+            p("rtx3090", 24, (8, 6), 400),
+            p("l4", 24, (8, 9), 420),
+            p("t4", 16, (7, 5), 380),
+            p("v100-32g", 32, (7, 0), 400),
+        ]
+    }
+
+    /// A preset by name (case-insensitive), or a profile from a JSON file with the fields of this
+    /// struct (`compute_capability` as `[8, 0]`).
+    ///
+    /// # Errors
+    /// [`Error::Input`] naming the unknown profile or the unreadable file.
+    pub fn find(name_or_path: &str) -> Result<DeviceProfile> {
+        let lower = name_or_path.to_ascii_lowercase();
+        if let Some(p) = Self::presets().into_iter().find(|p| p.name == lower) {
+            return Ok(p);
+        }
+        let path = Path::new(name_or_path);
+        if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json")) {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| Error::Input(format!("cannot read profile {}: {e}", path.display())))?;
+            return serde_json::from_str(&text)
+                .map_err(|e| Error::Input(format!("profile {}: {e}", path.display())));
+        }
+        let names: Vec<String> = Self::presets().into_iter().map(|p| p.name).collect();
+        Err(Error::Input(format!(
+            "unknown device profile {name_or_path:?} (presets: {}; or a .json file)",
+            names.join(", ")
+        )))
+    }
+
+    /// The cuBLAS workspace PyTorch allocates per handle and stream (one for a single-stream
+    /// program): `CUBLAS_WORKSPACE_CONFIG` (`:SIZE_KiB:COUNT` pairs, summed) when set, else 32 MiB
+    /// on Hopper (sm 9.0) and `:4096:2:16:8` (8 MiB + 128 KiB) elsewhere
+    /// (`CublasHandlePool.cpp`, `parseChosenWorkspaceSize`). cuBLASLt's own workspace is apart
+    /// from it unless `TORCH_CUBLASLT_UNIFIED_WORKSPACE=1` (`getCUDABlasLtWorkspace`); see
+    /// [`gpu_runtime`](crate::gpu_runtime) for when it is taken.
+    pub fn cublas_workspace_bytes(&self, workspace_config: Option<&str>) -> u64 {
+        let default =
+            if self.compute_capability == (9, 0) { 4096 * 8 * 1024 } else { 4096 * 1024 * 2 + 16 * 1024 * 8 };
+        let Some(config) = workspace_config else { return default };
+        let mut total = 0u64;
+        let mut found = false;
+        let nums: Vec<&str> = config.split(':').collect();
+        // ":4096:8:16:8" -> ["", "4096", "8", "16", "8"]: pairs after the leading empty field.
+        for pair in nums.get(1..).unwrap_or(&[]).chunks(2) {
+            if let [size, count] = pair {
+                if let (Ok(s), Ok(c)) = (size.trim().parse::<u64>(), count.trim().parse::<u64>()) {
+                    // Saturating: an absurd setting reads as "more than any GPU", never wraps.
+                    total = s.saturating_mul(1024).saturating_mul(c).saturating_add(total);
+                    found = true;
+                }
+            }
+        }
+        if found {
+            total
+        } else {
+            default
+        }
+    }
+}
+
+/// A prediction that cannot be exact: the bounds, and what the gap is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Range {
+    /// Without the uncertain term.
+    pub low: u64,
+    /// With its largest plausible value.
+    pub high: u64,
+}
+
+/// What a GPU of a profile would show for an estimated run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuPrediction {
+    /// The profile used.
+    pub profile: DeviceProfile,
+    /// cuBLAS workspace placed at the first matmul (0 when the model has none).
+    pub cublas_workspace: u64,
+    /// The largest cuDNN workspace the high end places at a convolution (0 without any).
+    pub cudnn_workspace_max: u64,
+    /// `torch.cuda.memory_allocated()` once parameters, buffers and input are loaded, as the
+    /// allocator rounds them into blocks.
+    pub baseline_allocated: u64,
+    /// `torch.cuda.max_memory_allocated()`: without and with the cuDNN workspaces.
+    pub peak_allocated: Range,
+    /// `max_memory_allocated() - baseline_allocated`: what the run adds to the loaded model.
+    pub peak_delta: Range,
+    /// `torch.cuda.max_memory_reserved()`.
+    pub peak_reserved: Range,
+    /// What nvidia-smi would show: reserved plus the profile's context constant.
+    pub nvidia_smi: Range,
+    /// Whether the high end fits the device.
+    pub fits: bool,
+    /// Memory the caching allocator can reserve: the device's less the context constant.
+    pub usable_bytes: u64,
+    /// When the run does not fit: the first allocation the caching allocator cannot place within
+    /// `usable_bytes` even after releasing its cache and retrying, as PyTorch does - where a GPU
+    /// run would raise `torch.OutOfMemoryError` (replayed with the high end's cuDNN workspaces,
+    /// each left out where it cannot be placed, as cuDNN then picks an engine needing less).
+    /// `None` when it fits, and when `fits` is false only because the cache is kept: every
+    /// allocation is placed once cached segments are released under pressure.
+    pub first_oom: Option<FirstOom>,
+}
+
+/// Replays a run's trace on a GPU of `profile`: the cuBLAS workspace at the first matmul, and for
+/// the high end a cuDNN workspace at each convolution, go through the caching allocator model with
+/// every tensor (see [`gpu_runtime`](crate::gpu_runtime) for each rule and its PyTorch source).
+/// `workspace_config` is `CUBLAS_WORKSPACE_CONFIG`.
+pub fn predict(profile: &DeviceProfile, trace: &Trace, workspace_config: Option<&str>) -> GpuPrediction {
+    predict_all(std::slice::from_ref(profile), trace, workspace_config).remove(0)
+}
+
+/// [`predict`] for several GPUs. The replays depend on a GPU only through its cuBLAS workspace
+/// size, which the presets share (4 sizes for 16 GPUs): each size is replayed once.
+pub fn predict_all(
+    profiles: &[DeviceProfile],
+    trace: &Trace,
+    workspace_config: Option<&str>,
+) -> Vec<GpuPrediction> {
+    let mut replays: HashMap<u64, Replays> = HashMap::new();
+    profiles
+        .iter()
+        .map(|profile| {
+            let cublas_workspace = profile.cublas_workspace_bytes(workspace_config);
+            let replays =
+                replays.entry(cublas_workspace).or_insert_with(|| Replays::new(trace, cublas_workspace));
+            predict_from(profile, trace, replays)
+        })
+        .collect()
+}
+
+/// A trace replayed with one cuBLAS workspace size: without and with the cuDNN workspaces.
+struct Replays {
+    high_runtime: Vec<RuntimeAllocation>,
+    cublas: u64,
+    cudnn_workspace_max: u64,
+    low: GpuReplay,
+    high: GpuReplay,
+}
+
+impl Replays {
+    fn new(trace: &Trace, cublas_workspace: u64) -> Replays {
+        // One placement for the high end; the low end is it without the cuDNN workspaces.
+        let high_runtime =
+            place_runtime_allocations(trace, RuntimeSizes { cublas_workspace, cudnn_workspaces: true });
+        let low_runtime: Vec<_> =
+            high_runtime.iter().copied().filter(|r| r.kind == RuntimeKind::CublasWorkspace).collect();
+        let cublas = low_runtime.first().map_or(0, |r| r.bytes);
+        let cudnn_workspace_max = high_runtime
+            .iter()
+            .filter(|r| r.kind == RuntimeKind::CudnnWorkspace)
+            .map(|r| r.bytes)
+            .max()
+            .unwrap_or(0);
+        let low = replay_with_runtime(trace, &low_runtime);
+        // Without convolutions both ends are the same replay.
+        let high = if low_runtime.len() == high_runtime.len() {
+            low
+        } else {
+            replay_with_runtime(trace, &high_runtime)
+        };
+        Replays { high_runtime, cublas, cudnn_workspace_max, low, high }
+    }
+}
+
+fn predict_from(profile: &DeviceProfile, trace: &Trace, replays: &Replays) -> GpuPrediction {
+    let Replays { high_runtime, cublas, cudnn_workspace_max, low, high } = replays;
+    let (cublas, cudnn_workspace_max) = (*cublas, *cudnn_workspace_max);
+    // A different placement can, in rare layouts, split blocks differently: keep the range ordered.
+    let range = |a: u64, b: u64| Range { low: a.min(b), high: a.max(b) };
+    let peak_allocated = range(low.peak_allocated, high.peak_allocated);
+    let peak_reserved = range(low.peak_reserved, high.peak_reserved);
+    let smi = |r: u64| r.saturating_add(profile.context_bytes);
+    let fits = smi(peak_reserved.high) <= profile.memory_bytes;
+    let usable_bytes = profile.memory_bytes.saturating_sub(profile.context_bytes);
+    // A run that fits never reaches the capacity: the replay would be the high end's again.
+    let first_oom = if fits { None } else { replay_on_device(trace, high_runtime, Some(usable_bytes)).1 };
+    GpuPrediction {
+        profile: profile.clone(),
+        cublas_workspace: cublas,
+        cudnn_workspace_max,
+        baseline_allocated: low.baseline_allocated,
+        peak_allocated,
+        peak_delta: Range {
+            low: peak_allocated.low.saturating_sub(low.baseline_allocated),
+            high: peak_allocated.high.saturating_sub(low.baseline_allocated),
+        },
+        peak_reserved,
+        nvidia_smi: Range { low: smi(peak_reserved.low), high: smi(peak_reserved.high) },
+        fits,
+        usable_bytes,
+        first_oom,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpu_mem_track_log::{Category, Phase, TraceEvent};
+
+    fn profile(cc: (u32, u32)) -> DeviceProfile {
+        DeviceProfile {
+            name: "x".into(),
+            memory_bytes: 16 * GIB,
+            compute_capability: cc,
+            context_bytes: 400 * MIB,
+        }
+    }
+
+    #[test]
+    fn cublas_workspace_follows_the_compute_capability() {
+        assert_eq!(profile((9, 0)).cublas_workspace_bytes(None), 32 * MIB, "Hopper: 32 MiB");
+        for cc in [(7, 0), (7, 5), (8, 0), (8, 6), (8, 9), (10, 0)] {
+            assert_eq!(
+                profile(cc).cublas_workspace_bytes(None),
+                8 * MIB + 128 * 1024,
+                "{cc:?}: :4096:2:16:8"
+            );
+        }
+    }
+
+    #[test]
+    fn cublas_workspace_config_overrides_the_default() {
+        let p = profile((8, 0));
+        assert_eq!(p.cublas_workspace_bytes(Some(":4096:8")), 32 * MIB);
+        assert_eq!(p.cublas_workspace_bytes(Some(":16:8")), 128 * 1024, "the deterministic setting");
+        assert_eq!(p.cublas_workspace_bytes(Some(":4096:2:16:8")), 8 * MIB + 128 * 1024);
+        assert_eq!(p.cublas_workspace_bytes(Some("garbage")), 8 * MIB + 128 * 1024, "unparsable: default");
+        assert_eq!(
+            p.cublas_workspace_bytes(Some(":18446744073709551615:2")),
+            u64::MAX,
+            "saturates, never wraps"
+        );
+    }
+
+    fn event(alloc: bool, id: i64, bytes: u64, phase: Phase, op: &str) -> TraceEvent {
+        TraceEvent {
+            alloc,
+            id,
+            size: bytes,
+            phase,
+            iteration: 1,
+            op: op.into(),
+            top_op: op.into(),
+            category: Category::Unknown,
+        }
+    }
+
+    #[test]
+    fn prediction_replays_the_workspaces_and_adds_the_context() {
+        let p = profile((8, 0));
+        // Parameters 4 MiB; a convolution output of 30 MiB while the 4 MiB input is live; then a
+        // small classifier matmul.
+        let trace = Trace {
+            events: vec![
+                event(true, 1, 4 * MIB, Phase::Load, "aten::empty"),
+                event(true, 2, 4 * MIB, Phase::Input, "aten::empty"),
+                event(true, 3, 30 * MIB, Phase::Forward, "aten::convolution_overrideable"),
+                event(false, 2, 4 * MIB, Phase::Forward, "aten::relu"),
+                event(true, 4, 4096, Phase::Forward, "aten::addmm"),
+            ],
+        };
+        let g = predict(&p, &trace, None);
+        let ws = 8 * MIB + 128 * 1024;
+        assert_eq!(g.cublas_workspace, ws);
+        assert_eq!(g.cudnn_workspace_max, 30 * MIB);
+        assert_eq!(g.baseline_allocated, 8 * MIB);
+        // Low: 38 MiB at the convolution; the workspace comes when 34 MiB are live (34 + 8.1).
+        assert_eq!(g.peak_allocated.low, 34 * MIB + 4096 + ws);
+        // High: a 30 MiB workspace inside the convolution: 68 MiB.
+        assert_eq!(g.peak_allocated.high, 68 * MIB);
+        assert_eq!(g.peak_delta.high, 60 * MIB);
+        assert!(g.nvidia_smi.low >= g.peak_reserved.low + 400 * MIB);
+        assert!(g.fits);
+        assert_eq!((g.usable_bytes, g.first_oom.as_ref()), (16 * GIB - 400 * MIB, None));
+        // 50 MiB usable: 20 MiB (parameters, input) + 30 MiB (convolution) segments; the 30 MiB
+        // cuDNN workspace is left out (a smaller engine runs); the matmul's 4 KiB output needs a
+        // 2 MiB small-pool segment that nothing cached can make room for.
+        let tight = DeviceProfile { memory_bytes: 450 * MIB, ..p.clone() };
+        let g = predict(&tight, &trace, None);
+        assert!(!g.fits);
+        let oom = g.first_oom.expect("an OOM at the matmul");
+        assert_eq!((oom.op.as_str(), oom.phase, oom.iteration), ("aten::addmm", Phase::Forward, 1));
+        assert_eq!((oom.requested, oom.segment, oom.short_by), (4096, 2 * MIB, 2 * MIB));
+        assert_eq!((oom.capacity, oom.reserved_after_retry), (50 * MIB, 50 * MIB));
+        // 60 MiB usable: the high end's reserved peak (82 MiB, the workspace kept cached) is above
+        // it, but every allocation is placed: not fitting is not an OOM.
+        let g = predict(&DeviceProfile { memory_bytes: 460 * MIB, ..p.clone() }, &trace, None);
+        assert!(!g.fits && g.peak_reserved.high == 82 * MIB);
+        assert_eq!(g.first_oom, None);
+        let no_matmul = Trace { events: trace.events[..4].to_vec() };
+        assert_eq!(predict(&p, &no_matmul, None).cublas_workspace, 0);
+    }
+
+    #[test]
+    fn profiles_come_from_presets_or_json_files() {
+        assert_eq!(DeviceProfile::find("A100-80G").unwrap().compute_capability, (8, 0));
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("mine.json");
+        std::fs::write(
+            &f,
+            r#"{"name":"mine","memory_bytes":1000,"compute_capability":[9,0],"context_bytes":5}"#,
+        )
+        .unwrap();
+        assert_eq!(DeviceProfile::find(f.to_str().unwrap()).unwrap().memory_bytes, 1000);
+        let e = DeviceProfile::find("gtx9000").unwrap_err().to_string();
+        assert!(e.contains("gtx9000") && e.contains("a100-80g"), "{e}");
+    }
+}

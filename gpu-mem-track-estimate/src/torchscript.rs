@@ -1,0 +1,215 @@
+//! TorchScript models: a run on the meta device (or the CPU) with the recorder on, the static
+//! (graph) estimate, the live tensors at the peak, and the check of the hand-written meta kernels.
+use std::path::Path;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use gpu_mem_track::recorder::{self, AllocEvent};
+use gpu_mem_track::DeviceKind;
+use gpu_mem_track_log::Trace;
+
+use crate::error::{Error, Result};
+use crate::estimate::{finish_estimate, Estimate};
+use crate::ffi::{self, OptimizerKind};
+use crate::options::{EstimateDevice, EstimateOptions, Lifetimes, Mode};
+
+/// One case of [`check_meta_kernels`]: an op with a hand-written meta kernel, the inputs it ran
+/// on, and the verdict (`ok`, or how the meta results differ from the CPU kernel's).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MetaKernelCase {
+    /// The op as registered (`native_layer_norm_backward`, `where.self_out`).
+    pub op: String,
+    /// Its inputs.
+    pub inputs: String,
+    /// `ok`, or what differs.
+    pub verdict: String,
+}
+
+impl MetaKernelCase {
+    /// The meta kernel gave the CPU kernel's result sizes, strides and dtypes.
+    pub fn ok(&self) -> bool {
+        self.verdict == "ok"
+    }
+}
+
+/// Runs every meta kernel gpu-mem-track registers (libtorch C++ lacks them) next to the CPU
+/// kernel of the same op on inputs of several shapes, and compares the results' sizes, strides
+/// and dtypes: a check of the libtorch this build runs on. Returns one case a shape, and the
+/// names of the ops with a kernel of their own (each has at least one case).
+///
+/// # Errors
+/// [`Error::Libtorch`] when the check cannot run.
+pub fn check_meta_kernels() -> Result<(Vec<MetaKernelCase>, Vec<String>)> {
+    gpu_mem_track::install()?;
+    ffi::meta_allocator_install()?;
+    let cases = ffi::meta_kernels_check()?
+        .into_iter()
+        .map(|(op, inputs, verdict)| MetaKernelCase { op, inputs, verdict })
+        .collect();
+    Ok((cases, ffi::meta_kernels_registered()))
+}
+
+/// Estimates a TorchScript model file.
+///
+/// # Errors
+/// [`Error::Input`] for a missing file, a file that is not TorchScript, or an input the
+/// model rejects; [`Error::MissingMetaKernel`] naming an op without a meta kernel (retry with
+/// [`EstimateDevice::Cpu`]).
+pub fn estimate_torchscript(path: &Path, options: &EstimateOptions) -> Result<Estimate> {
+    estimate_torchscript_traced(path, options).map(|(e, _)| e)
+}
+
+/// [`estimate_torchscript`], also returning the categorised allocation trace (for snapshots and
+/// timelines).
+///
+/// # Errors
+/// As [`estimate_torchscript`].
+pub fn estimate_torchscript_traced(path: &Path, options: &EstimateOptions) -> Result<(Estimate, Trace)> {
+    let start = Instant::now();
+    let (run, events, names) = run_torchscript(path, options)?;
+    Ok(finish_estimate(options, &run, &events, &names, &recorder::parameter_ids(), start))
+}
+
+/// The categorised trace of a TorchScript run alone, without the estimate's figures: what `fit`
+/// judges each probe by.
+pub(crate) fn torchscript_trace(path: &Path, options: &EstimateOptions) -> Result<Trace> {
+    let (_, events, names) = run_torchscript(path, options)?;
+    Ok(recorder::classify(&events, &names, &recorder::parameter_ids()))
+}
+
+/// Runs a TorchScript model with the recorder on: its sizes, the recorded events and op names.
+fn run_torchscript(
+    path: &Path,
+    options: &EstimateOptions,
+) -> Result<(ffi::RunFigures, Vec<AllocEvent>, Vec<String>)> {
+    check_model_file(path)?;
+    if options.input_shape.is_empty() || options.input_shape.iter().any(|&d| d <= 0) {
+        return Err(Error::Input(format!("input shape {:?} must have positive sizes", options.input_shape)));
+    }
+    gpu_mem_track::install()?;
+    let (train, optimizer) = match options.mode {
+        Mode::Inference => (false, OptimizerKind::None),
+        Mode::Train(o) => (true, o.kind()),
+    };
+    let call = ffi::EstimateCall {
+        path,
+        input_shape: &options.input_shape,
+        dtype: options.precision.dtype(),
+        input_is_index: options.input_is_index,
+        train,
+        optimizer,
+        iterations: 2,
+        device_kind: match options.device {
+            EstimateDevice::Meta => DeviceKind::Meta,
+            EstimateDevice::Cpu => DeviceKind::Cpu,
+        },
+        eager_lifetimes: options.lifetimes == Lifetimes::Eager,
+    };
+    ffi::estimate_torchscript(&call).map_err(|e| match e {
+        Error::Libtorch { message, .. } => classify_failure(path, message),
+        other => other,
+    })
+}
+
+/// A model path must name a regular file; a folder or a fifo is named as what it is.
+fn check_model_file(path: &Path) -> Result<()> {
+    let problem = match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "does not exist".to_owned(),
+        Err(e) => format!("cannot be read ({e})"),
+        Ok(m) if m.is_dir() => "is a directory, not a TorchScript file".to_owned(),
+        Ok(m) if !m.is_file() => "is not a regular file (a fifo, socket or device)".to_owned(),
+        Ok(_) => return Ok(()),
+    };
+    Err(Error::Input(format!("model file {} {problem}", path.display())))
+}
+
+/// Turns a libtorch failure into the error a user can act on.
+fn classify_failure(path: &Path, message: String) -> Error {
+    if message.contains("no fake impl or Meta kernel registered") || message.contains("Meta kernel") {
+        let op = message
+            .split_whitespace()
+            .find(|w| w.starts_with("aten::") || w.contains("::"))
+            .map(|w| w.trim_end_matches(':').to_owned())
+            .unwrap_or_else(|| "an operator".into());
+        // All of them at once, read from the graph, not only the one the run stopped at.
+        let all = ffi::script_ops_without_meta(path)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(schema, place)| format!("{schema} at {place}"))
+            .collect();
+        return Error::MissingMetaKernel { op, all };
+    }
+    if message.starts_with("cannot load") || message.starts_with("forward failed") {
+        return Error::Input(message.replace('\n', " "));
+    }
+    Error::Input(format!("{}: {}", path.display(), message.lines().next().unwrap_or("")))
+}
+
+/// The static (TorchScript IR) estimate of an inference pass.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StaticEstimate {
+    /// Highest live activation bytes (parameters and the input left out).
+    pub activation_peak: u64,
+    /// Parameter and buffer bytes found in the module.
+    pub param_bytes: u64,
+    /// Nodes of the inlined graph.
+    pub nodes: u64,
+    /// Tensor values whose shape propagation could not make concrete (their bytes are missing).
+    pub unknown_shapes: u64,
+    /// The node kind where the peak is reached.
+    pub peak_op: String,
+    /// Seconds the analysis took.
+    pub seconds: f64,
+}
+
+/// Estimates an inference pass statically: the forward graph is inlined, parameter shapes are
+/// lifted from the module, shapes are propagated from the input, and each tensor is freed after
+/// its last use. A fast second opinion to the meta run; it knows nothing of kernels' temporaries.
+///
+/// # Errors
+/// [`Error::Input`] for a missing or unreadable model, or a forward with more inputs.
+pub fn estimate_static(path: &Path, options: &EstimateOptions) -> Result<StaticEstimate> {
+    check_model_file(path)?;
+    gpu_mem_track::install()?;
+    let r =
+        ffi::estimate_static(path, &options.input_shape, options.precision.dtype(), options.input_is_index)
+            .map_err(|e| match e {
+            Error::Libtorch { message, .. } => classify_failure(path, message),
+            other => other,
+        })?;
+    Ok(StaticEstimate {
+        activation_peak: r.activation_peak,
+        param_bytes: r.param_bytes,
+        nodes: r.nodes,
+        unknown_shapes: r.unknown_shapes,
+        peak_op: r.peak_op,
+        seconds: r.seconds,
+    })
+}
+
+/// The live tensors at the peak of an estimate, grouped like the tracker's log (shape, dtype,
+/// class; bytes once per storage), largest first. Runs the estimate again, snapshotting the
+/// registry at the end of the op that reached the peak.
+///
+/// # Errors
+/// As [`estimate_torchscript`].
+pub fn peak_tensors(path: &Path, estimate: &Estimate) -> Result<Vec<gpu_mem_track_log::log::GroupLine>> {
+    recorder::snapshot_at(estimate.peak.event as i64);
+    estimate_torchscript_traced(path, &estimate.options)?;
+    let snap = recorder::peak_snapshot();
+    let mut groups: Vec<_> = snap.groups.into_iter().collect();
+    groups.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(b.1.count.cmp(&a.1.count)).then(a.0.cmp(&b.0)));
+    Ok(groups
+        .into_iter()
+        .map(|(key, totals)| gpu_mem_track_log::log::GroupLine {
+            sign: gpu_mem_track_log::Sign::Plus,
+            count: totals.count,
+            shape: key.shape.to_vec(),
+            memory_mib: totals.bytes as f64 / gpu_mem_track_log::log::format::MIB,
+            class: key.class,
+            dtype: key.dtype.torch_name(),
+            op: None,
+        })
+        .collect())
+}

@@ -1,0 +1,377 @@
+//! The libtorch half of the command line, `gpu-mem-track-estimate` (what `gpu-mem-track estimate`,
+//! `fit` and `timeline MODEL` run): exit codes (0 ok, 1 error, 2 usage), one-line errors naming
+//! the file or option, estimates, fits and timelines. The lean half's own tests are in
+//! `gpu-mem-track-cli/tests/cli.rs`.
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use std::process::{Command, Output};
+
+use common::{export_models, exported_model};
+
+#[path = "../../tests/common/cli_output.rs"]
+mod cli_output;
+use cli_output::{one_line_error, stderr};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gpu-mem-track-estimate");
+
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("binary runs")
+}
+
+#[test]
+fn estimate_errors_are_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.pt");
+    one_line_error(&run(&["estimate", missing.to_str().unwrap(), "--input", "1x3x8x8"]), "missing.pt");
+    let junk = dir.path().join("junk.pt");
+    std::fs::write(&junk, "no zip").unwrap();
+    one_line_error(&run(&["estimate", junk.to_str().unwrap(), "--input", "1x3x8x8"]), "cannot load");
+    assert_eq!(run(&["estimate", junk.to_str().unwrap(), "--input", "1xbananax8"]).status.code(), Some(2));
+    one_line_error(
+        &run(&[
+            "estimate",
+            junk.to_str().unwrap(),
+            "--input",
+            "1x3",
+            "--method",
+            "static",
+            "--mode",
+            "train",
+        ]),
+        "inference only",
+    );
+}
+
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
+#[test]
+fn estimate_runs_an_op_without_meta_kernel_on_the_cpu_and_flags_its_value_read() {
+    let (_dir, model) = exported_model("nonzero");
+    let m = model.to_str().unwrap();
+    // aten::nonzero has no Meta kernel: its CPU kernel runs on a zeroed copy of the input, and
+    // since its result depends on the values, the estimate says so.
+    let o = run(&["estimate", m, "--input", "4x8", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["options"]["device"], "meta");
+    assert_eq!(v["param_count"], 72);
+    assert_eq!(v["cpu_fallback"][0]["op"], "aten::nonzero", "{}", v["cpu_fallback"]);
+    assert!(v["meta_scalar_reads"].as_u64().unwrap() >= 1);
+    let text = run(&["estimate", m, "--input", "4x8"]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("check with --run-on cpu"), "{}", stderr(&text));
+}
+
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
+#[test]
+fn estimate_with_an_input_of_the_wrong_rank_names_the_shape() {
+    let (_dir, model) = exported_model("cnn");
+    let o = run(&["estimate", model.to_str().unwrap(), "--input", "32x64"]);
+    one_line_error(&o, "forward failed for input [32, 64]");
+}
+
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
+#[test]
+fn timeline_reads_a_snapshot_and_its_peak_is_the_caching_allocator_models() {
+    let (dir, model) = exported_model("cnn");
+    let (m, pickle, json) =
+        (model.to_str().unwrap(), dir.path().join("cnn.pickle"), dir.path().join("t.json"));
+    let o = run(&[
+        "estimate",
+        m,
+        "--input",
+        "8x3x32x32",
+        "--mode",
+        "train",
+        "--json",
+        "--snapshot",
+        pickle.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let estimate: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let o = run(&["timeline", pickle.to_str().unwrap(), "-o", json.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let t: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(
+        t["peak"]["total"], estimate["cuda"]["peak_allocated"],
+        "blocks as the caching model placed them"
+    );
+    let parameters =
+        t["peak"]["bytes"].as_array().unwrap().iter().find(|b| b[0] == "parameter").unwrap()[1].clone();
+    assert!(
+        parameters.as_u64().unwrap() >= estimate["param_bytes"].as_u64().unwrap(),
+        "rounded up to blocks"
+    );
+    // A file that is not a snapshot is a one-line error naming it; a model without --input is a usage error.
+    let junk = dir.path().join("junk.pickle");
+    std::fs::write(&junk, "junk").unwrap();
+    one_line_error(&run(&["timeline", junk.to_str().unwrap(), "-o", json.to_str().unwrap()]), "junk.pickle");
+    assert_eq!(run(&["timeline", m, "-o", json.to_str().unwrap()]).status.code(), Some(2));
+}
+
+/// The estimator links libtorch (the lean `gpu-mem-track` does not: its own tests check that).
+#[test]
+fn the_estimate_binary_links_libtorch_and_has_help() {
+    let out = Command::new("ldd").arg(BIN).output().expect("ldd");
+    let ldd = String::from_utf8_lossy(&out.stdout);
+    assert!(ldd.contains("libtorch_cpu.so"), "{ldd}");
+    let o = run(&["estimate", "--help"]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("--device-profile"));
+}
+
+#[test]
+fn model_paths_and_outputs_are_named_for_what_they_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    one_line_error(&run(&["estimate", d, "--input", "1x3x8x8"]), "is a directory");
+    let fifo = dir.path().join("model.fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    one_line_error(&run(&["estimate", fifo.to_str().unwrap(), "--input", "1x3x8x8"]), "not a regular file");
+    // The output's extension is checked before the model is even opened, and the message lists
+    // what works.
+    let model = dir.path().join("not-yet-exported.pt");
+    let txt = dir.path().join("t.txt");
+    one_line_error(
+        &run(&["timeline", model.to_str().unwrap(), "--input", "1x3x8x8", "-o", txt.to_str().unwrap()]),
+        ".svg, .png or .json",
+    );
+}
+
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
+#[test]
+fn snapshot_paths_damaged_models_overflows_and_data_branches_are_reported() {
+    let (dir, model) = exported_model("cnn");
+    let m = model.to_str().unwrap();
+    // A snapshot into a missing folder: named as a snapshot, the OS reason once.
+    let o = run(&["estimate", m, "--input", "1x3x8x8", "--snapshot", "/nonexistent/dir/x.pickle"]);
+    one_line_error(&o, "cannot write memory snapshot /nonexistent/dir/x.pickle");
+    let e = stderr(&o);
+    assert!(!e.contains("log file"), "{e}");
+    assert_eq!(e.matches("No such file or directory").count(), 1, "{e}");
+    // A damaged archive: the reason after "as TorchScript:" is never empty.
+    let mut bytes = std::fs::read(&model).unwrap();
+    let mid = bytes.len() / 2;
+    bytes.truncate(mid);
+    let damaged = dir.path().join("damaged.pt");
+    std::fs::write(&damaged, &bytes).unwrap();
+    let o = run(&["estimate", damaged.to_str().unwrap(), "--input", "1x3x8x8"]);
+    one_line_error(&o, "damaged.pt");
+    let e = stderr(&o);
+    let reason = e.split("TorchScript:").nth(1).unwrap_or("").trim();
+    assert!(!reason.is_empty(), "{e}");
+    // The static method at an absurd batch overflows: an error, not a wrapped figure.
+    let o = run(&["estimate", m, "--input", "1000000000000000x3x32x32", "--method", "static"]);
+    one_line_error(&o, "2^63 bytes");
+    // A branch on data: meta reads 0 and says so.
+    let branch = export_models(dir.path(), &["itembranch"]).remove(0);
+    let o = run(&["estimate", branch.to_str().unwrap(), "--input", "4x8"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("read 1 value(s) of meta tensors"), "{text}");
+    let o = run(&["estimate", branch.to_str().unwrap(), "--input", "4x8", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["meta_scalar_reads"], 1);
+    let o = run(&["estimate", m, "--input", "1x3x8x8", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["meta_scalar_reads"], 0);
+}
+
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
+#[test]
+fn fit_finds_the_boundary_and_ranks_divide_the_optimizer_state() {
+    let (_dir, model) = exported_model("mlp");
+    let m = model.to_str().unwrap();
+    let o = run(&["fit", m, "--input", "1x256", "--optimizer", "adam", "--gpu-mem", "600MiB", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let largest = v["largest"].as_i64().expect("a batch fits");
+    assert_eq!(v["memory_bytes"], 600u64 << 20);
+    assert!(v["prediction"]["nvidia_smi"]["high"].as_u64().unwrap() <= 600 << 20);
+    let probes = v["probes"].as_array().unwrap();
+    for p in probes {
+        assert_eq!(p["fits"].as_bool().unwrap(), p["value"].as_i64().unwrap() <= largest, "{p}");
+    }
+    assert!(probes.iter().any(|p| p["value"] == largest + 1), "the size above was tried: {probes:?}");
+    one_line_error(&run(&["fit", m, "--input", "256", "--vary", "seq", "--gpu-mem", "1GiB"]), "--vary seq");
+    assert_eq!(run(&["fit", m, "--input", "1x256", "--gpu-mem", "lots"]).status.code(), Some(2));
+
+    let o = run(&[
+        "estimate",
+        m,
+        "--input",
+        "64x256",
+        "--mode",
+        "train",
+        "--optimizer",
+        "adam",
+        "--world-size",
+        "4",
+        "--shard",
+        "zero1",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let full = v["optimizer_state_bytes"].as_u64().unwrap();
+    assert_eq!(v["rank"]["model_states"]["optimizer"].as_u64().unwrap(), full.div_ceil(4));
+    assert_eq!(v["rank"]["model_states"]["parameters"], v["param_bytes"]);
+    assert!(
+        v["rank"]["cuda"]["peak_allocated"].as_u64().unwrap() < v["cuda"]["peak_allocated"].as_u64().unwrap()
+    );
+}
+
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
+#[test]
+fn timeline_draws_one_rank_when_ranks_share_the_model_states() {
+    let (dir, model) = exported_model("mlp");
+    let m = model.to_str().unwrap();
+    let parameter_bytes_at_peak = |extra: &[&str]| {
+        let out = dir.path().join("t.json");
+        let mut args =
+            vec!["timeline", m, "--input", "4x256", "--mode", "train", "-o", out.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let o = run(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+        let bytes =
+            v["peak"]["bytes"].as_array().unwrap().iter().find(|c| c[0] == "parameter").unwrap()[1].clone();
+        bytes.as_u64().unwrap()
+    };
+    let whole = parameter_bytes_at_peak(&[]);
+    let rank = parameter_bytes_at_peak(&["--world-size", "4", "--shard", "zero3"]);
+    assert!(whole > 0 && rank * 3 < whole, "one of 4 ZeRO-3 ranks holds {rank} of {whole} parameter bytes");
+}
+
+#[cfg_attr(
+    not(gmt_torchvision),
+    ignore = "needs Python with torch and torchvision to export ResNet-50 (scripts/dev installs them)"
+)]
+#[test]
+fn estimate_and_fit_name_where_resnet50_training_would_run_out_of_memory_on_a_t4() {
+    let (_dir, model) = exported_model("resnet50");
+    let m = model.to_str().unwrap();
+    let estimate = |batch: u32, extra: &[&str]| {
+        let input = format!("{batch}x3x224x224");
+        let mut args = vec!["estimate", m, "--input", &input, "--mode", "train", "--optimizer", "momentum"];
+        args.extend_from_slice(extra);
+        let o = run(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let oom_lines = |text: &str| -> Vec<String> {
+        text.lines().filter(|l| l.contains("does not fit: ")).map(str::to_owned).collect()
+    };
+    // Batch 256 needs about twice a T4's 16 GiB.
+    let v: serde_json::Value =
+        serde_json::from_str(&estimate(256, &["--device-profile", "t4", "--json"])).unwrap();
+    let g = &v["gpu"];
+    assert_eq!(g["fits"], false);
+    let usable = (16u64 << 30) - (380 << 20);
+    assert_eq!(g["usable_bytes"], usable, "the T4's memory less its CUDA context");
+    let oom = &g["first_oom"];
+    let (op, phase, iteration) =
+        (oom["top_op"].as_str().unwrap(), oom["phase"].as_str().unwrap(), oom["iteration"].as_u64().unwrap());
+    assert!(["forward", "backward", "optimizer"].contains(&phase) && iteration >= 1, "{oom}");
+    let field = |k: &str| oom[k].as_u64().unwrap_or_else(|| panic!("{k} in {oom}"));
+    assert_eq!(field("capacity"), usable);
+    assert!(field("short_by") > 0);
+    assert_eq!(field("segment") + field("reserved_after_retry") - usable, field("short_by"));
+    // The text says the same, in one line under the T4's figures.
+    let text = estimate(256, &["--device-profile", "t4"]);
+    let lines = oom_lines(&text);
+    assert_eq!(lines.len(), 1, "{text}");
+    let phase_text = if phase == "optimizer" { "optimizer step" } else { phase };
+    let line = lines[0].trim();
+    println!("{line}");
+    assert!(line.starts_with("does not fit: "), "{line}");
+    assert!(line.contains(op) && line.contains(&format!("({phase_text}, iteration {iteration})")), "{line}");
+    let short = format!("{:.1} MiB short", field("short_by") as f64 / 1048576.0);
+    let short_gib = format!("{:.1} GiB short", field("short_by") as f64 / (1u64 << 30) as f64);
+    assert!(line.ends_with(&short) || line.ends_with(&short_gib), "{line}");
+    assert!(line.contains("15.6 GiB usable"), "{line}");
+    // The table of every preset says where it fails on the T4 and that the A100 80 GB takes it.
+    let table = estimate(256, &["--device-profile", "all"]);
+    let row = |name: &str| table.lines().find(|l| l.trim_start().starts_with(name)).unwrap().to_owned();
+    assert!(row("t4 ").contains(&format!("does NOT fit: OOM at {op} ({phase_text}, iteration {iteration})")));
+    assert!(row("a100-80g").trim_end().ends_with("fits"), "{table}");
+    // A batch that fits has no such line; --gpu-mem makes the same batch fail on a smaller card.
+    let fits = estimate(32, &["--device-profile", "t4"]);
+    assert!(oom_lines(&fits).is_empty() && !fits.contains("does NOT fit"), "{fits}");
+    let v: serde_json::Value =
+        serde_json::from_str(&estimate(32, &["--device-profile", "t4", "--gpu-mem", "2GiB", "--json"]))
+            .unwrap();
+    assert_eq!(v["gpu"]["usable_bytes"], (2u64 << 30) - (380 << 20));
+    assert!(v["gpu"]["first_oom"]["short_by"].as_u64().unwrap() > 0, "{}", v["gpu"]);
+    assert_eq!(
+        run(&["estimate", m, "--input", "1x3x224x224", "--gpu-mem", "8GiB"]).status.code(),
+        Some(2),
+        "--gpu-mem needs a profile"
+    );
+
+    // fit names where the smallest size that does not fit would fail, or says none would.
+    let o = run(&[
+        "fit",
+        m,
+        "--input",
+        "1x3x224x224",
+        "--optimizer",
+        "momentum",
+        "--device-profile",
+        "t4",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let largest = v["largest"].as_i64().unwrap();
+    let above = v["probes"].as_array().unwrap().iter().find(|p| p["value"] == largest + 1).unwrap();
+    let o = run(&["fit", m, "--input", "1x3x224x224", "--optimizer", "momentum", "--device-profile", "t4"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    let at = format!("at batch {}: ", largest + 1);
+    let line = text.lines().find(|l| l.trim_start().starts_with(&at)).unwrap_or_else(|| panic!("{text}"));
+    println!("{line}");
+    if above["first_oom"].is_null() {
+        assert!(line.contains("no OOM predicted"), "{line}");
+    } else {
+        assert!(
+            line.contains("does not fit: ") && line.contains(above["first_oom"]["phase"].as_str().unwrap())
+        );
+    }
+}
+
+/// The torchvision sweep (`scripts/torchvision-sweep`): every classification model of torchvision
+/// estimates on meta in train mode with Adam at batch 2, and a dozen agree with the same run
+/// computed on the CPU.
+#[cfg_attr(
+    not(gmt_torchvision),
+    ignore = "needs Python with torch and torchvision (scripts/dev installs them)"
+)]
+#[test]
+fn every_torchvision_classification_model_estimates_on_meta_in_train_mode() {
+    let python = common::python_with_torch().expect("Python with torch");
+    let dir = tempfile::tempdir().unwrap();
+    let script = common::workspace_root().join("scripts/torchvision_sweep.py");
+    let out = Command::new(python).arg(script).arg(BIN).arg(dir.path()).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}");
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    let summary = text.lines().last().unwrap_or("");
+    assert!(summary.starts_with("sweep: 80 of 80 torchvision classification models"), "{summary}");
+    assert!(summary.contains("12 compared with the CPU"), "{summary}");
+}

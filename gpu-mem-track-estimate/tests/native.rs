@@ -1,0 +1,414 @@
+//! tch-native models estimated on the meta device equal a CPU run of the same step.
+use gpu_mem_track::{MemTracker, TrackedDevice};
+use gpu_mem_track_estimate::gpu_runtime::{
+    largest_cudnn_workspace, place_runtime_allocations, RuntimeKind, RuntimeSizes,
+};
+use gpu_mem_track_estimate::{
+    inference_step, training_step, EstimateDevice, Mode, NativeStepOptions, Optimizer, Precision,
+};
+use tch::nn::{self, Module, ModuleT, RNN};
+use tch::{Kind, Tensor};
+
+fn cnn(p: &nn::Path) -> nn::SequentialT {
+    let padded = || nn::ConvConfig { padding: 1, ..Default::default() };
+    nn::seq_t()
+        .add(nn::conv2d(p / "c1", 1, 16, 3, padded()))
+        .add(nn::batch_norm2d(p / "bn", 16, Default::default()))
+        .add_fn(|x| x.relu().max_pool2d_default(2))
+        .add(nn::conv2d(p / "c2", 16, 32, 3, padded()))
+        .add_fn(|x| x.relu().max_pool2d_default(2).flatten(1, -1))
+        .add(nn::linear(p / "fc", 32 * 7 * 7, 10, Default::default()))
+}
+
+fn within(meta: u64, cpu: u64, what: &str) {
+    let diff = (meta as f64 - cpu as f64).abs() / cpu as f64 * 100.0;
+    println!("  {what:<20} meta {meta:>12} cpu {cpu:>12} diff {diff:.3} %");
+    assert!(diff <= 2.0, "{what}: meta {meta} vs cpu {cpu}: {diff:.2} %");
+}
+
+#[test]
+fn native_cnn_step_on_meta_matches_the_cpu() {
+    let step = |m: &nn::SequentialT, x: &Tensor, y: &Tensor| m.forward_t(x, true).cross_entropy_for_logits(y);
+    let options = |device| NativeStepOptions {
+        input_shape: vec![32, 1, 28, 28],
+        input_is_index: false,
+        target_shape: vec![32],
+        precision: Precision::F32,
+        optimizer: Optimizer::Adam,
+        device,
+    };
+    let (meta, trace) = training_step(cnn, step, &options(EstimateDevice::Meta)).unwrap();
+    let (cpu, _) = training_step(cnn, step, &options(EstimateDevice::Cpu)).unwrap();
+    assert_eq!(meta.sizes.param_count, (16 * 9 + 16) + 32 + (32 * 16 * 9 + 32) + (32 * 49 * 10 + 10));
+    assert_eq!(meta.sizes.param_bytes, cpu.sizes.param_bytes);
+    assert_eq!(meta.sizes.optimizer_state_bytes, 2 * meta.sizes.param_bytes);
+    within(meta.live_after_forward, cpu.live_after_forward, "live after forward");
+    within(meta.forward_peak, cpu.forward_peak, "forward peak");
+    within(meta.peak.bytes, cpu.peak.bytes, "training step peak");
+    // A GPU run's library allocations are placed at the calls a meta run records.
+    let placed =
+        place_runtime_allocations(&trace, RuntimeSizes { cublas_workspace: 1, cudnn_workspaces: true });
+    let kinds: Vec<RuntimeKind> = placed.iter().map(|r| r.kind).collect();
+    assert_eq!(
+        kinds.iter().filter(|k| **k == RuntimeKind::CublasWorkspace).count(),
+        1,
+        "the linear layer is a matmul"
+    );
+    // Two convolutions forward and two backward (per iteration, two iterations).
+    assert_eq!(kinds.iter().filter(|k| **k == RuntimeKind::CudnnWorkspace).count(), 8, "{placed:?}");
+    assert!(largest_cudnn_workspace(&trace) > 0);
+}
+
+#[test]
+fn a_failing_step_is_an_error_naming_the_problem() {
+    let options = NativeStepOptions {
+        input_shape: vec![4, 7],
+        input_is_index: false,
+        target_shape: vec![],
+        precision: Precision::F32,
+        optimizer: Optimizer::Sgd,
+        device: EstimateDevice::Meta,
+    };
+    let build = |p: &nn::Path| nn::linear(p / "l", 8, 2, Default::default());
+    let e = training_step(build, |m, x, _| m.forward(x).sum(Kind::Float), &options).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.starts_with("the step failed"), "{msg}");
+    assert_eq!(msg.lines().count(), 1);
+}
+
+/// Dropout, hardtanh, hardswish and roll have hand-written meta kernels (elementwise over whole
+/// activations: copying them to the CPU would cost what the estimate avoids); log_sigmoid and
+/// prelu's backward have no Meta kernel in libtorch C++ and run their CPU kernel on CPU copies of
+/// their meta inputs. Either way the estimate equals the CPU run.
+#[test]
+fn ops_without_a_meta_kernel_run_their_cpu_kernel_and_match_the_cpu() {
+    fn mlp(p: &nn::Path) -> nn::Sequential {
+        let slope = p.var("slope", &[1], nn::Init::Const(0.25));
+        nn::seq()
+            .add(nn::linear(p / "l1", 64, 256, Default::default()))
+            .add_fn(|x| x.hardtanh().dropout(0.1, true).roll([1], [1]))
+            .add(nn::linear(p / "l2", 256, 256, Default::default()))
+            .add_fn(|x| x.hardswish().native_dropout(0.2, true).0.log_sigmoid())
+            .add_fn(move |x| x.prelu(&slope))
+            .add(nn::linear(p / "l3", 256, 10, Default::default()))
+    }
+    let step = |m: &nn::Sequential, x: &Tensor, y: &Tensor| m.forward(x).cross_entropy_for_logits(y);
+    let options = |device| NativeStepOptions { device, ..adam(Precision::F32, &[32, 64], false, &[32]) };
+    let (meta, _) = training_step(mlp, step, &options(EstimateDevice::Meta)).unwrap();
+    let (cpu, _) = training_step(mlp, step, &options(EstimateDevice::Cpu)).unwrap();
+    // What the forward pass keeps (outputs, dropout masks as bool) is the CPU run's to the byte.
+    assert_eq!(meta.live_after_forward, cpu.live_after_forward);
+    // Peaks: CPU kernels' own temporaries are CPU memory the meta run leaves out (a GPU's fused
+    // kernel makes only the output and the mask), so meta is at most the CPU run.
+    assert!(meta.forward_peak <= cpu.forward_peak, "{} > {}", meta.forward_peak, cpu.forward_peak);
+    within(meta.peak.bytes, cpu.peak.bytes, "training step peak");
+    let ops: Vec<&str> = meta.cpu_fallback.iter().map(|o| o.op.as_str()).collect();
+    for op in ["aten::log_sigmoid_forward", "aten::log_sigmoid_backward", "aten::_prelu_kernel_backward"] {
+        assert!(ops.contains(&op), "{op} not in {ops:?}");
+    }
+    for op in
+        ["aten::native_dropout", "aten::native_dropout_backward", "aten::roll", "aten::hardtanh_backward"]
+    {
+        assert!(!ops.contains(&op), "{op} has a meta kernel of its own: {ops:?}");
+    }
+    // One per forward, two iterations; the copies are that op's input (32x256 floats).
+    let log_sigmoid = meta.cpu_fallback.iter().find(|o| o.op == "aten::log_sigmoid_forward").unwrap();
+    assert_eq!(log_sigmoid.calls, 2);
+    assert_eq!(log_sigmoid.bytes, 2 * 32 * 256 * 4);
+    assert!(cpu.cpu_fallback.is_empty(), "a CPU run needs no fallback");
+    assert!(meta.to_string().contains("ran on the CPU for want of a meta kernel"), "{meta}");
+}
+
+/// An Adam step's options (the device is set per run).
+fn adam(
+    precision: Precision,
+    input_shape: &[i64],
+    input_is_index: bool,
+    target_shape: &[i64],
+) -> NativeStepOptions {
+    NativeStepOptions {
+        input_shape: input_shape.to_vec(),
+        input_is_index,
+        target_shape: target_shape.to_vec(),
+        precision,
+        optimizer: Optimizer::Adam,
+        device: EstimateDevice::Meta,
+    }
+}
+
+/// Meta within 2 % of the CPU.
+fn within_two_percent(meta: u64, cpu: u64, what: &str) {
+    let diff = (meta as f64 - cpu as f64) / cpu as f64 * 100.0;
+    println!("  {what:<20} meta {meta:>12} cpu {cpu:>12} diff {diff:.3} %");
+    assert!(diff.abs() <= 2.0, "{what}: meta {meta} and cpu {cpu} differ by {diff:.3} %");
+}
+
+/// How far CPU memory rose above its level before `f` while `f` ran, read by a CPU tracker (the
+/// wrapped CPU allocator's peak window): an independent witness of the estimate's own
+/// `cpu_tensors` count.
+fn cpu_rise_during<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let tracker = MemTracker::builder().device(TrackedDevice::Cpu).log_dir(dir.path()).build().unwrap();
+    let before = tracker.track().unwrap().allocator.allocated;
+    let out = f();
+    let during = tracker.track().unwrap().allocator.peak_since_previous;
+    (out, during.saturating_sub(before))
+}
+
+/// Estimates `build`/`step` on meta and on the CPU and checks that they agree within 2 % (peak and
+/// live after forward), and that the meta run made no tensor on the CPU.
+fn meta_matches_cpu<M>(
+    what: &str,
+    case: NativeStepOptions,
+    build: impl Fn(&nn::Path) -> M,
+    step: impl Fn(&M, &Tensor, &Tensor) -> Tensor,
+) -> gpu_mem_track_estimate::Estimate {
+    let options = |device| NativeStepOptions { device, ..case.clone() };
+    let (cpu, _) = training_step(&build, &step, &options(EstimateDevice::Cpu)).unwrap();
+    let (meta, cpu_rise) = cpu_rise_during(|| {
+        training_step(&build, &step, &options(EstimateDevice::Meta))
+            .unwrap_or_else(|e| panic!("{what} on meta: {e}"))
+    });
+    let (meta, _) = meta;
+    println!("{what}:");
+    within_two_percent(meta.live_after_forward, cpu.live_after_forward, "live after forward");
+    within_two_percent(meta.peak.bytes, cpu.peak.bytes, "training step peak");
+    assert_eq!(meta.sizes.param_bytes, cpu.sizes.param_bytes, "{what}");
+    assert_eq!(meta.cpu_tensors.made_on_cpu, 0, "{what}: {:?}", meta.cpu_tensors);
+    assert_eq!(meta.cpu_tensors.moved_to_meta, 0, "{what}: {:?}", meta.cpu_tensors);
+    // The meta-via-CPU fallback's copies are the only CPU tensors a meta estimate may make; the
+    // rest is scalars ops wrap as 0-dim CPU tensors (8 bytes each, freed at once). The smallest
+    // tensor these models would make on the CPU is larger (an RNN state: 8 KiB and up).
+    println!("  CPU memory rose by {cpu_rise} bytes during the meta estimate");
+    if meta.cpu_fallback.is_empty() {
+        assert!(cpu_rise < 512, "{what}: CPU memory rose by {cpu_rise} bytes during the meta estimate");
+    }
+    meta
+}
+
+enum Recurrent {
+    Lstm(nn::LSTM),
+    Gru(nn::GRU),
+}
+
+struct Rnn {
+    rnn: Recurrent,
+    head: nn::Linear,
+}
+
+/// tch's LSTM and GRU make their zero state with the device the model was built on (the CPU of
+/// the estimate's VarStore): on meta, that state is made on meta.
+///
+/// In half precision: a float32 RNN on the CPU runs oneDNN's fused kernel (`mkldnn_rnn_layer`),
+/// which keeps a workspace of its own for backward, about twice what PyTorch's own cell ops keep
+/// (char-rnn: 40.4 vs 21.0 MiB live after forward). In half precision with gradients on, the CPU
+/// takes PyTorch's own path (RNN.cpp), and the meta run takes it as the CPU does (input projection
+/// of all steps at once), so the two runs keep the same tensors.
+#[test]
+fn tch_lstm_and_gru_estimate_on_meta_like_the_cpu() {
+    let (batch, seq, features, hidden, classes) = (32i64, 24i64, 32i64, 128i64, 10i64);
+    for (lstm, num_layers, batch_first, bidirectional) in rnn_cases() {
+        let directions = if bidirectional { 2 } else { 1 };
+        let build = move |p: &nn::Path| {
+            let config = nn::RNNConfig { num_layers, batch_first, bidirectional, ..Default::default() };
+            let rnn = if lstm {
+                Recurrent::Lstm(nn::lstm(p / "rnn", features, hidden, config))
+            } else {
+                Recurrent::Gru(nn::gru(p / "rnn", features, hidden, config))
+            };
+            Rnn { rnn, head: nn::linear(p / "head", directions * hidden, classes, Default::default()) }
+        };
+        let step = move |m: &Rnn, x: &Tensor, y: &Tensor| {
+            // tch's `seq` takes the batch from dimension 0; sequence-first input
+            // needs its own zero state (made on the build device, as `seq`'s is).
+            let b = x.size()[if batch_first { 0 } else { 1 }];
+            let out = match &m.rnn {
+                Recurrent::Lstm(l) => l.seq_init(x, &l.zero_state(b)).0,
+                Recurrent::Gru(g) => g.seq_init(x, &g.zero_state(b)).0,
+            };
+            let logits = m.head.forward(&out).view([-1, classes]);
+            logits.cross_entropy_for_logits(y)
+        };
+        let shape = if batch_first { [batch, seq, features] } else { [seq, batch, features] };
+        let what = format!(
+            "{} {num_layers} layer(s){}{}",
+            if lstm { "lstm" } else { "gru" },
+            if batch_first { ", batch first" } else { "" },
+            if bidirectional { ", bidirectional" } else { "" }
+        );
+        let case = adam(Precision::F16, &shape, false, &[batch * seq]);
+        let meta = meta_matches_cpu(&what, case, build, step);
+        // The recurrent weights of every layer are parameters.
+        let per_gate = if lstm { 4 } else { 3 };
+        let layer = |input: i64| directions * per_gate * hidden * (input + hidden + 2);
+        let rnn_params = layer(features) + (num_layers - 1) * layer(directions * hidden);
+        let head = directions * hidden * classes + classes;
+        assert_eq!(meta.sizes.param_count as i64, rnn_params + head, "{what}");
+    }
+}
+
+/// (lstm, layers, batch first, bidirectional): every combination.
+fn rnn_cases() -> Vec<(bool, i64, bool, bool)> {
+    let mut all = Vec::new();
+    for lstm in [true, false] {
+        for layers in [1, 2] {
+            for batch_first in [true, false] {
+                for bidirectional in [false, true] {
+                    all.push((lstm, layers, batch_first, bidirectional));
+                }
+            }
+        }
+    }
+    all
+}
+
+/// tch's char-rnn example: `nn::lstm` + `nn::linear`, one-hot input (made with the input's
+/// device), Adam, `cross_entropy_for_logits`; half precision as above.
+#[test]
+fn char_rnn_estimates_on_meta_like_the_cpu() {
+    let (labels, hidden, batch, seq) = (65i64, 256i64, 32i64, 64i64);
+    struct CharRnn {
+        lstm: nn::LSTM,
+        linear: nn::Linear,
+    }
+    let build = |p: &nn::Path| CharRnn {
+        lstm: nn::lstm(p, labels, hidden, Default::default()),
+        linear: nn::linear(p, hidden, labels, Default::default()),
+    };
+    let step = |m: &CharRnn, xs: &Tensor, ys: &Tensor| {
+        let onehot = xs.onehot(labels).to_kind(m.linear.ws.kind());
+        let (out, _) = m.lstm.seq(&onehot);
+        let logits = m.linear.forward(&out);
+        logits.view([batch * seq, labels]).cross_entropy_for_logits(&ys.view([batch * seq]))
+    };
+    let case = adam(Precision::F16, &[batch, seq], true, &[batch, seq]);
+    let meta = meta_matches_cpu("char-rnn", case, build, step);
+    assert_eq!(meta.sizes.param_count as i64, 4 * hidden * (labels + hidden + 2) + hidden * labels + labels);
+    // What the forward keeps for backward dominates: the gates of all 64 steps, at least.
+    assert!(meta.live_after_forward > (seq * batch * 4 * hidden * 2) as u64, "{meta}");
+}
+
+/// A model that keeps the device it was built on and makes a causal mask and a position table
+/// there in `forward`, as users write them.
+struct Masked {
+    device: tch::Device,
+    positions: nn::Embedding,
+    proj: nn::Linear,
+    head: nn::Linear,
+}
+
+const MASKED: (i64, i64, i64) = (4, 24, 32); // batch, sequence, width
+
+fn masked(p: &nn::Path) -> Masked {
+    let (_, seq, dim) = MASKED;
+    Masked {
+        device: p.device(),
+        positions: nn::embedding(p / "pos", seq, dim, Default::default()),
+        proj: nn::linear(p / "proj", dim, dim, Default::default()),
+        head: nn::linear(p / "head", dim, 3, Default::default()),
+    }
+}
+
+impl Masked {
+    fn logits(&self, x: &Tensor) -> Tensor {
+        let t = x.size()[1];
+        let pos = self.positions.forward(&Tensor::arange(t, (Kind::Int64, self.device)));
+        let h = self.proj.forward(&(x + pos));
+        let scores = h.matmul(&h.transpose(-2, -1)) / (MASKED.2 as f64).sqrt();
+        let mask = Tensor::ones([t, t], (Kind::Bool, self.device)).tril(0).logical_not();
+        let attn = scores.masked_fill(&mask, f64::NEG_INFINITY).softmax(-1, Kind::Float);
+        self.head.forward(&attn.matmul(&h).mean_dim(1, false, Kind::Float))
+    }
+}
+
+#[test]
+fn masks_made_on_the_build_device_in_forward_land_on_meta() {
+    let (batch, seq, dim) = MASKED;
+    let build = masked;
+    let step = |m: &Masked, x: &Tensor, y: &Tensor| m.logits(x).cross_entropy_for_logits(y);
+    meta_matches_cpu(
+        "masked attention",
+        adam(Precision::F32, &[batch, seq, dim], false, &[batch]),
+        build,
+        step,
+    );
+}
+
+/// A forward-only estimate of the same model: no gradients, no optimizer, the same mask on meta.
+#[test]
+fn inference_of_a_tch_model_estimates_on_meta_like_the_cpu() {
+    let (batch, seq, dim) = MASKED;
+    let options =
+        |device| NativeStepOptions { device, ..adam(Precision::F32, &[batch, seq, dim], false, &[]) };
+    let forward = |m: &Masked, x: &Tensor| m.logits(x);
+    let (cpu, _) = inference_step(masked, forward, &options(EstimateDevice::Cpu)).unwrap();
+    let (meta, _) = inference_step(masked, forward, &options(EstimateDevice::Meta)).unwrap();
+    assert_eq!(meta.options.mode, Mode::Inference);
+    assert_eq!((meta.sizes.grad_bytes, meta.sizes.optimizer_state_bytes), (0, 0));
+    assert_eq!(meta.sizes.param_bytes, cpu.sizes.param_bytes);
+    assert_eq!(meta.cpu_tensors.made_on_cpu + meta.cpu_tensors.moved_to_meta, 0, "{:?}", meta.cpu_tensors);
+    within(meta.forward_peak, cpu.forward_peak, "inference peak");
+    // Without autograd nothing is kept: after the forward, parameters, input (and the output).
+    let kept = meta.sizes.param_bytes + meta.sizes.input_bytes;
+    assert!(meta.live_after_forward >= kept && meta.live_after_forward <= kept + 1024, "{meta}");
+}
+
+/// The redirection is this thread's, for the estimate only: CPU work on another thread during
+/// the estimate, and on this one after it, stays on the CPU.
+#[test]
+fn cpu_work_elsewhere_during_an_estimate_stays_on_the_cpu() {
+    let options = NativeStepOptions {
+        input_shape: vec![4, 8],
+        input_is_index: false,
+        target_shape: vec![4],
+        precision: Precision::F32,
+        optimizer: Optimizer::Sgd,
+        device: EstimateDevice::Meta,
+    };
+    let build = |p: &nn::Path| nn::linear(p / "l", 8, 3, Default::default());
+    let seen = std::sync::Mutex::new(Vec::new());
+    let step = |m: &nn::Linear, x: &Tensor, y: &Tensor| {
+        let here = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu));
+        let there = std::thread::scope(|s| {
+            s.spawn(|| {
+                let t = Tensor::ones([3], (Kind::Float, tch::Device::Cpu)) * 2.0;
+                (t.device(), f64::try_from(t.sum(Kind::Float)).unwrap())
+            })
+            .join()
+            .unwrap()
+        });
+        seen.lock().unwrap().push((here.device(), there));
+        m.forward(x).cross_entropy_for_logits(y)
+    };
+    training_step(build, step, &options).unwrap();
+    let seen = seen.into_inner().unwrap();
+    assert_eq!(seen.len(), 2, "two iterations");
+    for (here, (there, sum)) in seen {
+        // tch names a meta tensor's device Mps (it has no variant for meta).
+        assert_eq!(here, tch::Device::Mps, "on the estimating thread, the CPU means meta");
+        assert_eq!(there, tch::Device::Cpu, "another thread's tensors stay on the CPU");
+        assert_eq!(sum, 6.0, "and hold their values");
+    }
+    let after = Tensor::from_slice(&[1.0f32, 2.0]) + Tensor::ones([2], (Kind::Float, tch::Device::Cpu));
+    assert_eq!(after.device(), tch::Device::Cpu);
+    assert_eq!(Vec::<f32>::try_from(&after).unwrap(), vec![2.0, 3.0]);
+}
+
+/// Every meta kernel the shim registers gives the CPU kernel's result sizes, strides and dtypes,
+/// for several shapes each (a transposed input among them for elementwise ops); where meta
+/// follows a GPU kernel's layout on purpose (fused attention), sizes and dtypes.
+#[test]
+fn every_meta_kernel_of_the_shim_matches_the_cpu_kernel() {
+    let (cases, registered) = gpu_mem_track_estimate::check_meta_kernels().unwrap();
+    assert!(registered.len() >= 36, "{registered:?}");
+    for op in &registered {
+        assert!(cases.iter().any(|c| &c.op == op), "no case checks the meta kernel of {op}");
+    }
+    for c in &cases {
+        println!("{:<55} {:<60} {}", c.op, c.inputs, c.verdict);
+    }
+    let wrong: Vec<String> =
+        cases.iter().filter(|c| !c.ok()).map(|c| format!("{} {}: {}", c.op, c.inputs, c.verdict)).collect();
+    assert!(wrong.is_empty(), "{} of {} cases differ:\n{}", wrong.len(), cases.len(), wrong.join("\n"));
+    assert!(cases.len() >= 100, "{} cases", cases.len());
+}

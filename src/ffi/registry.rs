@@ -1,0 +1,355 @@
+//! The live-tensor registry (`csrc/registry.cpp`): registration, snapshots of the live tensors
+//! (per tensor or grouped as the log groups them), and the names and groups it interns.
+use gpu_mem_track_log::{Category, DType};
+use gpu_mem_track_sys as sys;
+use std::ffi::{c_void, CStr};
+use std::ptr::NonNull;
+
+use super::DeviceKind;
+use super::{bytes, c_string, category_from_code, check, device_code};
+use crate::error::{Error, Result};
+
+/// One live tensor as the registry lists it: the C record, read only through these accessors.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct TensorRecord(sys::gmt_tensor_record);
+
+impl TensorRecord {
+    /// Identity of the storage while the tensor is alive (0: none).
+    pub(crate) fn storage_id(&self) -> u64 {
+        self.0.storage_id
+    }
+    /// Whether other live tensors share the storage.
+    pub(crate) fn storage_shared(&self) -> bool {
+        self.0.storage_shared != 0
+    }
+    pub(crate) fn storage_nbytes(&self) -> u64 {
+        bytes(self.0.storage_nbytes)
+    }
+    /// `numel * itemsize` of this tensor (a view's own extent).
+    pub(crate) fn nbytes(&self) -> u64 {
+        bytes(self.0.nbytes)
+    }
+    /// Registration order.
+    pub(crate) fn seq(&self) -> u64 {
+        self.0.seq
+    }
+    pub(crate) fn dtype(&self) -> DType {
+        DType::from_scalar_type(self.0.scalar_type)
+    }
+    /// A leaf tensor that requires grad: what Python prints as a Parameter.
+    pub(crate) fn is_parameter(&self) -> bool {
+        self.0.is_leaf != 0 && self.0.requires_grad != 0
+    }
+    /// The registration name's id, if it has one (see [`registry_name`]).
+    pub(crate) fn name_id(&self) -> Option<i32> {
+        (self.0.name_id >= 0).then_some(self.0.name_id)
+    }
+    /// The op that returned it (see [`registry_op_name`]); `None` when registered explicitly.
+    pub(crate) fn op_id(&self) -> Option<u32> {
+        u32::try_from(self.0.op_id).ok()
+    }
+    /// What the tracker knows it holds (filled by [`RawSnapshot::take_categorized`] only).
+    pub(crate) fn category(&self) -> Option<Category> {
+        category_from_code(self.0.category)
+    }
+    /// Sizes, from the snapshot's shared dims buffer.
+    pub(crate) fn shape<'a>(&self, dims: &'a [i64]) -> &'a [i64] {
+        let start = usize::try_from(self.0.dims_offset).unwrap_or(0);
+        let n = usize::try_from(self.0.ndim).unwrap_or(0);
+        dims.get(start..start.saturating_add(n)).unwrap_or(&[])
+    }
+}
+
+pub(crate) fn registry_installed() -> bool {
+    // SAFETY: reads an atomic flag.
+    unsafe { sys::gmt_registry_installed() != 0 }
+}
+
+/// Pauses or resumes the registry's per-op callback.
+pub(crate) fn set_registry_enabled(enabled: bool) -> Result<()> {
+    // SAFETY: toggles a RecordFunction callback; safe while ops run on other threads.
+    check("registry enable", unsafe { sys::gmt_registry_set_enabled(enabled as i32) })
+}
+
+pub(crate) fn registry_entries() -> usize {
+    // SAFETY: reads the map size under the registry lock.
+    unsafe { sys::gmt_registry_entries() }
+}
+
+pub(crate) fn registry_callbacks() -> u64 {
+    // SAFETY: reads an atomic counter.
+    unsafe { sys::gmt_registry_callbacks() }
+}
+
+/// Adds a tensor (and a display name) to the registry.
+pub(crate) fn register_tensor(tensor: &tch::Tensor, name: &str) -> Result<()> {
+    let name = c_string("register tensor", name)?;
+    // SAFETY: `as_ptr` is the `at::Tensor*` tch owns; it stays valid for the duration of the call
+    // because `tensor` is borrowed. The shim only takes a weak reference to its TensorImpl.
+    check("register tensor", unsafe {
+        sys::gmt_registry_register(tensor.as_ptr() as *const c_void, name.as_ptr())
+    })
+}
+
+// tch's CModule is a struct holding only the `torch::jit::script::Module*` and exposes no accessor.
+const _: () = assert!(std::mem::size_of::<tch::CModule>() == std::mem::size_of::<*mut c_void>());
+
+/// Registers a TorchScript module's named parameters and buffers; returns how many.
+pub(crate) fn register_module(module: &tch::CModule, prefix: &str) -> Result<usize> {
+    let prefix = c_string("register module", prefix)?;
+    // SAFETY: `CModule` is a single-field struct around the module pointer (size asserted above),
+    // so its bytes are that pointer. The module is borrowed for the call; the shim only reads it.
+    let ptr: *mut c_void = unsafe { std::mem::transmute_copy(module) };
+    let mut count = 0usize;
+    // SAFETY: `ptr` is a live module (see above); `count` is a valid out-pointer.
+    check("register module", unsafe { sys::gmt_register_module(ptr, prefix.as_ptr(), &mut count) })?;
+    Ok(count)
+}
+
+/// A registered tensor's name, if it has one.
+pub(crate) fn registry_name(id: i32) -> Option<String> {
+    // SAFETY: returns null or a pointer into an append-only table that lives for the process.
+    let p = unsafe { sys::gmt_registry_name(id) };
+    // SAFETY: non-null pointers are NUL-terminated strings that are never freed.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
+/// An op name as the log prints it: an autograd node's evaluation
+/// (`autograd::engine::evaluate_function: AddmmBackward0`) by its node (`AddmmBackward0`).
+pub(super) fn tidy_op_name(name: &str) -> &str {
+    name.strip_prefix("autograd::engine::evaluate_function: ").unwrap_or(name)
+}
+
+/// The name of an op the registry saw return tensors (`aten::conv2d`, `AddmmBackward0`).
+pub(crate) fn registry_op_name(id: u32) -> Option<String> {
+    let id = i32::try_from(id).ok()?;
+    // SAFETY: returns null or a pointer into an append-only table that lives for the process.
+    let p = unsafe { sys::gmt_registry_op_name(id) };
+    // SAFETY: non-null pointers are NUL-terminated strings that are never freed.
+    (!p.is_null()).then(|| tidy_op_name(&unsafe { CStr::from_ptr(p) }.to_string_lossy()).to_owned())
+}
+
+/// A log group the registry interned (see [`GroupTotal::group`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RegistryGroup {
+    pub shape: Box<[i64]>,
+    pub dtype: DType,
+    /// A leaf tensor that requires grad: what Python prints as a Parameter.
+    pub parameter: bool,
+    /// The op that made its tensors (see [`registry_op_name`]); `None` when registered explicitly.
+    pub op_id: Option<u32>,
+}
+
+/// The registry's log group `id`; `None` for an id it never gave.
+pub(crate) fn registry_group(id: u32) -> Option<RegistryGroup> {
+    let id = i32::try_from(id).ok()?;
+    let (mut scalar_type, mut parameter, mut op_id) = (0i32, 0i32, -1i32);
+    let mut sizes = vec![0i64; 8];
+    loop {
+        // SAFETY: copies at most `sizes.len()` dims into our buffer and plain values into locals.
+        let ndim = unsafe {
+            sys::gmt_registry_group(
+                id,
+                sizes.as_mut_ptr(),
+                sizes.len(),
+                &mut scalar_type,
+                &mut parameter,
+                &mut op_id,
+            )
+        };
+        let ndim = usize::try_from(ndim).ok()?;
+        if ndim <= sizes.len() {
+            sizes.truncate(ndim);
+            break;
+        }
+        sizes.resize(ndim, 0); // more dims than the buffer held: read again
+    }
+    Some(RegistryGroup {
+        shape: sizes.into_boxed_slice(),
+        dtype: DType::from_scalar_type(scalar_type),
+        parameter: parameter != 0,
+        op_id: u32::try_from(op_id).ok(),
+    })
+}
+
+/// Totals of one log group in a grouped snapshot: the C record, read through these accessors.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct GroupTotal(sys::gmt_group_total);
+
+impl GroupTotal {
+    /// The registry's group (see [`registry_group`]).
+    pub(crate) fn group(&self) -> u32 {
+        u32::try_from(self.0.group).unwrap_or(u32::MAX)
+    }
+    /// Tensors whose storage another tensor owns.
+    pub(crate) fn view(&self) -> bool {
+        self.0.view != 0
+    }
+    pub(crate) fn count(&self) -> u64 {
+        bytes(self.0.count)
+    }
+    /// Bytes of the storages the group owns.
+    pub(crate) fn bytes(&self) -> u64 {
+        bytes(self.0.bytes)
+    }
+}
+
+/// Overall totals of a grouped snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SnapshotTotals {
+    /// Bytes of unique storages.
+    pub tensor_bytes: u64,
+    /// Live tensors on the device.
+    pub tensor_count: usize,
+    /// Unique storages.
+    pub storage_count: usize,
+}
+
+/// libtorch's name of a scalar type ("Float", "BFloat16", ...), to check gpu-mem-track-log's table.
+#[cfg(test)]
+pub(crate) fn scalar_type_name(scalar_type: i32) -> &'static str {
+    // SAFETY: returns a pointer to a static string (c10::toString) or a literal.
+    let p = unsafe { sys::gmt_scalar_type_name(scalar_type) };
+    // SAFETY: static NUL-terminated strings.
+    unsafe { CStr::from_ptr(p) }.to_str().unwrap_or("Undefined")
+}
+
+/// Reusable buffer for registry snapshots (capacity is kept between calls).
+pub(crate) struct RawSnapshot {
+    ptr: NonNull<sys::gmt_snapshot>,
+}
+
+// SAFETY: the buffer is plain owned memory; the shim does not tie it to a thread.
+unsafe impl Send for RawSnapshot {}
+
+impl RawSnapshot {
+    pub(crate) fn new() -> Result<Self> {
+        // SAFETY: allocation; null on failure.
+        let ptr = unsafe { sys::gmt_snapshot_new() };
+        NonNull::new(ptr)
+            .map(|ptr| RawSnapshot { ptr })
+            .ok_or(Error::Libtorch { call: "snapshot", message: "out of memory".into() })
+    }
+
+    /// Lists live registered tensors on a device kind (`GMT_DEV_*`) and index (-1: any).
+    pub(crate) fn take(
+        &mut self,
+        device_kind: DeviceKind,
+        device_index: i32,
+    ) -> Result<(&[TensorRecord], &[i64])> {
+        self.take_with(device_kind, device_index, false)
+    }
+
+    /// As [`take`](Self::take), with each record's [`category`](TensorRecord::category).
+    pub(crate) fn take_categorized(
+        &mut self,
+        device_kind: DeviceKind,
+        device_index: i32,
+    ) -> Result<(&[TensorRecord], &[i64])> {
+        self.take_with(device_kind, device_index, true)
+    }
+
+    fn take_with(
+        &mut self,
+        device_kind: DeviceKind,
+        device_index: i32,
+        categorized: bool,
+    ) -> Result<(&[TensorRecord], &[i64])> {
+        let take = if categorized { sys::gmt_snapshot_take_categorized } else { sys::gmt_snapshot_take };
+        // SAFETY: `self.ptr` is a live snapshot we own exclusively (&mut self).
+        check("snapshot", unsafe { take(self.ptr.as_ptr(), device_code(device_kind), device_index) })?;
+        // SAFETY: the returned arrays stay valid until the next `take` or drop, both of which
+        // need `&mut self`, so the borrow checker enforces their lifetime.
+        unsafe {
+            let n = sys::gmt_snapshot_len(self.ptr.as_ptr());
+            // TensorRecord is repr(transparent) over the C record.
+            let recs = sys::gmt_snapshot_records(self.ptr.as_ptr()).cast::<TensorRecord>();
+            let mut dims_len = 0usize;
+            let dims = sys::gmt_snapshot_dims(self.ptr.as_ptr(), &mut dims_len);
+            let recs = if n == 0 { &[][..] } else { std::slice::from_raw_parts(recs, n) };
+            let dims = if dims_len == 0 { &[][..] } else { std::slice::from_raw_parts(dims, dims_len) };
+            Ok((recs, dims))
+        }
+    }
+}
+
+impl RawSnapshot {
+    /// What one track needs, without a record per tensor: the totals per log group of the live
+    /// tensors on a device kind and index (-1: any), grouped as the snapshot module groups
+    /// records (`detail == false`: the overall totals only).
+    pub(crate) fn take_grouped(
+        &mut self,
+        device_kind: DeviceKind,
+        device_index: i32,
+        detail: bool,
+    ) -> Result<(&[GroupTotal], SnapshotTotals)> {
+        // SAFETY: `self.ptr` is a live snapshot we own exclusively (&mut self).
+        check("snapshot", unsafe {
+            sys::gmt_snapshot_take_grouped(
+                self.ptr.as_ptr(),
+                device_code(device_kind),
+                device_index,
+                i32::from(detail),
+            )
+        })?;
+        let mut totals = sys::gmt_snapshot_totals::default();
+        // SAFETY: as in `take_with`: the array lives until the next take or drop (&mut self).
+        unsafe {
+            sys::gmt_snapshot_totals_of(self.ptr.as_ptr(), &mut totals);
+            let mut len = 0usize;
+            let groups = sys::gmt_snapshot_groups(self.ptr.as_ptr(), &mut len).cast::<GroupTotal>();
+            // GroupTotal is repr(transparent) over the C record.
+            let groups =
+                if len == 0 || groups.is_null() { &[][..] } else { std::slice::from_raw_parts(groups, len) };
+            let totals = SnapshotTotals {
+                tensor_bytes: bytes(totals.tensor_bytes),
+                tensor_count: usize::try_from(totals.tensor_count).unwrap_or(0),
+                storage_count: usize::try_from(totals.storage_count).unwrap_or(0),
+            };
+            Ok((groups, totals))
+        }
+    }
+}
+
+impl Drop for RawSnapshot {
+    fn drop(&mut self) {
+        // SAFETY: allocated by gmt_snapshot_new, freed once.
+        unsafe { sys::gmt_snapshot_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// The live tensors captured by `recorder_snapshot_at` (copied out).
+pub(crate) fn peak_snapshot_records() -> (Vec<TensorRecord>, Vec<i64>) {
+    // SAFETY: the peak snapshot is a static buffer written only during a recording (stopped now);
+    // we copy it.
+    unsafe {
+        let s = sys::gmt_peak_snapshot();
+        let n = sys::gmt_snapshot_len(s);
+        let recs = sys::gmt_snapshot_records(s).cast::<TensorRecord>();
+        let mut dims_len = 0usize;
+        let dims = sys::gmt_snapshot_dims(s, &mut dims_len);
+        let recs =
+            if n == 0 || recs.is_null() { Vec::new() } else { std::slice::from_raw_parts(recs, n).to_vec() };
+        let dims = if dims_len == 0 || dims.is_null() {
+            Vec::new()
+        } else {
+            std::slice::from_raw_parts(dims, dims_len).to_vec()
+        };
+        (recs, dims)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpu_mem_track_log::DType;
+
+    /// gpu-mem-track-log names dtypes without libtorch: its table must match libtorch's own.
+    #[test]
+    fn dtype_table_matches_libtorch() {
+        for n in 0..46 {
+            assert_eq!(DType::from_scalar_type(n).c10_name(), super::scalar_type_name(n), "scalar type {n}");
+        }
+    }
+}

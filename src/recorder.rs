@@ -1,0 +1,160 @@
+//! The allocation recorder: every allocation and free on one device kind, with the phase of the
+//! step (forward, backward, optimizer), the op and the track site that made it. It is what
+//! memory history (the `history` module) records a training loop with, and what the estimator crate
+//! (`gpu-mem-track-estimate`) records a model's run on the meta device with; both turn the events
+//! into a categorised [`Trace`] here ([`classify`]) before they replay them.
+//!
+//! One recording runs at a time in a process; [`start`] fails while one runs.
+use std::collections::{HashMap, HashSet};
+
+use gpu_mem_track_log::{Category, Phase, Trace, TraceEvent};
+
+use crate::device::DeviceKind;
+use crate::error::Result;
+use crate::ffi;
+pub use crate::ffi::{op_name, AllocEvent, EventKind};
+use crate::snapshot::Snapshot;
+
+/// Starts recording the allocations of a device kind (phases tagged with [`set_phase`]).
+///
+/// # Errors
+/// [`Libtorch`](crate::error::Error::Libtorch) when a recording already runs.
+pub fn start(device: DeviceKind) -> Result<()> {
+    ffi::recorder_start(device)
+}
+
+/// Stops the recording; what it recorded stays readable ([`events`]). A no-op when none runs.
+///
+/// # Errors
+/// [`Libtorch`](crate::error::Error::Libtorch) when the shim fails to stop it.
+pub fn stop() -> Result<()> {
+    ffi::history_stop()
+}
+
+/// Tags the events recorded from now on with a phase (`None`: outside any) and an iteration.
+pub fn set_phase(phase: Option<Phase>, iteration: u32) {
+    ffi::recorder_set_phase(phase, iteration)
+}
+
+/// The recording's current phase and iteration (for a progress display on another thread).
+pub fn progress() -> (Phase, u32) {
+    ffi::recorder_progress()
+}
+
+/// The recorded events, in order, and the op-name table their `op`/`top_op` index.
+pub fn events() -> (Vec<AllocEvent>, Vec<String>) {
+    ffi::recorded_events()
+}
+
+/// The allocation ids tagged as parameters during the recording.
+pub fn parameter_ids() -> Vec<i64> {
+    ffi::recorded_parameter_ids()
+}
+
+/// Asks the next recording to snapshot the live tensors right after event number `event` (the
+/// peak of an earlier run of the same model), for [`peak_snapshot`].
+pub fn snapshot_at(event: i64) {
+    ffi::recorder_snapshot_at(event)
+}
+
+/// The live tensors [`snapshot_at`] captured, grouped as the log groups them (parameters apart).
+pub fn peak_snapshot() -> Snapshot {
+    let (records, dims) = ffi::peak_snapshot_records();
+    Snapshot::from_records(&records, &dims, true, false)
+}
+
+/// The category of each recorded allocation, and of its free; `None` for segment events and for
+/// frees of allocations made before the recording. A tag set while recording (parameter, buffer,
+/// gradient, activation, input) wins; otherwise the phase that made the allocation and its
+/// lifetime decide: kept past the end of its phase, a forward allocation is an activation, a
+/// backward one a gradient, an optimizer-step one optimizer state; freed within it, a temporary.
+/// Outside any declared phase, untagged allocations are temporaries when freed, else unknown.
+pub(crate) fn categorize(events: &[AllocEvent], parameter_ids: &[i64]) -> Vec<Option<Category>> {
+    let params: HashSet<i64> = parameter_ids.iter().copied().collect();
+    // Blocks are runs of events with one (iteration, phase); the last event index of each event's
+    // block, and each allocation's free index.
+    let mut block_of: Vec<usize> = Vec::with_capacity(events.len());
+    let mut block_end: Vec<usize> = Vec::new();
+    let mut freed_at: HashMap<usize, usize> = HashMap::new();
+    let mut open: HashMap<i64, usize> = HashMap::new();
+    for (i, e) in events.iter().enumerate() {
+        let same_block = i > 0 && (events[i - 1].iteration, events[i - 1].phase) == (e.iteration, e.phase);
+        if !same_block {
+            block_end.push(i);
+        }
+        *block_end.last_mut().expect("a block was opened") = i;
+        block_of.push(block_end.len() - 1);
+        match e.kind {
+            EventKind::Alloc => {
+                open.insert(e.id, i);
+            }
+            EventKind::Free => {
+                if let Some(a) = open.remove(&e.id) {
+                    freed_at.insert(a, i);
+                }
+            }
+            EventKind::SegmentAlloc | EventKind::SegmentFree | EventKind::Oom => {}
+        }
+    }
+    let mut of_alloc: HashMap<i64, Category> = HashMap::new();
+    events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| match e.kind {
+            EventKind::Alloc => {
+                let freed = freed_at.get(&i);
+                let outlives_phase = freed.is_none_or(|&f| f > block_end[block_of[i]]);
+                let category = match (e.tag, e.phase) {
+                    (Some(tagged), _) => tagged,
+                    _ if params.contains(&e.id) => Category::Parameter,
+                    (None, Phase::Load) => Category::Buffer,
+                    (None, Phase::Input) => Category::Input,
+                    (None, Phase::Unmarked) if freed.is_some() => Category::Temporary,
+                    (None, Phase::Unmarked) => Category::Unknown,
+                    _ if !outlives_phase => Category::Temporary,
+                    (None, Phase::Forward) => Category::Activation,
+                    (None, Phase::Backward) => Category::Gradient,
+                    (None, Phase::Optimizer) => Category::OptimizerState,
+                };
+                of_alloc.insert(e.id, category);
+                Some(category)
+            }
+            EventKind::Free => of_alloc.remove(&e.id),
+            EventKind::SegmentAlloc | EventKind::SegmentFree | EventKind::Oom => None,
+        })
+        .collect()
+}
+
+/// Builds a trace from recorded events, op names and the parameter allocation ids. Scratch memory
+/// a CPU kernel library took raw from the allocator (see [`AllocEvent::kernel_scratch`]) is left
+/// out: no GPU run has it, and the estimates' figures leave it out too.
+pub fn classify(events: &[AllocEvent], names: &[String], parameter_ids: &[i64]) -> Trace {
+    let categories = categorize(events, parameter_ids);
+    let mut sizes: HashMap<i64, u64> = HashMap::new();
+    let mut scratch: HashSet<i64> = HashSet::new();
+    let mut out = Vec::with_capacity(events.len());
+    for (e, category) in events.iter().zip(categories) {
+        let Some(category) = category else { continue };
+        let alloc = e.kind == EventKind::Alloc;
+        if (alloc && e.kernel_scratch && scratch.insert(e.id)) || (!alloc && scratch.remove(&e.id)) {
+            continue;
+        }
+        let size = if alloc {
+            sizes.insert(e.id, e.size);
+            e.size
+        } else {
+            sizes.remove(&e.id).unwrap_or(e.size)
+        };
+        out.push(TraceEvent {
+            alloc,
+            id: e.id,
+            size,
+            phase: e.phase,
+            iteration: e.iteration,
+            op: op_name(names, e.op).to_owned(),
+            top_op: op_name(names, e.top_op).to_owned(),
+            category,
+        });
+    }
+    Trace { events: out }
+}
