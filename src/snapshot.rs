@@ -364,4 +364,45 @@ mod tests {
         drop((row, flat, base));
         assert_same(&mut raw, "after the base and its views are gone");
     }
+
+    /// The grouped walk reads most tensors without pinning them and keeps their storages between
+    /// walks: it must see storages, shapes and dtypes swapped behind the registry's back, and
+    /// survive tensors dying on other threads while it walks.
+    #[test]
+    fn grouped_snapshots_follow_swapped_storages_and_concurrent_drops() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        ffi::install().unwrap();
+        let mut raw = RawSnapshot::new().unwrap();
+        let mut swapped = Tensor::zeros([4], (Kind::Float, Device::Cpu));
+        let shared = Tensor::zeros([2, 8], (Kind::Float, Device::Cpu));
+        let view = shared.view([-1]);
+        let mut alias = Tensor::zeros([16], (Kind::Float, Device::Cpu));
+        assert_same(&mut raw, "before set_data");
+        // set_data returns nothing: the registry sees the new storage, shape and dtype on a walk.
+        swapped.set_data(&Tensor::zeros([3, 3], (Kind::Int64, Device::Cpu)));
+        alias.set_data(&view); // now shares the storage of `shared`
+        assert_same(&mut raw, "after set_data");
+        drop((view, shared));
+        assert_same(&mut raw, "after the other holders of a storage are gone");
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                scope.spawn(|| {
+                    while !stop.load(Ordering::Relaxed) {
+                        let a = Tensor::zeros([8, 8], (Kind::Float, Device::Cpu));
+                        let v = a.view([-1]);
+                        let p = Tensor::zeros([4], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+                        let d = &p * 2;
+                        drop((a, v, p, d));
+                    }
+                });
+            }
+            for _ in 0..300 {
+                raw.take_grouped(DeviceKind::Cpu, -1, true).unwrap();
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        assert_same(&mut raw, "after tensors died on other threads during walks");
+        drop((swapped, alias));
+    }
 }

@@ -14,6 +14,8 @@
 #include <deque>
 #include <mutex>
 #include <unordered_map>
+#include <type_traits>
+#include <typeinfo>
 #include <unordered_set>
 #include <vector>
 
@@ -22,8 +24,17 @@
 #include "recorder.h"
 #include "registry.h"
 
+#ifndef GMT_AHEAD
+#define GMT_AHEAD 16
+#endif
+
 namespace {
 using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+using WeakStorage = c10::weak_intrusive_ptr<c10::StorageImpl>;
+
+// Whether a TensorImpl is a plain one: exactly c10::TensorImpl (no subclass whose sizes, device
+// or storage come from elsewhere). Only these are read without a pin (see take_grouped).
+bool is_plain(const c10::TensorImpl* impl) { return typeid(*impl) == typeid(c10::TensorImpl); }
 
 struct Entry {
   c10::TensorImpl* impl;
@@ -32,6 +43,14 @@ struct Entry {
   int32_t name_id;
   int32_t op_id;       // the op that returned it; -1 when registered explicitly
   int32_t group = -1;  // its log group when last seen (see Registry::group_of); -1 before
+  bool plain = false;  // is_plain(impl), set when recorded (a TensorImpl's class never changes)
+  // Where a grouped walk last found its storage among the shared ones (gmt_snapshot::shared), a
+  // hint checked before use: it spares a hash lookup per tensor that shares its storage.
+  uint32_t shared_slot = UINT32_MAX;
+  // The StorageImpl the tensor held when a snapshot last pinned it (null before), by a weak
+  // reference: its memory (not its data) stays valid however the tensor or storage die, so a
+  // snapshot reads its byte count and use count without pinning the tensor (see take_grouped).
+  WeakStorage storage{c10::intrusive_ptr<c10::StorageImpl>()};
 };
 
 // A log group as the registry interns it: what a `+`/`-` line is keyed by, with the op that made
@@ -82,7 +101,7 @@ struct Registry {
       if (name_id >= 0) entries[*slot].name_id = name_id;
       return;  // keep the first registration's order (and the innermost op that returned it)
     }
-    entries.push_back(Entry{impl, WeakImpl(t.getIntrusivePtr()), next_seq++, name_id, op_id});
+    entries.push_back(Entry{impl, WeakImpl(t.getIntrusivePtr()), next_seq++, name_id, op_id, -1, is_plain(impl)});
     if (entries.size() >= prune_at) {
       prune();
       prune_at = std::max(kMinPruneAt, entries.size() * 2);
@@ -135,9 +154,10 @@ struct Registry {
     const int32_t scalar_type = static_cast<int32_t>(impl->dtype().toScalarType());
     if (e.group >= 0) {
       const GroupDef& g = groups[e.group];
-      if (g.scalar_type == scalar_type && g.parameter == parameter && g.sizes.size() == sizes.size() &&
-          std::equal(sizes.begin(), sizes.end(), g.sizes.begin()))
-        return e.group;
+      // A loop rather than std::equal: that calls memcmp, slow for a few dimensions.
+      bool same = g.scalar_type == scalar_type && g.parameter == parameter && g.sizes.size() == sizes.size();
+      for (size_t d = 0; same && d < sizes.size(); ++d) same = g.sizes[d] == sizes[d];
+      if (same) return e.group;
     }
     std::string key(sizes.size() * sizeof(int64_t) + 2 * sizeof(int32_t) + 1, '\0');
     char* k = key.data();
@@ -203,7 +223,7 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
   gmt::op_stack_pop();  // after recording: the outputs are named by the stack as it was
 }
 
-int32_t device_kind_of(c10::DeviceType t) {
+inline __attribute__((always_inline)) int32_t device_kind_of(c10::DeviceType t) {
   switch (t) {
     case c10::DeviceType::CPU: return GMT_DEV_CPU;
     case c10::DeviceType::CUDA: return GMT_DEV_CUDA;
@@ -214,15 +234,25 @@ int32_t device_kind_of(c10::DeviceType t) {
 }  // namespace
 
 namespace {
-int32_t device_index_of(const c10::TensorImpl* impl, int32_t kind) {
+inline __attribute__((always_inline)) int32_t device_index_of(const c10::TensorImpl* impl, int32_t kind) {
   return impl->device().has_index() ? impl->device().index() : (kind == GMT_DEV_CUDA ? 0 : -1);
 }
 
 // Whether the tensor is on the device a snapshot asked for (kind GMT_DEV_ANY: all; index -1: any).
-bool on_device(const c10::TensorImpl* impl, int32_t device_kind, int32_t device_index) {
+inline __attribute__((always_inline)) bool on_device(const c10::TensorImpl* impl, int32_t device_kind,
+                                                    int32_t device_index) {
   const int32_t kind = device_kind_of(impl->device_type());
   const int32_t index = device_index_of(impl, kind);
   return (device_kind == GMT_DEV_ANY || device_kind == kind) && (device_index < 0 || index < 0 || device_index == index);
+}
+
+// The StorageImpl a TensorImpl's storage_ points to, read atomically: it is only compared, never
+// dereferenced, so another thread resetting storage_ meanwhile (release_resources) is harmless.
+const c10::StorageImpl* storage_target(const c10::TensorImpl* impl) {
+  // A Storage is an intrusive_ptr<StorageImpl>, which is its target pointer alone.
+  static_assert(sizeof(c10::Storage) == sizeof(c10::StorageImpl*));
+  const auto* field = reinterpret_cast<c10::StorageImpl* const*>(&impl->unsafe_storage());
+  return __atomic_load_n(field, __ATOMIC_RELAXED);
 }
 
 // A tensor whose storage other tensors share too, met by the grouped walk (views and the tensor
@@ -250,9 +280,50 @@ struct gmt_snapshot {
   // storages' bytes, views; and the ids touched.
   std::vector<std::array<int64_t, 3>> by_group;
   std::vector<int32_t> touched;
-  // Each shared storage's owner so far, and where it is in `owners`.
-  std::vector<SharedUse> owners;
-  gmt::PtrIndex owner_of;
+  // The shared storages, kept from walk to walk so that a tensor finds its storage's slot by
+  // its entry's hint (Entry::shared_slot), without a lookup, and slots come in walk order: by
+  // slot, the storage (null: a free slot), the walk that last met it and its owner so far.
+  struct SharedSlot {
+    const void* storage;
+    uint64_t walk;
+    SharedUse owner;
+  };
+  std::vector<SharedSlot> shared;
+  gmt::PtrIndex shared_index;  // storage -> slot
+  std::vector<uint32_t> free_slots;
+  std::vector<uint32_t> walk_slots;  // the slots met by this walk, in the order first met
+  uint64_t walk = 0;
+
+  // The slot of a shared storage, for entry e (whose hint it updates).
+  SharedSlot& shared_slot(const void* storage, uint32_t& hint) {
+    if (hint < shared.size() && shared[hint].storage == storage) return shared[hint];
+    if (const uint32_t* found = shared_index.find(storage)) {
+      hint = *found;
+    } else {
+      if (free_slots.empty()) {
+        hint = static_cast<uint32_t>(shared.size());
+        shared.push_back(SharedSlot{storage, 0, {}});
+      } else {
+        hint = free_slots.back();
+        free_slots.pop_back();
+        shared[hint] = SharedSlot{storage, 0, {}};
+      }
+      shared_index.try_emplace(storage, hint);
+    }
+    return shared[hint];
+  }
+
+  // Frees the slots of the storages this walk did not meet.
+  void forget_unmet_storages() {
+    for (size_t i = 0; i < shared.size(); ++i) {
+      SharedSlot& sl = shared[i];
+      if (sl.storage && sl.walk != walk) {
+        shared_index.erase(sl.storage);
+        sl.storage = nullptr;
+        free_slots.push_back(static_cast<uint32_t>(i));
+      }
+    }
+  }
 };
 
 namespace {
@@ -355,9 +426,9 @@ gmt_error take_grouped(gmt_snapshot* s, int32_t device_kind, int32_t device_inde
     if (!s) throw std::invalid_argument("null snapshot");
     s->groups.clear();
     s->totals = gmt_snapshot_totals{};
-    s->owners.clear();
-    s->owner_of.clear();
-    auto add = [s](int32_t group, bool view, int64_t bytes) {
+    ++s->walk;
+    s->walk_slots.clear();
+    auto add = [s](int32_t group, bool view, int64_t bytes) __attribute__((always_inline)) {
       if (group < 0) return;
       auto& t = s->by_group[group];
       if (t[0] == 0 && t[2] == 0) s->touched.push_back(group);
@@ -368,46 +439,119 @@ gmt_error take_grouped(gmt_snapshot* s, int32_t device_kind, int32_t device_inde
         t[1] += bytes;
       }
     };
+    // Adds up one live tensor on the device: its group (parameter: requires_grad && is_leaf),
+    // and its storage (null: none) with the number of tensors holding it.
+    auto tally = [&](Registry& r, Entry& e, const c10::TensorImpl* impl, bool parameter,
+                     const c10::StorageImpl* storage, uint32_t storage_uses) __attribute__((always_inline)) {
+      ++s->totals.tensor_count;
+      int32_t group = -1;
+      if (detail) {
+        group = r.group_of(e, impl, parameter);
+        if (static_cast<size_t>(group) >= s->by_group.size()) s->by_group.resize(r.groups.size(), {0, 0, 0});
+      }
+      if (!storage) {
+        add(group, true, 0);  // nothing to own
+        return;
+      }
+      const auto storage_nbytes = static_cast<int64_t>(storage->nbytes());
+      if (storage_uses > 1) {
+        const SharedUse use{storage_nbytes, impl->numel() * static_cast<int64_t>(impl->itemsize()), e.seq, group};
+        auto& slot = s->shared_slot(storage, e.shared_slot);
+        if (slot.walk != s->walk) {  // first met
+          slot.walk = s->walk;
+          slot.owner = use;
+          s->walk_slots.push_back(e.shared_slot);
+        } else if (use.owns_rather_than(slot.owner)) {
+          add(slot.owner.group, true, 0);  // the owner so far is a view of it
+          slot.owner = use;
+        } else {
+          add(group, true, 0);
+        }
+      } else {
+        s->totals.tensor_bytes += storage_nbytes;
+        ++s->totals.storage_count;
+        add(group, false, storage_nbytes);
+      }
+    };
     {
       Registry& r = registry();
       std::lock_guard<std::mutex> lock(r.mu);
-      for_each_live(r, [&](Entry& e, const at::Tensor& t) {
-        const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-        if (on_device(impl, device_kind, device_index)) {
-          ++s->totals.tensor_count;
-          int32_t group = -1;
-          if (detail) {
-            group = r.group_of(e, impl, impl->requires_grad() && t.is_leaf());
-            if (static_cast<size_t>(group) >= s->by_group.size()) s->by_group.resize(r.groups.size(), {0, 0, 0});
+      auto& entries = r.entries;
+      // What a walk reads of a TensorImpl (refcount to key set: 176 bytes, 3 or 4 cache lines)
+      // and of its StorageImpl (refcount to byte count) is fetched ahead: into L2 far ahead, then
+      // into L1 nearer (the misses in flight to L1 are few).
+      constexpr size_t kFar = GMT_AHEAD, kNear = 4;
+      auto prefetch = [&entries](size_t j, auto level) {
+        if (j >= entries.size()) return;
+        const Entry& a = entries[j];
+        const char* impl = reinterpret_cast<const char*>(a.impl);
+        // A prefetch never faults, whatever (even null) the address.
+        const char* storage = reinterpret_cast<const char*>(a.storage._unsafe_get_target());
+        constexpr int kLevel = decltype(level)::value;
+        __builtin_prefetch(impl + 8, 0, kLevel);
+        __builtin_prefetch(impl + 64, 0, kLevel);
+        __builtin_prefetch(impl + 128, 0, kLevel);
+        __builtin_prefetch(impl + 175, 0, kLevel);
+        __builtin_prefetch(storage + 8, 0, kLevel);
+        __builtin_prefetch(storage + 63, 0, kLevel);
+      };
+      for (size_t i = 0; i < entries.size();) {
+        prefetch(i + kFar, std::integral_constant<int, 2>{});
+        prefetch(i + kNear, std::integral_constant<int, 3>{});
+        Entry& e = entries[i];
+        const c10::TensorImpl* impl = e.impl;
+        // The fast path, without pinning the tensor (two atomic read-modify-writes, most of the
+        // walk's time). SAFETY: the entry's weak references keep the memory of the TensorImpl
+        // and of e.storage's StorageImpl allocated (not destroyed) whatever other threads do, so
+        // every read below is of live memory. What another thread may change meanwhile, when it
+        // drops the tensor's last reference, is what TensorImpl::release_resources() resets: the
+        // `storage_` and `autograd_meta_` pointers, and the objects they own may be freed. The
+        // fast path reads those two pointers' values only (storage_ as an atomic load), never
+        // what they point to: a null autograd_meta_ means requires_grad() is false (so the
+        // tensor is not a parameter and is_leaf is not needed), and a storage_ equal to
+        // e.storage's target is that same StorageImpl (the weak reference keeps its address from
+        // being reused), read through e.storage. Sizes, dtype, device and numel are fields of a
+        // plain TensorImpl that release_resources() leaves alone. Anything else (a subclass, a
+        // Python tensor, autograd meta, a storage not seen before) takes the pinned path. A
+        // tensor dying during the walk is counted or not, as when it dies just after its pin.
+        if (e.plain) {
+          if (e.weak.expired()) {
+            r.remove_at(i);
+            continue;
           }
-          if (!impl->has_storage()) {
-            add(group, true, 0);  // nothing to own
-          } else {
-            const c10::Storage& st = impl->unsafe_storage();
-            const auto storage_nbytes = static_cast<int64_t>(st.nbytes());
-            if (st.use_count() > 1) {
-              const SharedUse use{storage_nbytes, impl->numel() * static_cast<int64_t>(impl->itemsize()),
-                                  e.seq, group};
-              auto [slot, first] =
-                  s->owner_of.try_emplace(st.unsafeGetStorageImpl(), static_cast<uint32_t>(s->owners.size()));
-              if (first) {
-                s->owners.push_back(use);
-              } else if (use.owns_rather_than(s->owners[*slot])) {
-                add(s->owners[*slot].group, true, 0);  // the owner so far is a view of it
-                s->owners[*slot] = use;
-              } else {
-                add(group, true, 0);
-              }
-            } else {
-              s->totals.tensor_bytes += storage_nbytes;
-              ++s->totals.storage_count;
-              add(group, false, storage_nbytes);
+          if (!impl->is_python_dispatch() && impl->autograd_meta() == nullptr) {
+            const c10::StorageImpl* storage = storage_target(impl);
+            if (storage && storage == e.storage._unsafe_get_target()) {
+              if (on_device(impl, device_kind, device_index))
+                tally(r, e, impl, false, storage, e.storage.use_count());
+              ++i;
+              continue;
             }
           }
         }
-      });
+        auto strong = e.weak.lock();
+        if (!strong) {
+          r.remove_at(i);
+          continue;
+        }
+        const at::Tensor t(std::move(strong));
+        const c10::StorageImpl* storage = nullptr;
+        uint32_t storage_uses = 0;
+        if (impl->has_storage()) {
+          const c10::Storage& st = impl->unsafe_storage();
+          storage = st.unsafeGetStorageImpl();
+          storage_uses = static_cast<uint32_t>(st.use_count());
+          if (storage != e.storage._unsafe_get_target()) e.storage = st.getWeakStorageImpl();
+        }
+        if (on_device(impl, device_kind, device_index))
+          tally(r, e, impl, impl->requires_grad() && t.is_leaf(), storage, storage_uses);
+        ++i;
+      }
+      r.prune_at = std::max(kMinPruneAt, entries.size() * 2);
     }
-    for (const SharedUse& owner : s->owners) {
+    s->forget_unmet_storages();
+    for (uint32_t i : s->walk_slots) {
+      const SharedUse& owner = s->shared[i].owner;
       s->totals.tensor_bytes += owner.storage_nbytes;
       ++s->totals.storage_count;
       add(owner.group, false, owner.storage_nbytes);
