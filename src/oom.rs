@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 
 use crate::device::DeviceKind;
 use crate::device::TrackedDevice;
-use crate::ffi::RawSnapshot;
+use crate::ffi::RegistryWalk;
 use crate::ffi::{self, OomEvent};
 use crate::history;
 use crate::site::Site;
@@ -32,7 +32,7 @@ pub(crate) const STATE_WAIT: Duration = Duration::from_secs(2);
 
 /// What an out-of-memory report reads and updates in a tracker's state.
 pub(crate) struct OomParts<'a> {
-    pub(crate) raw: &'a mut RawSnapshot,
+    pub(crate) raw: &'a mut RegistryWalk,
     /// The groups of the previous block (the block's `+`/`-` lines are the change from them).
     pub(crate) previous: &'a mut FxHashMap<GroupKey, GroupTotals>,
     pub(crate) writer: &'a mut LogWriter,

@@ -313,18 +313,18 @@ fn holder_label(c: gpu_mem_track_log::Category) -> &'static str {
 mod tests {
     use super::*;
     use crate::device::DeviceKind;
-    use crate::ffi::RawSnapshot;
+    use crate::ffi::RegistryWalk;
     use tch::{Device, Kind, Tensor};
 
     /// The grouped walk and the records' grouping of the same live tensors, by op or not.
-    fn both_ways(raw: &mut RawSnapshot, by_op: bool) -> (Snapshot, Snapshot) {
+    fn both_ways(raw: &mut RegistryWalk, by_op: bool) -> (Snapshot, Snapshot) {
         let (records, dims) = raw.take(DeviceKind::Cpu, -1).unwrap();
         let from_records = Snapshot::from_records(records, dims, true, by_op);
         let (groups, totals) = raw.take_grouped(DeviceKind::Cpu, -1, true).unwrap();
         (from_records, Snapshot::from_groups(groups, totals, by_op))
     }
 
-    fn assert_same(raw: &mut RawSnapshot, what: &str) {
+    fn assert_same(raw: &mut RegistryWalk, what: &str) {
         for by_op in [false, true] {
             let (records, grouped) = both_ways(raw, by_op);
             assert_eq!(grouped.groups, records.groups, "{what} (by op: {by_op})");
@@ -339,7 +339,7 @@ mod tests {
     #[test]
     fn grouped_snapshots_are_the_records_grouped() {
         ffi::install().unwrap();
-        let mut raw = RawSnapshot::new().unwrap();
+        let mut raw = RegistryWalk::new().unwrap();
         let base = Tensor::zeros([6, 4], (Kind::Float, Device::Cpu));
         // Views share the base's storage; the largest, then oldest, tensor owns it.
         let row = base.narrow(0, 0, 1);
@@ -372,7 +372,7 @@ mod tests {
     fn grouped_snapshots_follow_swapped_storages_and_concurrent_drops() {
         use std::sync::atomic::{AtomicBool, Ordering};
         ffi::install().unwrap();
-        let mut raw = RawSnapshot::new().unwrap();
+        let mut raw = RegistryWalk::new().unwrap();
         let mut swapped = Tensor::zeros([4], (Kind::Float, Device::Cpu));
         let shared = Tensor::zeros([2, 8], (Kind::Float, Device::Cpu));
         let view = shared.view([-1]);

@@ -10,7 +10,7 @@ use rustc_hash::FxHashMap;
 
 use crate::device::{AllocatorCounters, AllocatorReading, DeviceKind, TrackedDevice};
 use crate::error::{Error, Result};
-use crate::ffi::{self, RawSnapshot};
+use crate::ffi::{self, RegistryWalk};
 use crate::history::{self, History, HistoryOptions};
 use crate::oom::{OomParts, OomSink, OomWatch};
 use crate::sampler::{DeviceSource, SampledPeak, Sampler};
@@ -162,10 +162,10 @@ impl MemTrackerBuilder {
             None => None,
         };
         let allocator = AllocatorCounters::for_device(device);
-        let mut raw = RawSnapshot::new()?;
+        let mut raw = RegistryWalk::new()?;
         let (filter_kind, filter_index) = device.shim_filter();
-        let (records, dims) = raw.take(filter_kind, filter_index)?;
-        let totals = Snapshot::from_records(records, dims, false, false);
+        // The header's total only: no groups, no record per tensor.
+        let (_, totals) = raw.take_grouped(filter_kind, filter_index, false)?;
         let reading = allocator.read()?;
         let header = LogHeader {
             timestamp,
@@ -219,7 +219,7 @@ impl MemTrackerBuilder {
 
 /// What a tracker keeps between track points (shared with its out-of-memory report).
 struct State {
-    raw: RawSnapshot,
+    raw: RegistryWalk,
     /// Groups at the previous block: the next block's `+`/`-` lines are the change from these.
     previous: FxHashMap<GroupKey, GroupTotals>,
     writer: LogWriter,

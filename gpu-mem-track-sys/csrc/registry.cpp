@@ -24,10 +24,6 @@
 #include "recorder.h"
 #include "registry.h"
 
-#ifndef GMT_AHEAD
-#define GMT_AHEAD 16
-#endif
-
 namespace {
 using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 using WeakStorage = c10::weak_intrusive_ptr<c10::StorageImpl>;
@@ -84,7 +80,10 @@ struct Registry {
   const char* last_op = nullptr;     // the last op looked up and its id: ops come in runs
   int32_t last_op_id = -1;
   // Log groups, interned: a tensor's shape, dtype and class rarely change after an op returns
-  // it, so an entry keeps its group id and a snapshot only checks that it still holds.
+  // it, so an entry keeps its group id and a snapshot only checks that it still holds. Like the
+  // op names, the table only grows (one small entry per distinct shape, dtype, class and op ever
+  // seen): an id must stay valid while any tracker still reads the groups of its last walk
+  // (gmt_registry_group, after the walk and outside this lock), so none is reused.
   std::vector<GroupDef> groups;
   std::unordered_map<std::string, int32_t> group_ids;  // packed (sizes, dtype, op, class) -> id
   uint64_t next_seq = 0;
@@ -480,7 +479,7 @@ gmt_error take_grouped(gmt_snapshot* s, int32_t device_kind, int32_t device_inde
       // What a walk reads of a TensorImpl (refcount to key set: 176 bytes, 3 or 4 cache lines)
       // and of its StorageImpl (refcount to byte count) is fetched ahead: into L2 far ahead, then
       // into L1 nearer (the misses in flight to L1 are few).
-      constexpr size_t kFar = GMT_AHEAD, kNear = 4;
+      constexpr size_t kFar = 16, kNear = 4;  // entries ahead: far covers a miss to memory, near one to L2
       auto prefetch = [&entries](size_t j, auto level) {
         if (j >= entries.size()) return;
         const Entry& a = entries[j];

@@ -49,7 +49,7 @@ impl TensorRecord {
     pub(crate) fn op_id(&self) -> Option<u32> {
         u32::try_from(self.0.op_id).ok()
     }
-    /// What the tracker knows it holds (filled by [`RawSnapshot::take_categorized`] only).
+    /// What the tracker knows it holds (filled by [`RegistryWalk::take_categorized`] only).
     pub(crate) fn category(&self) -> Option<Category> {
         category_from_code(self.0.category)
     }
@@ -216,20 +216,21 @@ pub(crate) fn scalar_type_name(scalar_type: i32) -> &'static str {
     unsafe { CStr::from_ptr(p) }.to_str().unwrap_or("Undefined")
 }
 
-/// Reusable buffer for registry snapshots (capacity is kept between calls).
-pub(crate) struct RawSnapshot {
+/// What one walk of the live-tensor registry found (per tensor, or grouped as the log groups
+/// them), in a buffer kept from walk to walk (its capacity, and the grouped walk's scratch).
+pub(crate) struct RegistryWalk {
     ptr: NonNull<sys::gmt_snapshot>,
 }
 
 // SAFETY: the buffer is plain owned memory; the shim does not tie it to a thread.
-unsafe impl Send for RawSnapshot {}
+unsafe impl Send for RegistryWalk {}
 
-impl RawSnapshot {
+impl RegistryWalk {
     pub(crate) fn new() -> Result<Self> {
         // SAFETY: allocation; null on failure.
         let ptr = unsafe { sys::gmt_snapshot_new() };
         NonNull::new(ptr)
-            .map(|ptr| RawSnapshot { ptr })
+            .map(|ptr| RegistryWalk { ptr })
             .ok_or(Error::Libtorch { call: "snapshot", message: "out of memory".into() })
     }
 
@@ -275,7 +276,7 @@ impl RawSnapshot {
     }
 }
 
-impl RawSnapshot {
+impl RegistryWalk {
     /// What one track needs, without a record per tensor: the totals per log group of the live
     /// tensors on a device kind and index (-1: any), grouped as the snapshot module groups
     /// records (`detail == false`: the overall totals only).
@@ -313,7 +314,7 @@ impl RawSnapshot {
     }
 }
 
-impl Drop for RawSnapshot {
+impl Drop for RegistryWalk {
     fn drop(&mut self) {
         // SAFETY: allocated by gmt_snapshot_new, freed once.
         unsafe { sys::gmt_snapshot_free(self.ptr.as_ptr()) }
