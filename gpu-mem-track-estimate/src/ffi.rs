@@ -14,7 +14,7 @@ use gpu_mem_track_sys as sys;
 use sys::copy_table;
 
 use crate::error::{Error, Result};
-use crate::figures::{CpuTensors, FallbackOp, ModelSizes};
+use crate::figures::{CpuTensors, FallbackOp, ModelSizes, StaticEstimate};
 
 /// The shim's code of a device kind.
 fn device_code(kind: DeviceKind) -> i32 {
@@ -237,7 +237,7 @@ pub(crate) fn estimate_static(
     shape: &[i64],
     dtype: DType,
     is_index: bool,
-) -> Result<StaticResult> {
+) -> Result<StaticEstimate> {
     let path = c_string("static estimate", &path.to_string_lossy())?;
     // SAFETY: all-zero is a valid value of this plain C struct.
     let mut out: sys::gmt_static_result = unsafe { std::mem::zeroed() };
@@ -252,7 +252,7 @@ pub(crate) fn estimate_static(
             &mut out,
         )
     })?;
-    Ok(StaticResult {
+    Ok(StaticEstimate {
         activation_peak: bytes(out.activation_peak),
         param_bytes: bytes(out.param_bytes),
         nodes: bytes(out.nodes),
@@ -260,17 +260,6 @@ pub(crate) fn estimate_static(
         peak_op: fixed_c_str(&out.peak_op),
         seconds: out.seconds,
     })
-}
-
-/// What the static (TorchScript IR) analysis found.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct StaticResult {
-    pub activation_peak: u64,
-    pub param_bytes: u64,
-    pub nodes: u64,
-    pub unknown_shapes: u64,
-    pub peak_op: String,
-    pub seconds: f64,
 }
 
 /// A fixed-size C string field as text.

@@ -1,6 +1,6 @@
 //! The figures a run reports besides its timeline, as the shim counts them and an estimate shows
 //! them: the model's sizes, the ops that went through the meta-via-CPU fallback, the CPU tensors a
-//! meta run met. The lowest module: the FFI builds them.
+//! meta run met, the static estimate. The lowest module: the FFI builds them.
 use serde::Serialize;
 
 /// What a model and its input hold, in bytes (and parameter elements).
@@ -44,4 +44,21 @@ pub struct CpuTensors {
     pub moved_to_meta: u64,
     /// Up to 8 of either: `moved to meta at aten::add [4, 8] Float`.
     pub examples: Vec<String>,
+}
+
+/// The static (TorchScript IR) estimate of an inference pass.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StaticEstimate {
+    /// Highest live activation bytes (parameters and the input left out).
+    pub activation_peak: u64,
+    /// Parameter and buffer bytes found in the module.
+    pub param_bytes: u64,
+    /// Nodes of the inlined graph.
+    pub nodes: u64,
+    /// Tensor values whose shape propagation could not make concrete (their bytes are missing).
+    pub unknown_shapes: u64,
+    /// The node kind where the peak is reached.
+    pub peak_op: String,
+    /// Seconds the analysis took.
+    pub seconds: f64,
 }

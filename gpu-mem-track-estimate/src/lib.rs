@@ -58,7 +58,7 @@ mod torchscript;
 
 pub use error::{Error, Result};
 pub use estimate::{estimate_progress, Estimate, PeakPlace, PhasePeak};
-pub use figures::{CpuTensors, FallbackOp, ModelSizes};
+pub use figures::{CpuTensors, FallbackOp, ModelSizes, StaticEstimate};
 pub use gpu_mem_track_log::{Category, Phase, TimelinePoint, Trace, TraceEvent};
 pub use native::{inference_step, training_step, NativeStepOptions};
 pub use options::{EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Precision};
@@ -66,5 +66,5 @@ pub use saved::{memory_for_backward, memory_for_backward_excluding, SavedByOp, S
 pub use size::{optimizer_state_bytes, torchscript_size, varstore_size, Activations, ModelSize};
 pub use torchscript::{
     check_meta_kernels, estimate_static, estimate_torchscript, estimate_torchscript_traced, peak_tensors,
-    MetaKernelCase, StaticEstimate,
+    MetaKernelCase,
 };

@@ -78,39 +78,7 @@ impl From<RunOn> for EstimateDevice {
 #[derive(Subcommand)]
 enum Command {
     /// Estimate the memory of a TorchScript model without a GPU (runs it on the meta device).
-    Estimate {
-        #[command(flatten)]
-        model: ModelArgs,
-        /// inference (no grad) or train (forward, backward, optimizer step; twice).
-        #[arg(long, value_enum, default_value_t = ModeArg::Inference)]
-        mode: ModeArg,
-        /// Show the CUDA caching-allocator prediction (`cuda`), a GPU's figures (a preset such as
-        /// `a100-80g`, `h100-80g`, `rtx4090`, `l4`, `t4`, or a profile `.json`), which presets
-        /// the run fits (`all`), or only tensor bytes (`none`). A run that does not fit a GPU is
-        /// told the first allocation that would raise a CUDA out-of-memory error there.
-        #[arg(long, default_value = "cuda")]
-        device_profile: String,
-        /// Device memory instead of the profile's, e.g. `24GiB`, `16000MiB`, `40GB` (with a
-        /// `--device-profile` naming one GPU).
-        #[arg(long, value_parser = parse_memory_size)]
-        gpu_mem: Option<u64>,
-        /// Run on the CPU when an op has no meta kernel (slow: real compute).
-        #[arg(long)]
-        allow_cpu: bool,
-        /// meta: run the model on the meta device; static: analyse the TorchScript graph (inference
-        /// only); both: run both and compare.
-        #[arg(long, value_enum, default_value_t = Method::Meta)]
-        method: Method,
-        /// Where to run: meta (shapes only, fast) or cpu (real compute, to check an estimate).
-        #[arg(long, value_enum, default_value_t = RunOn::Meta)]
-        run_on: RunOn,
-        /// Also write the simulated trace as a PyTorch memory snapshot (open it in memory_viz).
-        #[arg(long)]
-        snapshot: Option<PathBuf>,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Estimate(EstimateArgs),
     /// The largest batch (or sequence length, `--vary seq`) of a TorchScript model that fits a GPU,
     /// for inference or a training step: a search over meta runs, each judged on the high end of
     /// its GPU prediction (nvidia-smi with the largest plausible cuDNN workspaces).
@@ -299,16 +267,39 @@ fn with_progress<T: Send>(message: String, mode: Mode, f: impl FnOnce() -> T + S
     out
 }
 
-/// The `estimate` subcommand's options.
+/// `estimate`: its options.
+#[derive(clap::Args)]
 struct EstimateArgs {
+    #[command(flatten)]
     model: ModelArgs,
+    /// inference (no grad) or train (forward, backward, optimizer step; twice).
+    #[arg(long, value_enum, default_value_t = ModeArg::Inference)]
     mode: ModeArg,
+    /// Show the CUDA caching-allocator prediction (`cuda`), a GPU's figures (a preset such as
+    /// `a100-80g`, `h100-80g`, `rtx4090`, `l4`, `t4`, or a profile `.json`), which presets
+    /// the run fits (`all`), or only tensor bytes (`none`). A run that does not fit a GPU is
+    /// told the first allocation that would raise a CUDA out-of-memory error there.
+    #[arg(long, default_value = "cuda")]
     device_profile: String,
+    /// Device memory instead of the profile's, e.g. `24GiB`, `16000MiB`, `40GB` (with a
+    /// `--device-profile` naming one GPU).
+    #[arg(long, value_parser = parse_memory_size)]
     gpu_mem: Option<u64>,
+    /// Run on the CPU when an op has no meta kernel (slow: real compute).
+    #[arg(long)]
     allow_cpu: bool,
+    /// meta: run the model on the meta device; static: analyse the TorchScript graph (inference
+    /// only); both: run both and compare.
+    #[arg(long, value_enum, default_value_t = Method::Meta)]
     method: Method,
+    /// Where to run: meta (shapes only, fast) or cpu (real compute, to check an estimate).
+    #[arg(long, value_enum, default_value_t = RunOn::Meta)]
     run_on: RunOn,
+    /// Also write the simulated trace as a PyTorch memory snapshot (open it in memory_viz).
+    #[arg(long)]
     snapshot: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
     json: bool,
 }
 
@@ -448,27 +439,7 @@ fn timeline(args: ModelArgs, mode: ModeArg, output: &Path) -> Result<()> {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Estimate {
-            model,
-            mode,
-            device_profile,
-            gpu_mem,
-            allow_cpu,
-            method,
-            run_on,
-            snapshot,
-            json,
-        } => estimate(EstimateArgs {
-            model,
-            mode,
-            device_profile,
-            gpu_mem,
-            allow_cpu,
-            method,
-            run_on,
-            snapshot,
-            json,
-        }),
+        Command::Estimate(args) => estimate(args),
         Command::Timeline { model, mode, output } => timeline(model, mode, &output),
         Command::Fit(args) => fit(args),
     }

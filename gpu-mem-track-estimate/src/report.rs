@@ -9,12 +9,12 @@ use gpu_mem_track_log::log::GroupLine;
 use gpu_mem_track_log::Trace;
 
 use crate::estimate::Estimate;
+use crate::figures::StaticEstimate;
 use crate::fit::FitResult;
 use crate::gpu_runtime::replay_with_runtime;
 use crate::options::Mode;
 use crate::profile::{GpuPrediction, Range};
 use crate::sharding::RankPlan;
-use crate::torchscript::StaticEstimate;
 
 /// Bytes as `12.3 MiB`.
 pub fn mib(bytes: u64) -> String {

@@ -12,6 +12,7 @@ use gpu_mem_track_log::Trace;
 use crate::error::{Error, Result};
 use crate::estimate::{finish_estimate, Estimate};
 use crate::ffi::{self, OptimizerKind};
+use crate::figures::StaticEstimate;
 use crate::options::{EstimateDevice, EstimateOptions, Lifetimes, Mode};
 
 /// One case of [`check_meta_kernels`]: an op with a hand-written meta kernel, the inputs it ran
@@ -146,23 +147,6 @@ fn classify_failure(path: &Path, message: String) -> Error {
     Error::Input(format!("{}: {}", path.display(), message.lines().next().unwrap_or("")))
 }
 
-/// The static (TorchScript IR) estimate of an inference pass.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct StaticEstimate {
-    /// Highest live activation bytes (parameters and the input left out).
-    pub activation_peak: u64,
-    /// Parameter and buffer bytes found in the module.
-    pub param_bytes: u64,
-    /// Nodes of the inlined graph.
-    pub nodes: u64,
-    /// Tensor values whose shape propagation could not make concrete (their bytes are missing).
-    pub unknown_shapes: u64,
-    /// The node kind where the peak is reached.
-    pub peak_op: String,
-    /// Seconds the analysis took.
-    pub seconds: f64,
-}
-
 /// Estimates an inference pass statically: the forward graph is inlined, parameter shapes are
 /// lifted from the module, shapes are propagated from the input, and each tensor is freed after
 /// its last use. A fast second opinion to the meta run; it knows nothing of kernels' temporaries.
@@ -172,20 +156,11 @@ pub struct StaticEstimate {
 pub fn estimate_static(path: &Path, options: &EstimateOptions) -> Result<StaticEstimate> {
     check_model_file(path)?;
     gpu_mem_track::install()?;
-    let r =
-        ffi::estimate_static(path, &options.input_shape, options.precision.dtype(), options.input_is_index)
-            .map_err(|e| match e {
+    ffi::estimate_static(path, &options.input_shape, options.precision.dtype(), options.input_is_index)
+        .map_err(|e| match e {
             Error::Libtorch { message, .. } => classify_failure(path, message),
             other => other,
-        })?;
-    Ok(StaticEstimate {
-        activation_peak: r.activation_peak,
-        param_bytes: r.param_bytes,
-        nodes: r.nodes,
-        unknown_shapes: r.unknown_shapes,
-        peak_op: r.peak_op,
-        seconds: r.seconds,
-    })
+        })
 }
 
 /// The live tensors at the peak of an estimate, grouped like the tracker's log (shape, dtype,
