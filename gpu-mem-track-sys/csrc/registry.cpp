@@ -32,21 +32,48 @@ using WeakStorage = c10::weak_intrusive_ptr<c10::StorageImpl>;
 // or storage come from elsewhere). Only these are read without a pin (see take_grouped).
 bool is_plain(const c10::TensorImpl* impl) { return typeid(*impl) == typeid(c10::TensorImpl); }
 
+// TensorImpl::autograd_meta() is out of line: a call through the PLT for every tensor a walk
+// reads. The walk reads the field itself, through a member pointer that an explicit template
+// instantiation may take of a private member ([temp.spec.general]): the compiler's own offset,
+// right for whatever libtorch the shim is built against.
+struct AutogradMetaField {
+  using type = std::unique_ptr<c10::AutogradMetaInterface> c10::TensorImpl::*;
+  friend type member_of(AutogradMetaField);
+};
+template <class Field, typename Field::type Member>
+struct PrivateMember {
+  friend typename Field::type member_of(Field) { return Member; }
+};
+template struct PrivateMember<AutogradMetaField, &c10::TensorImpl::autograd_meta_>;
+
+// Whether the tensor has autograd metadata (without it, requires_grad() is false), as
+// TensorImpl::autograd_meta() would say.
+inline bool has_autograd_meta(const c10::TensorImpl* impl) { return (impl->*member_of(AutogradMetaField{})) != nullptr; }
+
+// A registered tensor as the walks read it: 32 bytes, two to a cache line (the walks stream the
+// entries; what only registration and full snapshots read is in EntryOrigin, beside it).
 struct Entry {
-  c10::TensorImpl* impl;
-  WeakImpl weak;
-  uint64_t seq;
-  int32_t name_id;
-  int32_t op_id;       // the op that returned it; -1 when registered explicitly
-  int32_t group = -1;  // its log group when last seen (see Registry::group_of); -1 before
-  bool plain = false;  // is_plain(impl), set when recorded (a TensorImpl's class never changes)
-  // Where a grouped walk last found its storage among the shared ones (gmt_snapshot::shared), a
-  // hint checked before use: it spares a hash lookup per tensor that shares its storage.
-  uint32_t shared_slot = UINT32_MAX;
+  WeakImpl weak;  // the tensor; its target is the TensorImpl
   // The StorageImpl the tensor held when a snapshot last pinned it (null before), by a weak
   // reference: its memory (not its data) stays valid however the tensor or storage die, so a
   // snapshot reads its byte count and use count without pinning the tensor (see take_grouped).
   WeakStorage storage{c10::intrusive_ptr<c10::StorageImpl>()};
+  uint64_t seq : 63;   // registration order
+  uint64_t plain : 1;  // is_plain(tensor), set when recorded (a TensorImpl's class never changes)
+  int32_t group = -1;  // its log group when last seen (see Registry::group_of); -1 before
+  // Where a grouped walk last found its storage among the shared ones (gmt_snapshot::shared), a
+  // hint checked before use: it spares a hash lookup per tensor that shares its storage.
+  uint32_t shared_slot = UINT32_MAX;
+
+  Entry(WeakImpl tensor, uint64_t order, bool is_plain) : weak(std::move(tensor)), seq(order), plain(is_plain) {}
+  c10::TensorImpl* impl() const { return weak._unsafe_get_target(); }
+};
+static_assert(sizeof(Entry) == 32, "two entries to a cache line");
+
+// Where a registered tensor came from, by the same index as its Entry.
+struct EntryOrigin {
+  int32_t name_id;  // its registered name; -1: none
+  int32_t op_id;    // the op that returned it; -1 when registered explicitly
 };
 
 // A log group as the registry interns it: what a `+`/`-` line is keyed by, with the op that made
@@ -70,6 +97,7 @@ constexpr size_t kMaxOpAddresses = 4096;
 struct Registry {
   std::mutex mu;
   std::vector<Entry> entries;
+  std::vector<EntryOrigin> origins;  // by entry index
   gmt::PtrIndex index;
   std::deque<std::string> names;  // append-only: c_str() pointers stay valid
   std::unordered_map<std::string, int32_t> name_ids;
@@ -97,10 +125,11 @@ struct Registry {
     c10::TensorImpl* impl = t.unsafeGetTensorImpl();
     auto [slot, inserted] = index.try_emplace(impl, static_cast<uint32_t>(entries.size()));
     if (!inserted) {
-      if (name_id >= 0) entries[*slot].name_id = name_id;
+      if (name_id >= 0) origins[*slot].name_id = name_id;
       return;  // keep the first registration's order (and the innermost op that returned it)
     }
-    entries.push_back(Entry{impl, WeakImpl(t.getIntrusivePtr()), next_seq++, name_id, op_id, -1, is_plain(impl)});
+    entries.emplace_back(WeakImpl(t.getIntrusivePtr()), next_seq++, is_plain(impl));
+    origins.push_back(EntryOrigin{name_id, op_id});
     if (entries.size() >= prune_at) {
       prune();
       prune_at = std::max(kMinPruneAt, entries.size() * 2);
@@ -109,12 +138,14 @@ struct Registry {
 
   // Caller holds mu. Swap-removes entry i; the entry moved into i must be looked at again.
   void remove_at(size_t i) {
-    index.erase(entries[i].impl);
+    index.erase(entries[i].impl());
     if (i + 1 != entries.size()) {
       entries[i] = std::move(entries.back());
-      *index.find(entries[i].impl) = static_cast<uint32_t>(i);
+      origins[i] = origins.back();
+      *index.find(entries[i].impl()) = static_cast<uint32_t>(i);
     }
     entries.pop_back();
+    origins.pop_back();
   }
 
   void prune() {
@@ -146,9 +177,11 @@ struct Registry {
     return id;
   }
 
-  // Caller holds mu. The group of a live entry's tensor, interned on first sight or when its
-  // shape, dtype or class changed since (resize_, requires_grad_).
-  int32_t group_of(Entry& e, const c10::TensorImpl* impl, bool parameter) {
+  // Caller holds mu. The group of live entry i's tensor, interned on first sight or when its
+  // shape, dtype or class changed since (resize_, requires_grad_). Inlined into the walk: the
+  // check that the group still holds is most of a walk's work per tensor once memory is read.
+  __attribute__((always_inline)) int32_t group_of(size_t i, const c10::TensorImpl* impl, bool parameter) {
+    Entry& e = entries[i];
     const c10::IntArrayRef sizes = impl->sizes();
     const int32_t scalar_type = static_cast<int32_t>(impl->dtype().toScalarType());
     if (e.group >= 0) {
@@ -156,19 +189,24 @@ struct Registry {
       // A loop rather than std::equal: that calls memcmp, slow for a few dimensions.
       bool same = g.scalar_type == scalar_type && g.parameter == parameter && g.sizes.size() == sizes.size();
       for (size_t d = 0; same && d < sizes.size(); ++d) same = g.sizes[d] == sizes[d];
-      if (same) return e.group;
+      if (__builtin_expect(same, 1)) return e.group;
     }
+    e.group = intern_group(sizes, scalar_type, parameter, origins[i].op_id);
+    return e.group;
+  }
+
+  __attribute__((noinline)) int32_t intern_group(c10::IntArrayRef sizes, int32_t scalar_type, bool parameter,
+                                                 int32_t op_id) {
     std::string key(sizes.size() * sizeof(int64_t) + 2 * sizeof(int32_t) + 1, '\0');
     char* k = key.data();
     std::memcpy(k, sizes.data(), sizes.size() * sizeof(int64_t));
     k += sizes.size() * sizeof(int64_t);
     std::memcpy(k, &scalar_type, sizeof scalar_type);
-    std::memcpy(k + sizeof(int32_t), &e.op_id, sizeof e.op_id);
+    std::memcpy(k + sizeof(int32_t), &op_id, sizeof op_id);
     k[2 * sizeof(int32_t)] = parameter ? 1 : 0;
     auto [it, inserted] = group_ids.try_emplace(std::move(key), static_cast<int32_t>(groups.size()));
-    if (inserted) groups.push_back(GroupDef{std::vector<int64_t>(sizes.begin(), sizes.end()), scalar_type, parameter, e.op_id});
-    e.group = it->second;
-    return e.group;
+    if (inserted) groups.push_back(GroupDef{std::vector<int64_t>(sizes.begin(), sizes.end()), scalar_type, parameter, op_id});
+    return it->second;
   }
 
   int32_t intern(const std::string& name) {
@@ -336,16 +374,16 @@ int32_t category_of(const at::Tensor& t, int32_t name_id, const std::unordered_s
   return gmt::allocation_category(gmt::allocation_id(storage));
 }
 
-// Caller holds r.mu. Calls f(entry, tensor) for every live entry, pruning the dead ones, the
-// tensor pinned while f reads it. Memory latency dominates large registries: the TensorImpls are
-// prefetched a few entries ahead.
+// Caller holds r.mu. Calls f(entry, origin, tensor) for every live entry, pruning the dead ones,
+// the tensor pinned while f reads it. Memory latency dominates large registries: the TensorImpls
+// are prefetched a few entries ahead.
 template <class F>
 void for_each_live(Registry& r, F&& f) {
   auto& entries = r.entries;
   constexpr size_t kAhead = 8;
   for (size_t i = 0; i < entries.size();) {
     if (i + kAhead < entries.size()) {
-      const char* ahead = reinterpret_cast<const char*>(entries[i + kAhead].impl);
+      const char* ahead = reinterpret_cast<const char*>(entries[i + kAhead].impl());
       __builtin_prefetch(ahead);
       __builtin_prefetch(ahead + 64);
       __builtin_prefetch(ahead + 128);
@@ -356,7 +394,7 @@ void for_each_live(Registry& r, F&& f) {
       continue;
     }
     const at::Tensor t(std::move(strong));
-    f(entries[i], t);
+    f(entries[i], r.origins[i], t);
     ++i;
   }
   r.prune_at = std::max(kMinPruneAt, entries.size() * 2);
@@ -372,9 +410,9 @@ gmt_error take_snapshot(gmt_snapshot* s, int32_t device_kind, int32_t device_ind
     auto& entries = r.entries;
     std::unordered_set<const void*> grads;  // storages of named parameters' .grad
     if (categorize) {
-      for (const Entry& e : entries) {
-        if (e.name_id < 0) continue;
-        auto impl = e.weak.lock();
+      for (size_t i = 0; i < entries.size(); ++i) {
+        if (r.origins[i].name_id < 0) continue;
+        auto impl = entries[i].weak.lock();
         if (!impl) continue;
         const at::Tensor t(std::move(impl));
         if (t.requires_grad() && t.grad().defined() && t.grad().has_storage())
@@ -382,7 +420,7 @@ gmt_error take_snapshot(gmt_snapshot* s, int32_t device_kind, int32_t device_ind
       }
     }
     s->records.reserve(entries.size());
-    for_each_live(r, [&](const Entry& e, const at::Tensor& t) {
+    for_each_live(r, [&](const Entry& e, const EntryOrigin& origin, const at::Tensor& t) {
       const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
       const int32_t kind = device_kind_of(impl->device_type());
       const int32_t index = device_index_of(impl, kind);
@@ -405,11 +443,11 @@ gmt_error take_snapshot(gmt_snapshot* s, int32_t device_kind, int32_t device_ind
         rec.scalar_type = static_cast<int32_t>(impl->dtype().toScalarType());
         rec.device_kind = kind;
         rec.device_index = index;
-        rec.name_id = e.name_id;
+        rec.name_id = origin.name_id;
         rec.requires_grad = impl->requires_grad() ? 1 : 0;
         // is_leaf only matters for tensors that require grad (the Parameter class).
         rec.is_leaf = rec.requires_grad ? (t.is_leaf() ? 1 : 0) : 1;
-        rec.op_id = e.op_id;
+        rec.op_id = origin.op_id;
         rec.category = categorize ? category_of(t, rec.name_id, grads) : GMT_CAT_NONE;
         s->records.push_back(rec);
       }
@@ -440,12 +478,13 @@ gmt_error take_grouped(gmt_snapshot* s, int32_t device_kind, int32_t device_inde
     };
     // Adds up one live tensor on the device: its group (parameter: requires_grad && is_leaf),
     // and its storage (null: none) with the number of tensors holding it.
-    auto tally = [&](Registry& r, Entry& e, const c10::TensorImpl* impl, bool parameter,
+    auto tally = [&](Registry& r, size_t i, const c10::TensorImpl* impl, bool parameter,
                      const c10::StorageImpl* storage, uint32_t storage_uses) __attribute__((always_inline)) {
       ++s->totals.tensor_count;
+      Entry& e = r.entries[i];
       int32_t group = -1;
       if (detail) {
-        group = r.group_of(e, impl, parameter);
+        group = r.group_of(i, impl, parameter);
         if (static_cast<size_t>(group) >= s->by_group.size()) s->by_group.resize(r.groups.size(), {0, 0, 0});
       }
       if (!storage) {
@@ -454,7 +493,11 @@ gmt_error take_grouped(gmt_snapshot* s, int32_t device_kind, int32_t device_inde
       }
       const auto storage_nbytes = static_cast<int64_t>(storage->nbytes());
       if (storage_uses > 1) {
-        const SharedUse use{storage_nbytes, impl->numel() * static_cast<int64_t>(impl->itemsize()), e.seq, group};
+        // numel from the sizes (as TensorImpl keeps it): numel_ may lie on a line read for it alone.
+        const c10::IntArrayRef sizes = impl->sizes();
+        int64_t numel = 1;
+        for (int64_t d : sizes) numel *= d;
+        const SharedUse use{storage_nbytes, numel * static_cast<int64_t>(impl->itemsize()), e.seq, group};
         auto& slot = s->shared_slot(storage, e.shared_slot);
         if (slot.walk != s->walk) {  // first met
           slot.walk = s->walk;
@@ -476,29 +519,36 @@ gmt_error take_grouped(gmt_snapshot* s, int32_t device_kind, int32_t device_inde
       Registry& r = registry();
       std::lock_guard<std::mutex> lock(r.mu);
       auto& entries = r.entries;
-      // What a walk reads of a TensorImpl (refcount to key set: 176 bytes, 3 or 4 cache lines)
-      // and of its StorageImpl (refcount to byte count) is fetched ahead: into L2 far ahead, then
-      // into L1 nearer (the misses in flight to L1 are few).
-      constexpr size_t kFar = 16, kNear = 4;  // entries ahead: far covers a miss to memory, near one to L2
-      auto prefetch = [&entries](size_t j, auto level) {
-        if (j >= entries.size()) return;
-        const Entry& a = entries[j];
-        const char* impl = reinterpret_cast<const char*>(a.impl);
-        // A prefetch never faults, whatever (even null) the address.
-        const char* storage = reinterpret_cast<const char*>(a.storage._unsafe_get_target());
-        constexpr int kLevel = decltype(level)::value;
-        __builtin_prefetch(impl + 8, 0, kLevel);
-        __builtin_prefetch(impl + 64, 0, kLevel);
-        __builtin_prefetch(impl + 128, 0, kLevel);
-        __builtin_prefetch(impl + 175, 0, kLevel);
-        __builtin_prefetch(storage + 8, 0, kLevel);
-        __builtin_prefetch(storage + 63, 0, kLevel);
-      };
+      // What a walk reads of a TensorImpl and of its StorageImpl is fetched that many entries
+      // ahead: a walk is bound by memory, and the entries themselves stream in by the hardware's
+      // prefetch. Only the lines read are fetched: of a TensorImpl (176 bytes, 3 or 4 cache
+      // lines), its head (refcount, storage_, autograd_meta_), its first sizes and its tail
+      // (dtype, device, key set), not the strides between; of a StorageImpl, its refcount and
+      // byte count. Written out in the loop: GCC 12 drops __builtin_prefetch from an inlined
+      // lambda.
+      constexpr size_t kAhead = 16;
+      // Byte offsets in a TensorImpl (torch 2.9 to 2.15 on 64-bit targets; a wrong offset only
+      // fetches a line in vain): refcount to autograd_meta_, the dimension count to the third
+      // size, data_type_ to key_set_; in a StorageImpl: refcount, byte count.
+      constexpr size_t kHead = 8, kHeadEnd = 31, kSizes = 56, kSizesEnd = 87, kTail = 160, kTailEnd = 175;
+      constexpr size_t kStorageHead = 8, kStorageEnd = 56;
       for (size_t i = 0; i < entries.size();) {
-        prefetch(i + kFar, std::integral_constant<int, 2>{});
-        prefetch(i + kNear, std::integral_constant<int, 3>{});
+        if (i + kAhead < entries.size()) {
+          const Entry& a = entries[i + kAhead];
+          const char* impl = reinterpret_cast<const char*>(a.impl());
+          // A prefetch never faults, whatever (even null) the address.
+          const char* storage = reinterpret_cast<const char*>(a.storage._unsafe_get_target());
+          __builtin_prefetch(impl + kHead);
+          __builtin_prefetch(impl + kHeadEnd);
+          __builtin_prefetch(impl + kSizes);
+          __builtin_prefetch(impl + kSizesEnd);
+          __builtin_prefetch(impl + kTail);
+          __builtin_prefetch(impl + kTailEnd);
+          __builtin_prefetch(storage + kStorageHead);
+          __builtin_prefetch(storage + kStorageEnd);
+        }
         Entry& e = entries[i];
-        const c10::TensorImpl* impl = e.impl;
+        const c10::TensorImpl* impl = e.impl();
         // The fast path, without pinning the tensor (two atomic read-modify-writes, most of the
         // walk's time). SAFETY: the entry's weak references keep the memory of the TensorImpl
         // and of e.storage's StorageImpl allocated (not destroyed) whatever other threads do, so
@@ -518,11 +568,11 @@ gmt_error take_grouped(gmt_snapshot* s, int32_t device_kind, int32_t device_inde
             r.remove_at(i);
             continue;
           }
-          if (!impl->is_python_dispatch() && impl->autograd_meta() == nullptr) {
+          if (!impl->is_python_dispatch() && !has_autograd_meta(impl)) {
             const c10::StorageImpl* storage = storage_target(impl);
             if (storage && storage == e.storage._unsafe_get_target()) {
               if (on_device(impl, device_kind, device_index))
-                tally(r, e, impl, false, storage, e.storage.use_count());
+                tally(r, i, impl, false, storage, e.storage.use_count());
               ++i;
               continue;
             }
@@ -536,14 +586,18 @@ gmt_error take_grouped(gmt_snapshot* s, int32_t device_kind, int32_t device_inde
         const at::Tensor t(std::move(strong));
         const c10::StorageImpl* storage = nullptr;
         uint32_t storage_uses = 0;
-        if (impl->has_storage()) {
+        // has_storage() is out of line; a plain TensorImpl has storage when storage_ is set.
+        if (e.plain ? static_cast<bool>(impl->unsafe_storage()) : impl->has_storage()) {
           const c10::Storage& st = impl->unsafe_storage();
           storage = st.unsafeGetStorageImpl();
           storage_uses = static_cast<uint32_t>(st.use_count());
           if (storage != e.storage._unsafe_get_target()) e.storage = st.getWeakStorageImpl();
         }
-        if (on_device(impl, device_kind, device_index))
-          tally(r, e, impl, impl->requires_grad() && t.is_leaf(), storage, storage_uses);
+        if (on_device(impl, device_kind, device_index)) {
+          // requires_grad() without its out-of-line wrapper: autograd meta decides.
+          const c10::AutogradMetaInterface* meta = (impl->*member_of(AutogradMetaField{})).get();
+          tally(r, i, impl, meta && meta->requires_grad() && t.is_leaf(), storage, storage_uses);
+        }
         ++i;
       }
       r.prune_at = std::max(kMinPruneAt, entries.size() * 2);
@@ -623,9 +677,9 @@ void gmt_recorder_tag_registered(void) {
   {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mu);
-    for (const Entry& e : r.entries) {
-      if (e.name_id < 0) continue;
-      if (auto impl = e.weak.lock()) named.emplace_back(std::move(impl));
+    for (size_t i = 0; i < r.entries.size(); ++i) {
+      if (r.origins[i].name_id < 0) continue;
+      if (auto impl = r.entries[i].weak.lock()) named.emplace_back(std::move(impl));
     }
   }
   // Outside the registry lock: dropping these references may free memory.
