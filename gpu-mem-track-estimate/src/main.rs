@@ -13,12 +13,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use gpu_mem_track::history::read_snapshot_trace;
 use gpu_mem_track::plot::plot_timeline;
 use gpu_mem_track_estimate::fit::{budget, fit_torchscript, parse_memory_size, FitDimension, FitProbe};
-use gpu_mem_track_estimate::gpu_runtime::replay_with_runtime;
 use gpu_mem_track_estimate::profile::{predict_all, DeviceProfile, GpuPrediction};
 use gpu_mem_track_estimate::report::{
     mib, EstimateSummary, FitReport, GpuTable, PeakBreakdown, PeakTensors, RankReport,
 };
-use gpu_mem_track_estimate::sharding::{per_rank_trace, Parallelism, RankPlan, Shard, TrainingPrecision};
+use gpu_mem_track_estimate::sharding::{per_rank_trace, Parallelism, Shard, TrainingPrecision};
 use gpu_mem_track_estimate::Error;
 use gpu_mem_track_estimate::{
     estimate_progress, estimate_static, estimate_torchscript_traced, peak_tensors, Estimate, EstimateDevice,
@@ -212,13 +211,6 @@ fn parse_shape(s: &str) -> Result<Shape, String> {
     }
 }
 
-/// One rank's model states and the caching allocator model's figures for its trace.
-fn rank_json(trace: &Trace, plan: &RankPlan) -> Result<serde_json::Value> {
-    let mut v = serde_json::to_value(plan)?;
-    v["cuda"] = serde_json::to_value(replay_with_runtime(trace, &[]))?;
-    Ok(v)
-}
-
 /// A bar (`len` steps) or a spinner on stderr with `prefix`, ticking on its own; `None` when
 /// stderr is not a terminal (a pipe or a log gets no progress lines).
 fn progress(prefix: String, len: Option<u64>) -> Option<indicatif::ProgressBar> {
@@ -363,6 +355,7 @@ fn estimate(args: EstimateArgs) -> Result<()> {
     // A data-parallel job: the GPU figures are one rank's.
     let rank = args.model.parallelism().map(|p| per_rank_trace(&trace, args.model.optimizer, &p));
     let gpu_trace = rank.as_ref().map_or(&trace, |(t, _)| t);
+    let rank_report = rank.as_ref().map(|(t, plan)| RankReport::new(t, *plan));
     let gpus = gpu_predictions(&args.device_profile, args.gpu_mem, gpu_trace)?;
     let gpu = (args.device_profile != "all").then(|| gpus.first()).flatten();
     if let Some(path) = &args.snapshot {
@@ -370,8 +363,8 @@ fn estimate(args: EstimateArgs) -> Result<()> {
     }
     if args.json {
         let mut v = serde_json::to_value(&e)?;
-        if let Some((t, plan)) = &rank {
-            v["rank"] = rank_json(t, plan)?;
+        if let Some(r) = &rank_report {
+            v["rank"] = serde_json::to_value(r)?;
         }
         if let Some(g) = gpu {
             v["gpu"] = serde_json::to_value(g)?;
@@ -389,8 +382,8 @@ fn estimate(args: EstimateArgs) -> Result<()> {
     if e.options.device == EstimateDevice::Meta {
         print!("{}", PeakTensors { groups: &peak_tensors(&model, &e)?, estimate: &e });
     }
-    if let Some((trace, plan)) = &rank {
-        print!("{}", RankReport { trace, plan });
+    if let Some(r) = &rank_report {
+        print!("{r}");
     }
     match gpu {
         Some(g) => print!("{g}"),

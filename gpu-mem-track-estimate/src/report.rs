@@ -11,7 +11,7 @@ use gpu_mem_track_log::Trace;
 use crate::estimate::Estimate;
 use crate::figures::StaticEstimate;
 use crate::fit::FitResult;
-use crate::gpu_runtime::replay_with_runtime;
+use crate::gpu_runtime::{replay_with_runtime, GpuReplay};
 use crate::options::Mode;
 use crate::profile::{GpuPrediction, Range};
 use crate::sharding::RankPlan;
@@ -116,19 +116,30 @@ impl fmt::Display for PeakTensors<'_> {
     }
 }
 
-/// One rank's model states and the caching allocator model's figures for its trace.
-pub struct RankReport<'a> {
-    /// The rank's trace.
-    pub trace: &'a Trace,
-    /// Its plan.
-    pub plan: &'a RankPlan,
+/// One rank's model states and the caching allocator model's figures for its trace: the text
+/// `estimate` prints for a data-parallel job and, serialized, its JSON's `rank` object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct RankReport {
+    /// What sharding the trace did.
+    #[serde(flatten)]
+    pub plan: RankPlan,
+    /// The caching allocator model's replay of the rank's trace.
+    pub cuda: GpuReplay,
 }
 
-impl fmt::Display for RankReport<'_> {
+impl RankReport {
+    /// The report of one rank: its `trace` (from [`per_rank_trace`](crate::sharding::per_rank_trace))
+    /// replayed once, for the text and the JSON alike.
+    pub fn new(trace: &Trace, plan: RankPlan) -> Self {
+        Self { plan, cuda: replay_with_runtime(trace, &[]) }
+    }
+}
+
+impl fmt::Display for RankReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let p = &self.plan.parallelism;
         let s = &self.plan.model_states;
-        let r = replay_with_runtime(self.trace, &[]);
+        let r = &self.cuda;
         writeln!(
             f,
             "  per rank of {} ({}, {}): parameters {}, gradients {}, optimizer state (with fp32 master copies) {}, \
