@@ -327,13 +327,27 @@ mod tests {
     fn assert_same(raw: &mut RegistryWalk, what: &str) {
         for by_op in [false, true] {
             let (records, grouped) = both_ways(raw, by_op);
-            assert_eq!(grouped.groups, records.groups, "{what} (by op: {by_op})");
-            assert_eq!(
-                (grouped.tensor_bytes, grouped.tensor_count, grouped.storage_count),
-                (records.tensor_bytes, records.tensor_count, records.storage_count),
-                "{what} (by op: {by_op})"
-            );
+            assert_same_snapshots(&grouped, &records, &format!("{what} (by op: {by_op})"));
         }
+    }
+
+    /// As `assert_same`, the grouped walk first: it is then the one that meets the dead entries
+    /// (and removes them), and the records' walk after it sees what it left.
+    fn assert_same_grouped_first(raw: &mut RegistryWalk, what: &str) {
+        let (groups, totals) = raw.take_grouped(DeviceKind::Cpu, -1, true).unwrap();
+        let grouped = Snapshot::from_groups(groups, totals, false);
+        let (records, dims) = raw.take(DeviceKind::Cpu, -1).unwrap();
+        let records = Snapshot::from_records(records, dims, true, false);
+        assert_same_snapshots(&grouped, &records, what);
+    }
+
+    fn assert_same_snapshots(grouped: &Snapshot, records: &Snapshot, what: &str) {
+        assert_eq!(grouped.groups, records.groups, "{what}");
+        assert_eq!(
+            (grouped.tensor_bytes, grouped.tensor_count, grouped.storage_count),
+            (records.tensor_bytes, records.tensor_count, records.storage_count),
+            "{what}"
+        );
     }
 
     #[test]
@@ -404,5 +418,76 @@ mod tests {
         });
         assert_same(&mut raw, "after tensors died on other threads during walks");
         drop((swapped, alias));
+    }
+
+    /// A registry of thousands of entries is walked by several threads at once, each taking
+    /// chunks of entries: views whose bases sit in other chunks, parameters (pinned by a helper),
+    /// dead entries among the live and groups that changed must add up as one thread would.
+    #[test]
+    fn grouped_walks_split_across_threads_match_the_records() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        ffi::install().unwrap();
+        ffi::set_walk_threads(3);
+        let mut raw = RegistryWalk::new().unwrap();
+        let n = 12_000;
+        let bases: Vec<Tensor> =
+            (0..n).map(|i| Tensor::zeros([(i % 7) as i64 + 1, 3], (Kind::Float, Device::Cpu))).collect();
+        let params: Vec<Tensor> = (0..n / 4)
+            .map(|i| Tensor::zeros([(i % 5) as i64 + 2], (Kind::Float, Device::Cpu)).set_requires_grad(true))
+            .collect();
+        let derived: Vec<Tensor> = params.iter().step_by(3).map(|p| p * 2).collect();
+        // Registered after every base, so a view and its base are in different chunks.
+        let mut views: Vec<Tensor> = bases.iter().step_by(5).map(|b| b.view([-1])).collect();
+        let mut live = bases;
+        live.extend(params);
+        live.extend(derived);
+        assert_same(&mut raw, "views, parameters and derived tensors");
+        assert_eq!(ffi::walk_threads(), 3);
+        // Dead entries among the live, and group changes, throughout the registry.
+        let mut k = 0;
+        live.retain(|_| {
+            k += 1;
+            k % 7 != 0
+        });
+        for (i, t) in live.iter_mut().enumerate().filter(|(i, t)| i % 97 == 0 && !t.requires_grad()) {
+            let _ = t.resize_([i as i64 % 4 + 9]);
+        }
+        // New storages behind the registry's back (the walk replaces the storage it kept).
+        for t in live.iter_mut().skip(5).step_by(89).filter(|t| !t.requires_grad()) {
+            t.set_data(&Tensor::zeros([2, 5], (Kind::Int64, Device::Cpu)));
+        }
+        views.truncate(views.len() / 2); // the last entries registered
+        assert_same_grouped_first(&mut raw, "after deaths, resizes and new storages");
+        assert_same(&mut raw, "steady");
+        // Tensors dying on other threads while the walks run.
+        let stop = AtomicBool::new(false);
+        let mut churn: Vec<Tensor> = live.split_off(live.len() / 2);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let a: Vec<Tensor> =
+                        (0..64).map(|_| Tensor::zeros([8], (Kind::Float, Device::Cpu))).collect();
+                    let p = Tensor::zeros([4], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+                    let d = &p * 2;
+                    drop((a, p, d));
+                }
+            });
+            let dropper = scope.spawn(move || {
+                while let Some(t) = churn.pop() {
+                    drop(t);
+                }
+            });
+            for _ in 0..50 {
+                raw.take_grouped(DeviceKind::Cpu, -1, true).unwrap();
+            }
+            dropper.join().unwrap();
+            stop.store(true, Ordering::Relaxed);
+        });
+        assert_same(&mut raw, "after tensors died on other threads during walks");
+        drop(live.split_off(live.len() / 3));
+        assert_same_grouped_first(&mut raw, "after the last third died");
+        ffi::set_walk_threads(1);
+        assert_same(&mut raw, "walked alone");
+        drop((live, views));
     }
 }

@@ -63,8 +63,12 @@ gmt_error gmt_registry_install(void);          // idempotent, thread-safe
 int gmt_registry_installed(void);
 gmt_error gmt_registry_set_enabled(int enabled);  // pause/resume the op callback (benchmarks)
 gmt_error gmt_registry_register(const void* tensor, const char* name);  // tensor: at::Tensor*
-size_t gmt_registry_entries(void);
-uint64_t gmt_registry_callbacks(void);         // op callbacks seen since installation             // entries, dead ones included until pruned
+size_t gmt_registry_entries(void);             // entries, dead ones included until pruned
+uint64_t gmt_registry_callbacks(void);         // op callbacks seen since installation
+// Threads a grouped walk of a large registry uses, the caller's included (default: the cores, at
+// most 4); set: from 1 (walk alone) to 16.
+size_t gmt_registry_walk_threads(void);
+void gmt_registry_set_walk_threads(size_t threads);
 const char* gmt_registry_name(int32_t id);     // stable for the process lifetime
 const char* gmt_registry_op_name(int32_t id);  // the op of gmt_tensor_record.op_id; stable; NULL if unknown
 const char* gmt_scalar_type_name(int32_t scalar_type);  // c10 name: "Float", "BFloat16", ...

@@ -254,6 +254,8 @@ extern "C" {
     pub fn gmt_registry_register(tensor: *const c_void, name: *const c_char) -> gmt_error;
     pub fn gmt_registry_entries() -> usize;
     pub fn gmt_registry_callbacks() -> u64;
+    pub fn gmt_registry_walk_threads() -> usize;
+    pub fn gmt_registry_set_walk_threads(threads: usize);
     pub fn gmt_registry_name(id: i32) -> *const c_char;
     pub fn gmt_registry_op_name(id: i32) -> *const c_char;
     pub fn gmt_scalar_type_name(scalar_type: i32) -> *const c_char;

@@ -77,6 +77,20 @@ pub(crate) fn registry_entries() -> usize {
     unsafe { sys::gmt_registry_entries() }
 }
 
+/// Threads a grouped walk of a large registry uses, the caller's included.
+#[cfg(test)]
+pub(crate) fn walk_threads() -> usize {
+    // SAFETY: reads a count under the helpers' lock.
+    unsafe { sys::gmt_registry_walk_threads() }
+}
+
+/// Sets the threads a grouped walk of a large registry uses (1: the caller alone; at most 16).
+#[cfg(test)]
+pub(crate) fn set_walk_threads(threads: usize) {
+    // SAFETY: sets a count under the helpers' lock.
+    unsafe { sys::gmt_registry_set_walk_threads(threads) }
+}
+
 pub(crate) fn registry_callbacks() -> u64 {
     // SAFETY: reads an atomic counter.
     unsafe { sys::gmt_registry_callbacks() }
