@@ -20,13 +20,22 @@ int32_t device_count() noexcept {
   }
 }
 
+// The CUDA caching allocator, initialized. It creates its per-device state at CUDA's lazy init
+// (which a program's first CUDA op runs); before that it refuses every counter ("Invalid device
+// argument"), so a tracker built before the first CUDA tensor could not start. The lazy init is
+// what that first op would do: host-side state, no CUDA context.
+c10::DeviceAllocator* initialized_cuda_allocator() {
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+  return c10::getDeviceAllocator(c10::DeviceType::CUDA);
+}
+
 c10::DeviceAllocator* cuda_allocator(int32_t device) {
   const int32_t n = device_count();
   if (n == 0) throw std::runtime_error("CUDA is not available (no GPU, driver or libtorch_cuda)");
   if (device < 0 || device >= n)
     throw std::out_of_range("CUDA device " + std::to_string(device) + " does not exist (" +
                             std::to_string(n) + " visible)");
-  return c10::getDeviceAllocator(c10::DeviceType::CUDA);
+  return initialized_cuda_allocator();
 }
 }  // namespace
 
@@ -72,7 +81,7 @@ gmt_error gmt_cuda_stats_read(int32_t device, int reset_peak, gmt_cuda_stats* ou
 gmt_error gmt_cuda_empty_cache(void) {
   GMT_TRY({
     if (device_count() == 0) throw std::runtime_error("CUDA is not available (no GPU, driver or libtorch_cuda)");
-    c10::getDeviceAllocator(c10::DeviceType::CUDA)->emptyCache();
+    initialized_cuda_allocator()->emptyCache();
   })
 }
 

@@ -83,7 +83,8 @@ pub fn exported_model(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
 }
 
 /// A Python check of a memory snapshot pickle with PyTorch's own `torch.cuda._memory_viz`: it
-/// renders both pages and prints the trace's counts and peak as JSON.
+/// renders both pages, sums the segments up (which fails unless each segment's blocks add up to
+/// it) and prints the trace's counts and peak as JSON.
 pub const MEMORY_VIZ_CHECK: &str = r#"
 import json, pickle, sys
 import torch.cuda._memory_viz as viz
@@ -91,6 +92,7 @@ with open(sys.argv[1], "rb") as f:
     data = pickle.load(f)
 html = viz.trace_plot(data)
 segments = viz.segment_plot(data)
+summary = viz.segsum(data)
 live = peak = 0
 allocs = frees = 0
 for e in data["device_traces"][0]:
@@ -99,7 +101,7 @@ for e in data["device_traces"][0]:
     elif e["action"] == "free_completed":
         frees += 1; live -= e["size"]
 print(json.dumps({"allocs": allocs, "frees": frees, "peak": peak, "html": len(html), "segments_html": len(segments),
-                  "live_segments": len(data["segments"])}))
+                  "live_segments": len(data["segments"]), "segsum": len(summary)}))
 "#;
 
 /// The workspace's root: this package's folder, or its parent for the member crates that share
