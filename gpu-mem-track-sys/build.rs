@@ -19,14 +19,59 @@ fn python_torch() -> Option<PythonTorch> {
     env::var_os("LIBTORCH_USE_PYTORCH")?;
     // Same interpreter choice as torch-sys.
     let python = if env::var_os("VIRTUAL_ENV").is_some() { "python" } else { "python3" };
-    let script = "import torch; from torch.utils import cpp_extension; \
-                  print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(cpp_extension.library_paths()[-1])";
-    let out = Command::new(python).args(["-c", script]).output().ok()?;
+    python_torch_of(python.as_ref()).ok()
+}
+
+/// What `python` reports about its torch, or why it could not.
+fn python_torch_of(python: &std::ffi::OsStr) -> Result<PythonTorch, String> {
+    let script = "import torch, os; print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); \
+                  print(os.path.join(os.path.dirname(os.path.realpath(torch.__file__)), 'lib'))";
+    let out = Command::new(python)
+        .args(["-c", script])
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", python.to_string_lossy()))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let mut lines = stdout.lines().map(str::trim);
-    let abi = lines.next().filter(|s| *s == "0" || *s == "1")?.to_owned();
-    let lib = PathBuf::from(lines.next()?);
-    out.status.success().then_some(PythonTorch { abi, lib })
+    match (out.status.success(), lines.next().filter(|s| *s == "0" || *s == "1"), lines.next()) {
+        (true, Some(abi), Some(lib)) => Ok(PythonTorch { abi: abi.to_owned(), lib: PathBuf::from(lib) }),
+        _ => Err(format!(
+            "{} cannot import torch: {}",
+            python.to_string_lossy(),
+            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("no output")
+        )),
+    }
+}
+
+/// The libtorch to build against without torch-sys (the `tch` feature off, as the Python package
+/// builds): `LIBTORCH` when set, else the torch of the Python that builds us (`PYO3_PYTHON`, which
+/// maturin sets, else the virtualenv's `python`, else `python3`). Links libtorch itself.
+fn libtorch_without_torch_sys() -> (PathBuf, Option<PythonTorch>) {
+    println!("cargo:rerun-if-env-changed=PYO3_PYTHON");
+    let found = if let Some(dir) = env::var_os("LIBTORCH") {
+        (
+            env::var_os("LIBTORCH_LIB").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(dir)).join("lib"),
+            None,
+        )
+    } else {
+        let python = env::var_os("PYO3_PYTHON")
+            .or_else(|| {
+                env::var_os("VIRTUAL_ENV").map(|v| PathBuf::from(v).join("bin/python").into_os_string())
+            })
+            .unwrap_or_else(|| "python3".into());
+        match python_torch_of(&python) {
+            Ok(py) => (py.lib.clone(), Some(py)),
+            Err(why) => panic!(
+                "gpu-mem-track-sys without the `tch` feature builds against the torch of a Python or LIBTORCH, \
+                 and found neither: {why}. Install torch into the Python that builds this (pip's build \
+                 isolation hides it: `pip install --no-build-isolation`), point PYO3_PYTHON at a Python \
+                 with torch, or set LIBTORCH to a libtorch folder"
+            ),
+        }
+    };
+    for name in ["torch_cpu", "c10"] {
+        println!("cargo:rustc-link-lib=dylib={name}");
+    }
+    found
 }
 
 fn same_dir(a: &Path, b: &Path) -> bool {
@@ -183,10 +228,15 @@ fn main() {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo:rerun-if-changed=csrc");
-    let lib = PathBuf::from(
-        env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys did not export DEP_TCH_LIBTORCH_LIB"),
-    );
-    let python = python_torch();
+    let with_torch_sys = env::var_os("CARGO_FEATURE_TCH").is_some();
+    let (lib, python) = if with_torch_sys {
+        let lib = PathBuf::from(
+            env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys did not export DEP_TCH_LIBTORCH_LIB"),
+        );
+        (lib, python_torch())
+    } else {
+        libtorch_without_torch_sys()
+    };
     // torch-sys reruns only when a LIBTORCH* variable changes, so after a new venv or a moved
     // checkout it still links the old libtorch; going on would bake rpaths into the old folder.
     if let Some(py) = &python {
@@ -216,7 +266,8 @@ fn main() {
     let version = format!("{major}.{minor}.{patch}");
     println!("cargo:rustc-env=GMT_LIBTORCH_VERSION={version}");
     println!("cargo:torch_version={version}");
-    println!("cargo:rustc-env=GMT_TORCH_SYS_VERSION={}", torch_sys_version().unwrap_or_default());
+    let torch_sys = if with_torch_sys { torch_sys_version() } else { None };
+    println!("cargo:rustc-env=GMT_TORCH_SYS_VERSION={}", torch_sys.unwrap_or_default());
     println!(
         "cargo:rustc-env=GMT_TORCH_VERSION_CHECK_BYPASSED={}",
         u8::from(env::var_os("LIBTORCH_BYPASS_VERSION_CHECK").is_some())

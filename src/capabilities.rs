@@ -12,6 +12,14 @@ use std::fmt;
 
 use crate::ffi;
 
+/// The libtorch version the shim was compiled against (from its headers), e.g. `2.13.0`.
+pub const LIBTORCH_VERSION: &str = ffi::LIBTORCH_VERSION;
+
+/// `gpu-mem-track built against torch <version>`, kept in the compiled file's bytes: a front end
+/// that must refuse a torch of another minor version before it loads its compiled part (the Python
+/// package) reads it from the file.
+pub const BUILD_MARKER: &str = ffi::BUILD_MARKER;
+
 /// What [`capabilities`] found. Build-time facts come from the build script of
 /// `gpu-mem-track-sys`; the rest is probed when called.
 #[derive(Debug, Clone, PartialEq, Eq)]

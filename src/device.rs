@@ -53,6 +53,7 @@ impl TrackedDevice {
     }
 
     /// The tch device with the same identity.
+    #[cfg(feature = "tch")]
     pub fn to_tch(self) -> tch::Device {
         match self {
             TrackedDevice::Cpu => tch::Device::Cpu,
@@ -104,6 +105,7 @@ impl FromStr for TrackedDevice {
     }
 }
 
+#[cfg(feature = "tch")]
 impl TryFrom<tch::Device> for TrackedDevice {
     type Error = Error;
 

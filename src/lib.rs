@@ -118,7 +118,7 @@ pub use gpu_mem_track_log::plot;
 /// The libtorch-free layer, re-exported: the log format, reports, NVML, traces, snapshots.
 pub use gpu_mem_track_log::{diff, log, memviz, nvml, report, watch};
 
-pub use capabilities::{capabilities, Capabilities};
+pub use capabilities::{capabilities, Capabilities, BUILD_MARKER, LIBTORCH_VERSION};
 pub use device::{
     cpu_allocator_stats, cuda_device_count, empty_cuda_cache, AllocatorReading, DeviceKind, TrackedDevice,
 };
@@ -134,8 +134,8 @@ pub use gpu_mem_track_macros::track_memory;
 pub use site::Site;
 pub use snapshot::{DType, GroupKey, TensorClass, TensorInfo};
 pub use tracker::{
-    default_tracker, install, is_installed, registry_callbacks, registry_entries, set_default_tracker,
-    set_registry_enabled, MemTracker, MemTrackerBuilder, TrackPoint, DEFAULT_LOG_DIR,
+    default_tracker, install, is_installed, register_tensor_impl, registry_callbacks, registry_entries,
+    set_default_tracker, set_registry_enabled, MemTracker, MemTrackerBuilder, TrackPoint, DEFAULT_LOG_DIR,
 };
 
 /// Takes a track point here: `track!()` uses the default tracker, `track!(tracker)` the given one

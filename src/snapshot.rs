@@ -12,6 +12,7 @@ use crate::ffi::{self, GroupTotal, RegistryGroup, SnapshotTotals, TensorRecord};
 
 /// The dtype of a tch `Kind`, by its `c10::ScalarType` number (tch keeps its own mapping
 /// private).
+#[cfg(feature = "tch")]
 pub fn dtype_of(kind: tch::Kind) -> DType {
     use tch::Kind as K;
     DType::from_scalar_type(match kind {

@@ -472,10 +472,22 @@ impl MemTracker {
         Ok(())
     }
 
+    #[cfg(feature = "tch")]
     /// Marks `tensor` as the input batch in the recorded history (no-op when nothing records, or
     /// when its memory was allocated before the recording started).
     pub fn tag_input(&self, tensor: &tch::Tensor) {
         ffi::history_tag_tensor(tensor, gpu_mem_track_log::Category::Input);
+    }
+
+    /// [`tag_input`](Self::tag_input) for a tensor given by its `c10::TensorImpl*` (what Python's
+    /// `Tensor._cdata` holds), for front ends without tch.
+    ///
+    /// # Safety
+    /// `impl_ptr` must point to a live `c10::TensorImpl` for the duration of the call.
+    #[allow(unsafe_code)]
+    pub unsafe fn tag_input_impl(&self, impl_ptr: *const std::ffi::c_void) {
+        // SAFETY: forwarded from the caller.
+        unsafe { ffi::history_tag_tensor_impl(impl_ptr, gpu_mem_track_log::Category::Input) }
     }
 
     /// Runs an optimizer step (`|| opt.step()`) as a phase of the recorded history: memory it
@@ -577,6 +589,7 @@ impl MemTracker {
         Ok(())
     }
 
+    #[cfg(feature = "tch")]
     /// Registers every variable of a `VarStore` by name, so parameters show up even if they were
     /// created before the registry was installed.
     ///
@@ -591,6 +604,7 @@ impl MemTracker {
         Ok(vars.len())
     }
 
+    #[cfg(feature = "tch")]
     /// Registers a TorchScript module's named parameters and buffers (which `CModule::load`
     /// creates without any op the registry sees).
     ///
@@ -602,6 +616,7 @@ impl MemTracker {
         Ok(n)
     }
 
+    #[cfg(feature = "tch")]
     /// Registers one tensor under a name.
     ///
     /// # Errors
@@ -651,6 +666,22 @@ pub fn set_default_tracker(tracker: MemTracker) -> std::result::Result<(), Box<M
 /// [`Error::Libtorch`] when libtorch refuses the hooks.
 pub fn install() -> Result<()> {
     ffi::install()
+}
+
+/// Registers a tensor given by its `c10::TensorImpl*` (what Python's `Tensor._cdata` holds) under a
+/// name (empty: none): how a front end without tch adds tensors made before [`install`].
+///
+/// # Safety
+/// `impl_ptr` must point to a live `c10::TensorImpl` for the duration of the call.
+///
+/// # Errors
+/// [`Error::Libtorch`] when registration fails (e.g. a NUL byte in `name`).
+#[allow(unsafe_code)]
+pub unsafe fn register_tensor_impl(impl_ptr: *mut std::ffi::c_void, name: &str) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    unsafe { ffi::register_tensor_impl(impl_ptr, name) }?;
+    ffi::history_tag_registered();
+    Ok(())
 }
 
 /// Whether [`install`] (or a tracker) has installed the registry in this process.

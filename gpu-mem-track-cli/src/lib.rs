@@ -5,6 +5,8 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
+
+pub mod command;
 use gpu_mem_track_log::Trace;
 
 /// Exit 0, or 1 with one line on stderr naming the file or option (usage errors exit 2 in clap).
@@ -20,7 +22,7 @@ pub fn exit_code(result: Result<()>) -> ExitCode {
 
 /// The error and its causes on one line, each cause once: library errors already name their
 /// OS error in their text and also return it as their source.
-fn one_line(e: &anyhow::Error) -> String {
+pub(crate) fn one_line(e: &anyhow::Error) -> String {
     let mut text = String::new();
     for cause in e.chain() {
         let m = cause.to_string();

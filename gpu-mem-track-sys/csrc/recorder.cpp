@@ -378,6 +378,12 @@ void gmt_recorder_tag_tensor(const void* tensor, int32_t category) {
   gmt::tag_allocation(gmt::allocation_id(t->storage().unsafeGetStorageImpl()), category);
 }
 
+void gmt_recorder_tag_tensor_impl(const void* impl, int32_t category) {
+  const auto* t = static_cast<const c10::TensorImpl*>(impl);
+  if (!t || !t->has_storage()) return;
+  gmt::tag_allocation(gmt::allocation_id(t->storage().unsafeGetStorageImpl()), category);
+}
+
 size_t gmt_recorder_len(void) {
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mu);

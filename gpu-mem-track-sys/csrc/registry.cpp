@@ -1014,6 +1014,16 @@ gmt_error gmt_registry_register(const void* tensor, const char* name) {
   })
 }
 
+gmt_error gmt_registry_register_impl(void* impl, const char* name) {
+  GMT_TRY({
+    if (!impl) throw std::invalid_argument("null TensorImpl pointer");
+    // A new strong reference, dropped on return: the caller's object keeps the tensor alive.
+    const at::Tensor t(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(
+        static_cast<c10::TensorImpl*>(impl)));
+    gmt::register_tensor(t, name ? name : "");
+  })
+}
+
 void gmt_recorder_tag_registered(void) {
   if (!gmt_recorder_active()) return;
   std::vector<at::Tensor> named;

@@ -63,6 +63,9 @@ gmt_error gmt_registry_install(void);          // idempotent, thread-safe
 int gmt_registry_installed(void);
 gmt_error gmt_registry_set_enabled(int enabled);  // pause/resume the op callback (benchmarks)
 gmt_error gmt_registry_register(const void* tensor, const char* name);  // tensor: at::Tensor*
+// The same for a tensor given by its c10::TensorImpl* (Python's Tensor._cdata), which must be
+// alive for the call.
+gmt_error gmt_registry_register_impl(void* impl, const char* name);
 size_t gmt_registry_entries(void);             // entries, dead ones included until pruned
 uint64_t gmt_registry_callbacks(void);         // op callbacks seen since installation
 // Threads a grouped walk of a large registry uses, the caller's included (default: the cores, at
@@ -253,6 +256,8 @@ void gmt_recorder_set_phase(int32_t phase, int32_t iteration);
 // Tags the recorded allocation holding the tensor's storage (tensor: at::Tensor*) with a
 // gmt_category; no-op when nothing records or the allocation was made before the recording.
 void gmt_recorder_tag_tensor(const void* tensor, int32_t category);
+// The same for a tensor given by its c10::TensorImpl* (Python's Tensor._cdata).
+void gmt_recorder_tag_tensor_impl(const void* impl, int32_t category);
 // Tags the storages of every explicitly registered tensor: leaves that require grad as parameters
 // (and their .grad as gradients), the others as buffers (registry.cpp).
 void gmt_recorder_tag_registered(void);

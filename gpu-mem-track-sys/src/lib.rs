@@ -9,11 +9,16 @@
 
 use std::os::raw::{c_char, c_int, c_void};
 
-// Keep torch-sys linked: it provides libtorch's link flags.
+// Keep torch-sys linked: it provides libtorch's link flags (without it, build.rs links libtorch).
+#[cfg(feature = "tch")]
 use torch_sys as _;
 
 /// The libtorch this crate was compiled against, from its headers (`TORCH_VERSION_MAJOR`, ...).
 pub const LIBTORCH_VERSION: &str = env!("GMT_LIBTORCH_VERSION");
+/// `gpu-mem-track built against torch <LIBTORCH_VERSION>`: a front end that must refuse a torch of
+/// another minor version before loading its compiled part (the Python package) finds it in the
+/// file's bytes.
+pub const BUILD_MARKER: &str = concat!("gpu-mem-track built against torch ", env!("GMT_LIBTORCH_VERSION"));
 /// The torch-sys (and so tch) version of this build, from the build's `Cargo.lock`; empty when the
 /// build script found none (a target folder outside the workspace).
 pub const TORCH_SYS_VERSION: &str = env!("GMT_TORCH_SYS_VERSION");
@@ -252,6 +257,8 @@ extern "C" {
     pub fn gmt_registry_set_enabled(enabled: c_int) -> gmt_error;
     /// `tensor` is an `at::Tensor*` (what `tch::Tensor::as_ptr` returns).
     pub fn gmt_registry_register(tensor: *const c_void, name: *const c_char) -> gmt_error;
+    /// `impl_` is a live `c10::TensorImpl*` (Python's `Tensor._cdata`).
+    pub fn gmt_registry_register_impl(impl_: *mut c_void, name: *const c_char) -> gmt_error;
     pub fn gmt_registry_entries() -> usize;
     pub fn gmt_registry_callbacks() -> u64;
     pub fn gmt_registry_walk_threads() -> usize;
@@ -324,6 +331,8 @@ extern "C" {
     pub fn gmt_recorder_stop() -> gmt_error;
     pub fn gmt_recorder_set_phase(phase: i32, iteration: i32);
     pub fn gmt_recorder_tag_tensor(tensor: *const c_void, category: i32);
+    /// `impl_` is a live `c10::TensorImpl*` (Python's `Tensor._cdata`).
+    pub fn gmt_recorder_tag_tensor_impl(impl_: *const c_void, category: i32);
     pub fn gmt_recorder_tag_registered();
     pub fn gmt_recorder_len() -> usize;
     pub fn gmt_recorder_start_history(device_kind: i32, max_events: usize, with_stacks: c_int) -> gmt_error;

@@ -24,7 +24,8 @@ use std::ffi::CString;
 use gpu_mem_track_sys as sys;
 /// What the build script of the sys crate found (libtorch version, CUDA headers, tch version).
 pub(crate) use sys::{
-    CUDA_HISTORY_MISSING, CUDA_MEMORY_INFO, LIBTORCH_VERSION, TORCH_SYS_VERSION, TORCH_VERSION_CHECK_BYPASSED,
+    BUILD_MARKER, CUDA_HISTORY_MISSING, CUDA_MEMORY_INFO, LIBTORCH_VERSION, TORCH_SYS_VERSION,
+    TORCH_VERSION_CHECK_BYPASSED,
 };
 
 use gpu_mem_track_log::{Category, Phase};

@@ -161,7 +161,17 @@ pub(crate) fn history_start(device_kind: DeviceKind, max_events: usize, with_sta
     })
 }
 
+/// Tags the recorded allocation holding the storage of the tensor whose `c10::TensorImpl*` this is.
+///
+/// # Safety
+/// `impl_ptr` must point to a live `c10::TensorImpl` for the duration of the call.
+pub(crate) unsafe fn history_tag_tensor_impl(impl_ptr: *const c_void, category: Category) {
+    // SAFETY: the caller keeps the TensorImpl alive; the shim reads its storage under the lock.
+    unsafe { sys::gmt_recorder_tag_tensor_impl(impl_ptr, category_code(category)) }
+}
+
 /// Tags the recorded allocation holding `t`'s storage with a `GMT_CAT_*` category.
+#[cfg(feature = "tch")]
 pub(crate) fn history_tag_tensor(t: &tch::Tensor, category: Category) {
     // SAFETY: `t` is a live tensor; the shim reads its storage under the recorder lock.
     unsafe { sys::gmt_recorder_tag_tensor(t.as_ptr() as *const c_void, category_code(category)) }

@@ -96,7 +96,18 @@ pub(crate) fn registry_callbacks() -> u64 {
     unsafe { sys::gmt_registry_callbacks() }
 }
 
+/// Adds a tensor given by its `c10::TensorImpl*` (and a display name) to the registry.
+///
+/// # Safety
+/// `impl_ptr` must point to a live `c10::TensorImpl` for the duration of the call.
+pub(crate) unsafe fn register_tensor_impl(impl_ptr: *mut c_void, name: &str) -> Result<()> {
+    let name = c_string("register tensor", name)?;
+    // SAFETY: the caller keeps the TensorImpl alive; the shim takes its own reference for the call.
+    check("register tensor", unsafe { sys::gmt_registry_register_impl(impl_ptr, name.as_ptr()) })
+}
+
 /// Adds a tensor (and a display name) to the registry.
+#[cfg(feature = "tch")]
 pub(crate) fn register_tensor(tensor: &tch::Tensor, name: &str) -> Result<()> {
     let name = c_string("register tensor", name)?;
     // SAFETY: `as_ptr` is the `at::Tensor*` tch owns; it stays valid for the duration of the call
@@ -106,10 +117,12 @@ pub(crate) fn register_tensor(tensor: &tch::Tensor, name: &str) -> Result<()> {
     })
 }
 
+#[cfg(feature = "tch")]
 // tch's CModule is a struct holding only the `torch::jit::script::Module*` and exposes no accessor.
 const _: () = assert!(std::mem::size_of::<tch::CModule>() == std::mem::size_of::<*mut c_void>());
 
 /// Registers a TorchScript module's named parameters and buffers; returns how many.
+#[cfg(feature = "tch")]
 pub(crate) fn register_module(module: &tch::CModule, prefix: &str) -> Result<usize> {
     let prefix = c_string("register module", prefix)?;
     // SAFETY: `CModule` is a single-field struct around the module pointer (size asserted above),

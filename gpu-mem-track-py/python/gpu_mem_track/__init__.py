@@ -1,0 +1,66 @@
+"""Line-by-line GPU memory tracking for PyTorch, on the gpu-mem-track core.
+
+A drop-in for Pytorch-Memory-Utils' ``MemTracker``::
+
+    import torch
+    from gpu_mem_track import MemTracker
+
+    gpu_tracker = MemTracker()          # MemTracker(detail=True, path='', verbose=False, device=0)
+    gpu_tracker.track()                 # one block of the log per call, naming this line
+    ...
+    gpu_tracker.clear_cache()
+    gpu_tracker.print_all_gpu_tensor()
+
+Importing the package imports torch first (the compiled part binds to the libtorch torch loads),
+installs the live-tensor registry (a libtorch callback on every op's outputs, on every thread), and
+registers the tensors that already exist (one garbage-collector walk), so the first block of a log
+counts them too.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+from ._load import TorchVersionMismatch, load
+from ._tracker import MemTracker
+
+_native = load()
+GpuMemTrackError = _native.GpuMemTrackError
+__version__ = _native.__version__
+#: The torch release the compiled part was built against (the same minor version is required).
+TORCH_VERSION = _native.TORCH_VERSION
+
+__all__ = [
+    "TORCH_VERSION",
+    "GpuMemTrackError",
+    "MemTracker",
+    "TorchVersionMismatch",
+    "capabilities",
+]
+
+
+def capabilities() -> str:
+    """What this build and this machine can do (libtorch, CUDA, memory history, NVML), as text."""
+    return _native.capabilities()
+
+
+def _register_existing_tensors() -> int:
+    """Registers every tensor a garbage-collector walk finds (those made before the registry was
+    installed); returns how many. Tensors the registry already holds are not added twice."""
+    count = 0
+    for obj in gc.get_objects():
+        # type(), not isinstance(): isinstance reads __class__, which some objects compute (and
+        # deprecated torch names warn on).
+        if not issubclass(type(obj), torch.Tensor):
+            continue
+        cdata = getattr(obj, "_cdata", 0)
+        if cdata:
+            _native.register_tensor(cdata)
+            count += 1
+    return count
+
+
+_native.install()
+_register_existing_tensors()

@@ -1,0 +1,177 @@
+"""``MemTracker``: Pytorch-Memory-Utils' class, on the gpu-mem-track core."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import warnings
+from typing import IO, Any
+
+import torch
+
+from ._load import load
+
+_native = load()
+
+
+def _device_name(device: Any) -> str:
+    """``cpu`` or ``cuda:N`` for what a user passes; an int (the Python tool's default ``0``) is a
+    CUDA index, and means the CPU, with one warning, where there is no GPU."""
+    if isinstance(device, bool):
+        raise TypeError(f"device={device!r}: expected an int, a str or a torch.device")
+    if isinstance(device, int):
+        if torch.cuda.is_available():
+            if device < 0 or device >= torch.cuda.device_count():
+                raise ValueError(f"device={device}: {torch.cuda.device_count()} CUDA device(s) visible")
+            return f"cuda:{device}"
+        warnings.warn(
+            "gpu_mem_track: no CUDA device is available; MemTracker tracks the CPU instead",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return "cpu"
+    if isinstance(device, (str, torch.device)):
+        d = torch.device(device)
+        if d.type == "cpu":
+            return "cpu"
+        if d.type == "cuda":
+            return f"cuda:{0 if d.index is None else d.index}"
+        raise ValueError(f"device={device!r}: only cpu and cuda devices can be tracked")
+    raise TypeError(f"device={device!r}: expected an int, a str or a torch.device")
+
+
+def _split_path(path: str | os.PathLike) -> tuple[str, str]:
+    """Pytorch-Memory-Utils' ``path`` is put before the file name: ``'logs/run1-'`` writes
+    ``logs/run1-<timestamp>-gpu_mem_track.txt``, ``''`` into the working folder."""
+    path = os.fspath(path)
+    folder, prefix = os.path.split(path)
+    return folder or ".", prefix
+
+
+class MemTracker:
+    """Tracks the memory of one device into a Pytorch-Memory-Utils log, line by line.
+
+    Drop-in for Pytorch-Memory-Utils' ``MemTracker(detail=True, path='', verbose=False, device=0)``.
+    The log is created when the tracker is. Each :meth:`track` appends one block: the ``+``/``-``
+    lines of the tensor groups that changed, and an ``At <file> line <N>: <function>`` line naming
+    the caller. Keyword extras match the Rust builder.
+
+    Args:
+        detail: write the ``+``/``-`` tensor-group lines (off: only ``At`` lines).
+        path: put before the log's file name (a folder, a prefix, or both).
+        verbose: print each block to stdout as well.
+        device: a CUDA index, ``'cuda:N'``, ``'cpu'`` or a ``torch.device``. An int where there is
+            no GPU tracks the CPU, with one warning.
+        op_names: group tensors by the op that made them too, and name it on each line.
+        sample_every: seconds between background samples of the allocator (and NVML), whose peak
+            between two track lines is added to the ``At`` line.
+        nvml: read NVML for a CUDA device.
+        cpu_memory_limit: bytes; the CPU allocator refuses to go past them, after writing the
+            out-of-memory block (a GPU's out-of-memory, reproduced on a laptop). CPU only.
+    """
+
+    def __init__(
+        self,
+        detail: bool = True,
+        path: str | os.PathLike = "",
+        verbose: bool = False,
+        device: Any = 0,
+        *,
+        op_names: bool = False,
+        sample_every: float | None = None,
+        nvml: bool = True,
+        cpu_memory_limit: int | None = None,
+    ) -> None:
+        folder, prefix = _split_path(path)
+        self.print_detail = detail
+        self.verbose = verbose
+        self._warned = False
+        self._tracker = _native.Tracker(
+            _device_name(device),
+            folder,
+            prefix,
+            detail=detail,
+            nvml=nvml,
+            op_names=op_names,
+            sample_every=sample_every,
+            cpu_memory_limit=cpu_memory_limit,
+        )
+
+    @property
+    def device(self) -> torch.device:
+        """The tracked device."""
+        return torch.device(self._tracker.device)
+
+    @property
+    def log_path(self) -> str:
+        """The log file this tracker appends to."""
+        return os.fspath(self._tracker.log_path)
+
+    @property
+    def gpu_profile_fn(self) -> str:
+        """Pytorch-Memory-Utils' name for :attr:`log_path`."""
+        return self.log_path
+
+    def track(self) -> dict | None:
+        """Appends a block for the caller's line; returns its figures (bytes) and lines.
+
+        Like the Rust ``track!()``, a failure never reaches the program it watches: it is a
+        warning (the first time) and ``None``.
+        """
+        frame = sys._getframe(1)
+        code = frame.f_code
+        try:
+            point = self._tracker.track(code.co_filename, frame.f_lineno, code.co_name)
+        except (OSError, _native.GpuMemTrackError) as e:
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"gpu_mem_track: track failed: {e}", RuntimeWarning, stacklevel=2)
+            return None
+        finally:
+            del frame
+        if self.verbose:
+            print("\n".join([*point["lines"], "", point["at"]]))
+        return point
+
+    def clear_cache(self) -> int:
+        """Collects garbage and releases the CUDA caching allocator's unused blocks; returns the
+        reserved bytes released (0 on the CPU)."""
+        gc.collect()
+        return self._tracker.clear_cache()
+
+    def print_all_gpu_tensor(self, file: IO[str] | None = None) -> None:
+        """Prints one line per live tensor on the tracked device, and a total."""
+        print(self._tracker.tensors_text(), end="", file=file)
+
+    def get_tensor_usage(self) -> float:
+        """MiB in the live tensors' storages on the device, each storage counted once."""
+        return self._tracker.tensor_bytes() / 1024**2
+
+    def get_allocate_usage(self) -> float:
+        """MiB the device's allocator has handed out."""
+        device = self.device
+        if device.type == "cuda":
+            return torch.cuda.memory_allocated(device) / 1024**2
+        return _native.cpu_allocated() / 1024**2
+
+    def record_history(self, max_entries: int = 0) -> None:
+        """Records every allocation and free on the device (the last ``max_entries``; 0: all),
+        each tagged with the latest track line, for :meth:`dump_snapshot`."""
+        self._tracker.record_history(max_entries)
+
+    def stop_history(self) -> None:
+        """Stops recording; what was recorded stays."""
+        self._tracker.stop_history()
+
+    def dump_snapshot(self, path: str | os.PathLike) -> None:
+        """Writes the recorded history as a PyTorch memory snapshot pickle
+        (``torch.cuda._memory_viz`` and https://pytorch.org/memory_viz read it)."""
+        self._tracker.dump_snapshot(os.fspath(path))
+
+    def tag_input(self, tensor: torch.Tensor) -> None:
+        """Marks ``tensor`` as the input batch in the recorded history."""
+        self._tracker.tag_input(tensor._cdata)
+
+    def __repr__(self) -> str:
+        return f"MemTracker(device={self._tracker.device!r}, log={self.log_path!r})"

@@ -1,0 +1,259 @@
+//! `gpu_mem_track._native`: the thin pyo3 layer of the `gpu_mem_track` Python package over the
+//! tracker core (the `gpu-mem-track` crate without tch). The Pythonic API (`MemTracker`, the gc
+//! walk, the caller's frame, the version check) is in `python/gpu_mem_track/`; this module only
+//! turns Python values into the core's types and the core's errors into Python exceptions.
+//!
+//! Threads: every call that walks the registry or writes the log detaches from the interpreter
+//! (the GIL), since the registry's op callback runs on any thread without it and a pinned
+//! tensor's release may need the GIL on another thread.
+use std::collections::HashSet;
+use std::ffi::c_void;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use gpu_mem_track::{Error, LogError, MemTracker, Site, TrackPoint, TrackedDevice};
+use pyo3::exceptions::{PyException, PyFileNotFoundError, PyNotADirectoryError, PyOSError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+pyo3::create_exception!(
+    _native,
+    GpuMemTrackError,
+    PyException,
+    "A failure of gpu-mem-track itself (libtorch refused a hook, CUDA unavailable, a capability \
+     this build lacks); the message names what was wrong."
+);
+
+/// The torch release this extension was compiled against, as a marker the package finds in the
+/// file's bytes when the extension cannot even be loaded (a torch of another minor version).
+#[used]
+static BUILT_AGAINST: &str = gpu_mem_track::BUILD_MARKER;
+
+/// The core's error as the Python exception a Python user expects: bad options are `ValueError`,
+/// log-folder and file problems `OSError` subclasses, the rest [`GpuMemTrackError`].
+fn to_py(e: Error) -> PyErr {
+    let message = e.to_string();
+    match &e {
+        Error::InvalidOption { .. } | Error::UnsupportedDevice(_) | Error::NoSuchCudaDevice { .. } => {
+            PyValueError::new_err(message)
+        }
+        Error::Log(log) => match log {
+            LogError::InvalidPrefix { .. } => PyValueError::new_err(message),
+            LogError::LogDirMissing { .. } => PyFileNotFoundError::new_err(message),
+            LogError::LogDirNotADirectory { .. } => PyNotADirectoryError::new_err(message),
+            LogError::LogDirUnwritable { .. }
+            | LogError::LogWrite { .. }
+            | LogError::SnapshotWrite { .. }
+            | LogError::LogRead { .. } => PyOSError::new_err(message),
+            _ => GpuMemTrackError::new_err(message),
+        },
+        _ => GpuMemTrackError::new_err(message),
+    }
+}
+
+/// A Python file name as the `&'static str` a [`Site`] holds: each distinct name is leaked once
+/// (a program has as many as it has source files).
+fn intern_file(file: &str) -> &'static str {
+    static FILES: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
+    let mut files = FILES.lock().unwrap_or_else(|p| p.into_inner());
+    let set = files.get_or_insert_with(HashSet::new);
+    if let Some(known) = set.get(file) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(file.to_owned().into_boxed_str());
+    set.insert(leaked);
+    leaked
+}
+
+/// One tracker: the core's `MemTracker` (one log file).
+#[pyclass(name = "Tracker", module = "gpu_mem_track._native", frozen)]
+struct PyTracker {
+    inner: MemTracker,
+}
+
+#[pymethods]
+impl PyTracker {
+    /// `device`: `cpu` or `cuda:N`; `log_dir` must exist; `prefix` goes before the timestamp.
+    #[new]
+    #[pyo3(signature = (device, log_dir, prefix="", detail=true, nvml=true, op_names=false, sample_every=None, cpu_memory_limit=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        device: &str,
+        log_dir: PathBuf,
+        prefix: &str,
+        detail: bool,
+        nvml: bool,
+        op_names: bool,
+        sample_every: Option<f64>,
+        cpu_memory_limit: Option<u64>,
+    ) -> PyResult<Self> {
+        let device: TrackedDevice = device.parse().map_err(to_py)?;
+        let mut builder = MemTracker::builder()
+            .device(device)
+            .log_dir(log_dir)
+            .prefix(prefix)
+            .detail(detail)
+            .nvml(nvml)
+            .op_names(op_names);
+        if let Some(seconds) = sample_every {
+            let interval =
+                Duration::try_from_secs_f64(seconds).ok().filter(|d| !d.is_zero()).ok_or_else(|| {
+                    PyValueError::new_err(format!(
+                        "sample_every={seconds}: must be a positive number of seconds"
+                    ))
+                })?;
+            builder = builder.sample_every(interval);
+        }
+        if let Some(bytes) = cpu_memory_limit {
+            builder = builder.cpu_memory_limit(bytes);
+        }
+        let inner = py.detach(|| builder.build()).map_err(to_py)?;
+        Ok(PyTracker { inner })
+    }
+
+    /// Appends one block for `file` line `line` in `function`; returns its figures.
+    fn track<'py>(
+        &self,
+        py: Python<'py>,
+        file: &str,
+        line: u32,
+        function: &str,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let site = Site { file: intern_file(file), line, function: function.into() };
+        let point = py.detach(|| self.inner.track_at(&site)).map_err(to_py)?;
+        point_dict(py, &point)
+    }
+
+    /// Releases the CUDA caching allocator's unused blocks; the bytes released (0 on the CPU).
+    fn clear_cache(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| self.inner.clear_cache()).map_err(to_py)
+    }
+
+    /// One line per live tensor on the device and a total, as text.
+    fn tensors_text(&self, py: Python<'_>) -> PyResult<String> {
+        let mut out = Vec::new();
+        py.detach(|| self.inner.print_all_tensors(&mut out)).map_err(to_py)?;
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    /// Bytes in the storages of the live tensors on the device, each storage counted once.
+    fn tensor_bytes(&self, py: Python<'_>) -> PyResult<u64> {
+        let tensors = py.detach(|| self.inner.live_tensors()).map_err(to_py)?;
+        Ok(tensors.iter().filter(|t| t.owns_storage).map(|t| t.storage_nbytes).sum())
+    }
+
+    /// Starts recording every allocation and free (the last `max_entries`, 0: all).
+    fn record_history(&self, py: Python<'_>, max_entries: usize) -> PyResult<()> {
+        py.detach(|| self.inner.record_history(max_entries)).map_err(to_py)
+    }
+
+    /// Stops recording; what was recorded stays.
+    fn stop_history(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner.stop_history()).map_err(to_py)
+    }
+
+    /// Writes the recorded history as a PyTorch memory snapshot pickle.
+    fn dump_snapshot(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        py.detach(|| self.inner.dump_snapshot(&path)).map_err(to_py)
+    }
+
+    /// Marks the tensor whose `c10::TensorImpl*` is `cdata` as the input batch in the history.
+    fn tag_input(&self, cdata: usize) {
+        // SAFETY: `cdata` is the `_cdata` of a tensor the Python caller holds for this call.
+        unsafe { self.inner.tag_input_impl(cdata as *const c_void) }
+    }
+
+    /// The log file.
+    #[getter]
+    fn log_path(&self) -> PathBuf {
+        self.inner.log_path().to_owned()
+    }
+
+    /// The tracked device (`cpu`, `cuda:N`).
+    #[getter]
+    fn device(&self) -> String {
+        self.inner.device().to_string()
+    }
+}
+
+/// A track point's figures (bytes) and the lines it wrote.
+fn point_dict<'py>(py: Python<'py>, point: &TrackPoint) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("tensor_bytes", point.tensor_bytes)?;
+    d.set_item("tensor_count", point.tensor_count)?;
+    d.set_item("allocated", point.allocator.allocated)?;
+    d.set_item("peak_allocated", point.allocator.peak_since_previous)?;
+    d.set_item("reserved", point.allocator.reserved)?;
+    d.set_item("nvml_used", point.nvml.and_then(|n| n.process_used))?;
+    let lines: Vec<String> = point.group_lines().iter().map(|l| l.render()).collect();
+    d.set_item("lines", lines)?;
+    d.set_item("at", point.at_line().render())?;
+    Ok(d)
+}
+
+/// Installs the live-tensor registry (once per process; later calls do nothing).
+#[pyfunction]
+fn install() -> PyResult<()> {
+    gpu_mem_track::install().map_err(to_py)
+}
+
+/// Registers a live tensor by its `c10::TensorImpl*` (`Tensor._cdata`) under `name` (may be empty).
+#[pyfunction]
+#[pyo3(signature = (cdata, name=""))]
+fn register_tensor(cdata: usize, name: &str) -> PyResult<()> {
+    if cdata == 0 {
+        return Err(PyValueError::new_err("register_tensor: null TensorImpl pointer"));
+    }
+    // SAFETY: `cdata` is the `_cdata` of a tensor the Python caller holds for this call.
+    unsafe { gpu_mem_track::register_tensor_impl(cdata as *mut c_void, name) }.map_err(to_py)
+}
+
+/// Pauses (`False`) or resumes the registry's per-op callback (benchmarks).
+#[pyfunction]
+fn set_registry_enabled(enabled: bool) -> PyResult<()> {
+    gpu_mem_track::set_registry_enabled(enabled).map_err(to_py)
+}
+
+/// Op callbacks the registry has received since it was installed.
+#[pyfunction]
+fn registry_callbacks() -> u64 {
+    gpu_mem_track::registry_callbacks()
+}
+
+/// Bytes the wrapped CPU allocator holds now (0 before the registry is installed).
+#[pyfunction]
+fn cpu_allocated() -> u64 {
+    gpu_mem_track::cpu_allocator_stats().map_or(0, |s| s.current)
+}
+
+/// Runs the `gpu-mem-track` command line (report, plot, watch, timeline) on `args`, the program
+/// name first; returns its exit code.
+#[pyfunction]
+fn cli(py: Python<'_>, args: Vec<String>) -> u8 {
+    py.detach(|| gpu_mem_track_cli::command::run_from(args))
+}
+
+/// What this build and this machine can do, as text.
+#[pyfunction]
+fn capabilities() -> String {
+    gpu_mem_track::capabilities().to_string()
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("TORCH_VERSION", gpu_mem_track::LIBTORCH_VERSION)?;
+    m.add("BUILD_MARKER", BUILT_AGAINST)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("GpuMemTrackError", m.py().get_type::<GpuMemTrackError>())?;
+    m.add_class::<PyTracker>()?;
+    m.add_function(wrap_pyfunction!(install, m)?)?;
+    m.add_function(wrap_pyfunction!(register_tensor, m)?)?;
+    m.add_function(wrap_pyfunction!(set_registry_enabled, m)?)?;
+    m.add_function(wrap_pyfunction!(registry_callbacks, m)?)?;
+    m.add_function(wrap_pyfunction!(capabilities, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu_allocated, m)?)?;
+    m.add_function(wrap_pyfunction!(cli, m)?)?;
+    Ok(())
+}
