@@ -4,8 +4,9 @@
 //! The only module of this crate with `unsafe` code.
 #![allow(unsafe_code)]
 
-use std::ffi::{c_void, CStr, CString};
-use std::ptr::NonNull;
+use std::ffi::{CStr, CString};
+#[cfg(feature = "tch")]
+use std::{ffi::c_void, ptr::NonNull};
 
 use gpu_mem_track::recorder::{self, AllocEvent};
 use gpu_mem_track::DeviceKind;
@@ -188,6 +189,7 @@ pub(crate) fn estimate_torchscript(
     Ok((run, events, names))
 }
 
+#[cfg(feature = "tch")]
 /// Starts capturing saved-for-backward tensors on this thread, leaving out `excluded` storages.
 pub(crate) fn saved_capture_begin(excluded: &[&tch::Tensor]) -> Result<()> {
     let ptrs: Vec<*const c_void> = excluded.iter().map(|t| t.as_ptr() as *const c_void).collect();
@@ -196,12 +198,14 @@ pub(crate) fn saved_capture_begin(excluded: &[&tch::Tensor]) -> Result<()> {
     check("memory_for_backward", unsafe { sys::gmt_saved_capture_begin(ptrs.as_ptr(), ptrs.len()) })
 }
 
+#[cfg(feature = "tch")]
 /// Ends the capture started on this thread.
 pub(crate) fn saved_capture_end() {
     // SAFETY: clears a thread-local flag; no-op without a capture.
     unsafe { sys::gmt_saved_capture_end() }
 }
 
+#[cfg(feature = "tch")]
 /// (bytes, op) of every saved storage still alive, plus parameter bytes that were left out.
 pub(crate) fn saved_entries() -> (Vec<(u64, String)>, u64) {
     // SAFETY: a first call with cap 0 only counts; the second fills buffers of that size. Entries
@@ -225,6 +229,7 @@ pub(crate) fn saved_entries() -> (Vec<(u64, String)>, u64) {
     }
 }
 
+#[cfg(feature = "tch")]
 /// Live bytes on the meta device (tracking meta allocator).
 pub(crate) fn meta_allocator_current() -> u64 {
     // SAFETY: reads an atomic counter.
@@ -268,6 +273,7 @@ fn fixed_c_str(field: &[std::os::raw::c_char]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+#[cfg(feature = "tch")]
 /// Moves a tch variable's data to the meta device or the CPU in place (same variable, new
 /// storage), converting floating dtypes to `scalar_type` (-1 keeps them).
 pub(crate) fn tensor_to_device_in_place(
@@ -283,12 +289,14 @@ pub(crate) fn tensor_to_device_in_place(
     })
 }
 
+#[cfg(feature = "tch")]
 /// Tags a tensor's allocation as a parameter in the current recording.
 pub(crate) fn tag_parameter_tensor(t: &tch::Tensor) -> Result<()> {
     // SAFETY: a live at::Tensor* borrowed for the call.
     check("tag parameter", unsafe { sys::gmt_tag_parameter_tensor(t.as_ptr() as *const c_void) })
 }
 
+#[cfg(feature = "tch")]
 /// A new tensor on the meta device or the CPU (random floats, zero integers).
 pub(crate) fn make_tensor(shape: &[i64], dtype: DType, device_kind: DeviceKind) -> Result<tch::Tensor> {
     let (scalar_type, device_kind) = (dtype.scalar_type(), device_code(device_kind));
@@ -301,9 +309,11 @@ pub(crate) fn make_tensor(shape: &[i64], dtype: DType, device_kind: DeviceKind) 
     Ok(unsafe { tch::Tensor::from_ptr(out as *mut torch_sys::C_tensor) })
 }
 
+#[cfg(feature = "tch")]
 /// Optimizer state driven by the shim (the same foreach updates as TorchScript estimates).
 pub(crate) struct ShimOptimizer(NonNull<c_void>);
 
+#[cfg(feature = "tch")]
 impl ShimOptimizer {
     pub(crate) fn new(kind: OptimizerKind) -> Result<Self> {
         // SAFETY: allocation; null on failure.
@@ -326,6 +336,7 @@ impl ShimOptimizer {
     }
 }
 
+#[cfg(feature = "tch")]
 impl Drop for ShimOptimizer {
     fn drop(&mut self) {
         // SAFETY: allocated by gmt_optimizer_new, freed once.
@@ -333,6 +344,7 @@ impl Drop for ShimOptimizer {
     }
 }
 
+#[cfg(feature = "tch")]
 /// Drops the gradients of `params` (set_to_none), returning the bytes they held.
 pub(crate) fn grads_set_to_none(params: &[tch::Tensor]) -> Result<u64> {
     let ptrs: Vec<*const c_void> = params.iter().map(|t| t.as_ptr() as *const c_void).collect();
@@ -375,6 +387,7 @@ pub(crate) fn meta_kernels_check() -> Result<Vec<(String, String, String)>> {
         .collect())
 }
 
+#[cfg(feature = "tch")]
 /// "The CPU means meta" on this thread while the guard lives: factories asked for the CPU make
 /// meta tensors and CPU tensors that reach an op become meta twins (`csrc/estimate/cpu_means_meta.cpp`).
 /// Thread-local in libtorch, so the guard stays on the thread that made it.
@@ -391,6 +404,7 @@ fn cpu_means_meta_counts() -> (i64, i64) {
     (made, moved)
 }
 
+#[cfg(feature = "tch")]
 impl CpuMeansMeta {
     /// `copies_too`: copies to the CPU (`to`, `_to_copy`) stay on meta as well (TorchScript).
     pub(crate) fn begin(copies_too: bool) -> Result<Self> {
@@ -450,6 +464,7 @@ pub(crate) fn script_ops_without_meta(path: &std::path::Path) -> Result<Vec<(Str
         .collect())
 }
 
+#[cfg(feature = "tch")]
 impl Drop for CpuMeansMeta {
     fn drop(&mut self) {
         // SAFETY: the matching end of `begin`, on the same thread (the guard is not Send).

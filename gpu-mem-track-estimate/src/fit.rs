@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::gpu_runtime::FirstOom;
+#[cfg(feature = "tch")]
 use crate::native::{training_step, NativeStepOptions};
 use crate::options::{EstimateOptions, Mode, Optimizer};
 use crate::profile::{predict, DeviceProfile, GpuPrediction};
@@ -269,6 +270,7 @@ pub fn fit_torchscript(
     )
 }
 
+#[cfg(feature = "tch")]
 /// As [`fit_torchscript`] for a tch-native model's training step ([`training_step`]): the
 /// varied dimension is set in both the input and the target shape.
 ///

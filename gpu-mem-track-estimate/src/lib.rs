@@ -47,10 +47,12 @@ mod ffi;
 mod figures;
 pub mod fit;
 pub mod gpu_runtime;
+#[cfg(feature = "tch")]
 mod native;
 mod options;
 pub mod profile;
 pub mod report;
+#[cfg(feature = "tch")]
 mod saved;
 pub mod sharding;
 mod size;
@@ -60,10 +62,14 @@ pub use error::{Error, Result};
 pub use estimate::{estimate_progress, Estimate, PeakPlace, PhasePeak};
 pub use figures::{CpuTensors, FallbackOp, ModelSizes, StaticEstimate};
 pub use gpu_mem_track_log::{Category, Phase, TimelinePoint, Trace, TraceEvent};
+#[cfg(feature = "tch")]
 pub use native::{inference_step, training_step, NativeStepOptions};
 pub use options::{EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Precision};
+#[cfg(feature = "tch")]
 pub use saved::{memory_for_backward, memory_for_backward_excluding, SavedByOp, SavedReport};
-pub use size::{optimizer_state_bytes, torchscript_size, varstore_size, Activations, ModelSize};
+#[cfg(feature = "tch")]
+pub use size::varstore_size;
+pub use size::{optimizer_state_bytes, torchscript_size, Activations, ModelSize};
 pub use torchscript::{
     check_meta_kernels, estimate_static, estimate_torchscript, estimate_torchscript_traced, peak_tensors,
     MetaKernelCase,

@@ -13,9 +13,10 @@ use clap::{Parser, Subcommand, ValueEnum};
 use gpu_mem_track::history::read_snapshot_trace;
 use gpu_mem_track::plot::plot_timeline;
 use gpu_mem_track_estimate::fit::{budget, fit_torchscript, parse_memory_size, FitDimension, FitProbe};
-use gpu_mem_track_estimate::profile::{predict_all, DeviceProfile, GpuPrediction};
+use gpu_mem_track_estimate::profile::DeviceProfile;
 use gpu_mem_track_estimate::report::{
-    mib, EstimateSummary, FitReport, GpuTable, PeakBreakdown, PeakTensors, RankReport,
+    estimate_json, gpu_predictions, mib, EstimateSummary, FitReport, GpuTable, PeakBreakdown, PeakTensors,
+    RankReport,
 };
 use gpu_mem_track_estimate::sharding::{per_rank_trace, Parallelism, Shard, TrainingPrecision};
 use gpu_mem_track_estimate::Error;
@@ -314,18 +315,6 @@ fn run_model(args: &EstimateArgs, options: &mut EstimateOptions) -> Result<(Esti
     Ok(result?)
 }
 
-/// The figures of the GPU profiles asked for: none for `cuda` (the plain model) or `none`, every
-/// preset for `all`; `gpu_mem` replaces the memory of the one profile named.
-fn gpu_predictions(device_profile: &str, gpu_mem: Option<u64>, trace: &Trace) -> Result<Vec<GpuPrediction>> {
-    let config = std::env::var("CUBLAS_WORKSPACE_CONFIG").ok();
-    let profiles = match device_profile {
-        "cuda" | "none" => Vec::new(),
-        "all" => DeviceProfile::presets(),
-        name => vec![budget(&DeviceProfile::find(name)?, gpu_mem)],
-    };
-    Ok(predict_all(&profiles, trace, config.as_deref()))
-}
-
 fn estimate(args: EstimateArgs) -> Result<()> {
     if args.gpu_mem.is_some() && matches!(args.device_profile.as_str(), "cuda" | "none" | "all") {
         use clap::CommandFactory;
@@ -362,18 +351,7 @@ fn estimate(args: EstimateArgs) -> Result<()> {
         gpu_trace.dump_snapshot(path)?;
     }
     if args.json {
-        let mut v = serde_json::to_value(&e)?;
-        if let Some(r) = &rank_report {
-            v["rank"] = serde_json::to_value(r)?;
-        }
-        if let Some(g) = gpu {
-            v["gpu"] = serde_json::to_value(g)?;
-        } else if !gpus.is_empty() {
-            v["gpus"] = serde_json::to_value(&gpus)?;
-        }
-        if let Some(s) = &static_estimate {
-            v["static"] = serde_json::to_value(s)?;
-        }
+        let v = estimate_json(&e, rank_report.as_ref(), &gpus, gpu.is_some(), static_estimate.as_ref())?;
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }

@@ -8,12 +8,13 @@ use gpu_mem_track_log::log::GroupLine;
 
 use gpu_mem_track_log::Trace;
 
+use crate::error::Result;
 use crate::estimate::Estimate;
 use crate::figures::StaticEstimate;
-use crate::fit::FitResult;
+use crate::fit::{budget, FitResult};
 use crate::gpu_runtime::{replay_with_runtime, GpuReplay};
 use crate::options::Mode;
-use crate::profile::{GpuPrediction, Range};
+use crate::profile::{predict_all, DeviceProfile, GpuPrediction, Range};
 use crate::sharding::RankPlan;
 
 /// Bytes as `12.3 MiB`.
@@ -114,6 +115,54 @@ impl fmt::Display for PeakTensors<'_> {
         }
         Ok(())
     }
+}
+
+/// The GPU figures asked for by `device_profile`: none for `cuda` (the plain model) or `none`,
+/// every preset for `all`, else the one profile named (a preset or a profile `.json`), whose memory
+/// `gpu_mem` replaces. `CUBLAS_WORKSPACE_CONFIG` sizes cuBLAS's workspace as on the GPU.
+///
+/// # Errors
+/// [`Error::Input`](crate::Error::Input) for an unknown profile or an unreadable profile file.
+pub fn gpu_predictions(
+    device_profile: &str,
+    gpu_mem: Option<u64>,
+    trace: &Trace,
+) -> Result<Vec<GpuPrediction>> {
+    let config = std::env::var("CUBLAS_WORKSPACE_CONFIG").ok();
+    let profiles = match device_profile {
+        "cuda" | "none" => Vec::new(),
+        "all" => DeviceProfile::presets(),
+        name => vec![budget(&DeviceProfile::find(name)?, gpu_mem)],
+    };
+    Ok(predict_all(&profiles, trace, config.as_deref()))
+}
+
+/// What `estimate --json` prints: the estimate's figures, with `rank` (one rank of a data-parallel
+/// job), `gpu` (the one profile asked for) or `gpus` (all), and `static` added when present. The
+/// Python package's `estimate()` returns the same object.
+///
+/// # Errors
+/// A figure serde cannot represent (never for finite figures).
+pub fn estimate_json(
+    estimate: &Estimate,
+    rank: Option<&RankReport>,
+    gpus: &[GpuPrediction],
+    one_gpu: bool,
+    static_estimate: Option<&StaticEstimate>,
+) -> serde_json::Result<serde_json::Value> {
+    let mut v = serde_json::to_value(estimate)?;
+    if let Some(r) = rank {
+        v["rank"] = serde_json::to_value(r)?;
+    }
+    match (one_gpu, gpus.first()) {
+        (true, Some(g)) => v["gpu"] = serde_json::to_value(g)?,
+        _ if !gpus.is_empty() => v["gpus"] = serde_json::to_value(gpus)?,
+        _ => {}
+    }
+    if let Some(s) = static_estimate {
+        v["static"] = serde_json::to_value(s)?;
+    }
+    Ok(v)
 }
 
 /// One rank's model states and the caching allocator model's figures for its trace: the text

@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::options::{EstimateOptions, Mode, Optimizer, Precision};
 use crate::torchscript::estimate_torchscript;
+#[cfg(feature = "tch")]
 use gpu_mem_track::snapshot::dtype_of;
 
 /// Activation bytes of one forward pass of a given input.
@@ -55,6 +56,7 @@ pub fn optimizer_state_bytes(optimizer: Optimizer, trainable: u64) -> u64 {
     }
 }
 
+#[cfg(feature = "tch")]
 /// Sizes of a `VarStore`'s variables (no forward is run, so no activations).
 pub fn varstore_size(vs: &tch::nn::VarStore, optimizer: Optimizer) -> ModelSize {
     let mut by_dtype: BTreeMap<String, u64> = BTreeMap::new();

@@ -193,6 +193,60 @@ fn point_dict<'py>(py: Python<'py>, point: &TrackPoint) -> PyResult<Bound<'py, P
     Ok(d)
 }
 
+/// The estimator's error as a Python exception: bad input (shape, option, profile) is
+/// `ValueError`, a model file that cannot be read `OSError`, the rest [`GpuMemTrackError`].
+fn estimate_error(e: gpu_mem_track_estimate::Error) -> PyErr {
+    use gpu_mem_track_estimate::Error as E;
+    let message = e.to_string();
+    match e {
+        E::Input(_) => PyValueError::new_err(message),
+        E::Tracker(e) => to_py(e),
+        _ => GpuMemTrackError::new_err(message),
+    }
+}
+
+/// Estimates a TorchScript model file as `gpu-mem-track estimate --json` does, on the meta device
+/// (no GPU, no compute); returns that JSON.
+#[pyfunction]
+#[pyo3(signature = (model, input_shape, input_is_index=false, mode="train", optimizer="adamw", device="h100-80g", lifetimes="eager", dtype="f32"))]
+#[allow(clippy::too_many_arguments)]
+fn estimate(
+    py: Python<'_>,
+    model: PathBuf,
+    input_shape: Vec<i64>,
+    input_is_index: bool,
+    mode: &str,
+    optimizer: &str,
+    device: &str,
+    lifetimes: &str,
+    dtype: &str,
+) -> PyResult<String> {
+    use gpu_mem_track_estimate::report::{estimate_json, gpu_predictions};
+    use gpu_mem_track_estimate::{estimate_torchscript_traced, EstimateDevice, EstimateOptions, Mode};
+    let option = |name: &str, e: String| PyValueError::new_err(format!("{name}: {e}"));
+    let mode = match mode.to_ascii_lowercase().as_str() {
+        "train" | "training" => Mode::Train(optimizer.parse().map_err(|e| option("optimizer", e))?),
+        "inference" | "eval" => Mode::Inference,
+        other => return Err(option("mode", format!("unknown mode {other:?} (use train or inference)"))),
+    };
+    let options = EstimateOptions {
+        input_shape,
+        input_is_index,
+        precision: dtype.parse().map_err(|e| option("dtype", e))?,
+        mode,
+        device: EstimateDevice::Meta,
+        lifetimes: lifetimes.parse().map_err(|e| option("lifetimes", e))?,
+    };
+    py.detach(|| {
+        let (e, trace) = estimate_torchscript_traced(&model, &options).map_err(estimate_error)?;
+        let gpus = gpu_predictions(device, None, &trace).map_err(estimate_error)?;
+        let one = device != "all";
+        let v = estimate_json(&e, None, &gpus, one, None)
+            .map_err(|e| GpuMemTrackError::new_err(e.to_string()))?;
+        Ok(v.to_string())
+    })
+}
+
 /// Installs the live-tensor registry (once per process; later calls do nothing).
 #[pyfunction]
 fn install() -> PyResult<()> {
@@ -255,5 +309,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(capabilities, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_allocated, m)?)?;
     m.add_function(wrap_pyfunction!(cli, m)?)?;
+    m.add_function(wrap_pyfunction!(estimate, m)?)?;
     Ok(())
 }

@@ -23,6 +23,7 @@ import gc
 
 import torch
 
+from ._estimate import Estimate, estimate
 from ._load import TorchVersionMismatch, load
 from ._tracker import MemTracker
 
@@ -34,10 +35,12 @@ TORCH_VERSION = _native.TORCH_VERSION
 
 __all__ = [
     "TORCH_VERSION",
+    "Estimate",
     "GpuMemTrackError",
     "MemTracker",
     "TorchVersionMismatch",
     "capabilities",
+    "estimate",
 ]
 
 
