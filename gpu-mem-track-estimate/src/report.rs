@@ -122,7 +122,7 @@ impl fmt::Display for PeakTensors<'_> {
 /// `gpu_mem` replaces. `CUBLAS_WORKSPACE_CONFIG` sizes cuBLAS's workspace as on the GPU.
 ///
 /// # Errors
-/// [`Error::Input`](crate::Error::Input) for an unknown profile or an unreadable profile file.
+/// [`Error::Input`](crate::error::Error::Input) for an unknown profile or an unreadable profile file.
 pub fn gpu_predictions(
     device_profile: &str,
     gpu_mem: Option<u64>,

@@ -49,14 +49,7 @@ def test_ops_on_other_threads_are_seen(logdir):  # noqa: F811
         t.join()
     tracker.track()
     lines, _ = parse_blocks(tracker.log_path)[0]
-    assert (
-        "+",
-        4,
-        "(4321,)",
-        0.0659,
-        "<class 'torch.Tensor'>",
-        "torch.float32",
-    ) in lines, lines
+    assert ("+", 4, "(4321,)", 0.0659, "<class 'torch.Tensor'>", "torch.float32") in lines, lines
 
 
 def test_no_grad_and_inference_mode(logdir):  # noqa: F811
@@ -95,14 +88,7 @@ def test_model_moved_after_the_tracker_started(logdir):  # noqa: F811
     model.to(device(), dtype=torch.float64)
     tracker.track()
     lines, _ = parse_blocks(tracker.log_path)[1]
-    assert (
-        "+",
-        1,
-        "(10, 100)",
-        0.0076,
-        "<class 'torch.nn.parameter.Parameter'>",
-        "torch.float64",
-    ) in lines, lines
+    assert ("+", 1, "(10, 100)", 0.0076, "<class 'torch.nn.parameter.Parameter'>", "torch.float64") in lines, lines
 
 
 def test_two_trackers_write_two_logs(logdir):  # noqa: F811
@@ -114,14 +100,7 @@ def test_two_trackers_write_two_logs(logdir):  # noqa: F811
     assert first.log_path != second.log_path
     for t in (first, second):
         lines, _ = parse_blocks(t.log_path)[0]
-        assert (
-            "+",
-            1,
-            "(2222,)",
-            0.0085,
-            "<class 'torch.Tensor'>",
-            "torch.float32",
-        ) in lines
+        assert ("+", 1, "(2222,)", 0.0085, "<class 'torch.Tensor'>", "torch.float32") in lines
     del keep
 
 
