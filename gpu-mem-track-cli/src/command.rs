@@ -321,13 +321,7 @@ where
     T: Into<OsString> + Clone,
 {
     match Cli::try_parse_from(args) {
-        Ok(cli) => match run(cli) {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("error: {}", crate::one_line(&e));
-                1
-            }
-        },
+        Ok(cli) => crate::exit_status(run(cli)),
         Err(e) => {
             // --help and --version print to stdout and succeed; usage errors go to stderr.
             let _ = e.print();

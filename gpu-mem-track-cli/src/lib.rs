@@ -5,24 +5,29 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
+use gpu_mem_track_log::Trace;
 
 pub mod command;
-use gpu_mem_track_log::Trace;
 
 /// Exit 0, or 1 with one line on stderr naming the file or option (usage errors exit 2 in clap).
 pub fn exit_code(result: Result<()>) -> ExitCode {
+    ExitCode::from(exit_status(result))
+}
+
+/// [`exit_code`] as a number, for a host that goes on running (`command::run_from`).
+pub(crate) fn exit_status(result: Result<()>) -> u8 {
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => 0,
         Err(e) => {
             eprintln!("error: {}", one_line(&e));
-            ExitCode::from(1)
+            1
         }
     }
 }
 
 /// The error and its causes on one line, each cause once: library errors already name their
 /// OS error in their text and also return it as their source.
-pub(crate) fn one_line(e: &anyhow::Error) -> String {
+fn one_line(e: &anyhow::Error) -> String {
     let mut text = String::new();
     for cause in e.chain() {
         let m = cause.to_string();
