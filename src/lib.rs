@@ -134,8 +134,9 @@ pub use gpu_mem_track_macros::track_memory;
 pub use site::Site;
 pub use snapshot::{DType, GroupKey, TensorClass, TensorInfo};
 pub use tracker::{
-    default_tracker, install, is_installed, register_tensor_impl, registry_callbacks, registry_entries,
-    set_default_tracker, set_registry_enabled, MemTracker, MemTrackerBuilder, TrackPoint, DEFAULT_LOG_DIR,
+    default_tracker, install, is_installed, name_python_class, reads_python_classes, register_tensor_impl,
+    registry_callbacks, registry_entries, set_default_tracker, set_registry_enabled, MemTracker,
+    MemTrackerBuilder, TrackPoint, DEFAULT_LOG_DIR,
 };
 
 /// Takes a track point here: `track!()` uses the default tracker, `track!(tracker)` the given one

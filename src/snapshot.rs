@@ -58,7 +58,7 @@ pub struct Snapshot {
 struct BorrowedKey<'a> {
     shape: &'a [i64],
     dtype: DType,
-    parameter: bool,
+    class_id: i32,
     view: bool,
     /// The registry's op id, when grouping by op.
     op: Option<u32>,
@@ -68,7 +68,7 @@ impl Hash for BorrowedKey<'_> {
     fn hash<H: Hasher>(&self, h: &mut H) {
         self.shape.hash(h);
         h.write_i32(self.dtype.scalar_type());
-        h.write_u8(self.parameter as u8);
+        h.write_i32(self.class_id);
         h.write_u8(self.view as u8);
         if let Some(op) = self.op {
             h.write_u32(op);
@@ -157,7 +157,7 @@ impl Snapshot {
             let key = BorrowedKey {
                 shape: r.shape(dims),
                 dtype: r.dtype(),
-                parameter: r.is_parameter(),
+                class_id: r.class_id(),
                 view: !owned,
                 op: if by_op { r.op_id() } else { None },
             };
@@ -169,7 +169,7 @@ impl Snapshot {
         }
         snap.groups.reserve(grouped.len());
         for (k, v) in grouped {
-            let class = if k.parameter { TensorClass::Parameter } else { TensorClass::Tensor };
+            let class = ffi::registry_class(k.class_id);
             let op = k.op.and_then(op_name);
             snap.groups
                 .insert(GroupKey { shape: k.shape.into(), dtype: k.dtype, class, view: k.view, op }, v);
@@ -195,7 +195,7 @@ impl Snapshot {
             let key = GroupKey {
                 shape: def.shape.clone(),
                 dtype: def.dtype,
-                class: if def.parameter { TensorClass::Parameter } else { TensorClass::Tensor },
+                class: def.class.clone(),
                 view: g.view(),
                 // Groups the registry keeps apart by op merge here unless the log names ops.
                 op: if by_op { def.op_id.and_then(op_name) } else { None },
@@ -238,7 +238,7 @@ pub(crate) fn tensor_infos(records: &[TensorRecord], dims: &[i64]) -> Vec<Tensor
             name: r.name_id().and_then(ffi::registry_name),
             shape: r.shape(dims).to_vec(),
             dtype: r.dtype(),
-            class: if r.is_parameter() { TensorClass::Parameter } else { TensorClass::Tensor },
+            class: ffi::registry_class(r.class_id()),
             nbytes: r.nbytes(),
             storage_nbytes: r.storage_nbytes(),
             storage_id: r.storage_id(),
@@ -264,14 +264,14 @@ pub(crate) fn largest_holders(
     n: usize,
 ) -> (Vec<gpu_mem_track_log::log::oom::Holder>, (u64, u64)) {
     let owners = shared_storage_owners(records);
-    type Key<'a> = (&'a [i64], i32, bool, Option<gpu_mem_track_log::Category>, Option<u32>);
+    type Key<'a> = (&'a [i64], i32, i32, Option<gpu_mem_track_log::Category>, Option<u32>);
     let mut grouped: FxHashMap<Key<'_>, GroupTotals> = FxHashMap::default();
     for (i, r) in records.iter().enumerate() {
         if !owns_storage(records, &owners, i) {
             continue; // views hold no memory of their own
         }
         let g = grouped
-            .entry((r.shape(dims), r.dtype().scalar_type(), r.is_parameter(), r.category(), r.op_id()))
+            .entry((r.shape(dims), r.dtype().scalar_type(), r.class_id(), r.category(), r.op_id()))
             .or_default();
         g.count += 1;
         g.bytes += r.storage_nbytes();
@@ -282,11 +282,11 @@ pub(crate) fn largest_holders(
     let holders = groups
         .into_iter()
         .take(n)
-        .map(|((shape, dtype, parameter, category, op), totals)| gpu_mem_track_log::log::oom::Holder {
+        .map(|((shape, dtype, class_id, category, op), totals)| gpu_mem_track_log::log::oom::Holder {
             count: totals.count,
             shape: shape.to_vec(),
             dtype: DType::from_scalar_type(dtype).torch_name(),
-            class: if parameter { TensorClass::Parameter } else { TensorClass::Tensor },
+            class: ffi::registry_class(class_id),
             bytes: totals.bytes,
             what: category.map(|c| holder_label(c).to_owned()),
             op: op.and_then(op_name).map(|o| o.to_string()),

@@ -684,6 +684,34 @@ pub unsafe fn register_tensor_impl(impl_ptr: *mut std::ffi::c_void, name: &str) 
     Ok(())
 }
 
+/// Names a Python tensor class for the log, as Python's `repr` of it does without the brackets
+/// (`"torch.nn.parameter.Parameter"`, `"mypkg.QuantTensor"`): how the Python package makes a
+/// tensor's class column read as Pytorch-Memory-Utils' does. A tensor whose Python class was not
+/// named prints the class's bare name. Builds against libtorch before 2.10 do not read Python
+/// classes at all (see [`reads_python_classes`]) and print the autograd rule's class: a leaf that
+/// requires grad is a Parameter.
+///
+/// Takes the registry's lock, which a walk holds while it may wait for the Python interpreter
+/// to release a tensor: call it without holding the GIL.
+///
+/// # Safety
+/// `type_ptr` must be a `PyTypeObject*` that stays alive for the rest of the process.
+///
+/// # Errors
+/// [`Error::Libtorch`] for a null type, an empty name or a NUL byte in it.
+#[allow(unsafe_code)]
+pub unsafe fn name_python_class(type_ptr: *const std::ffi::c_void, name: &str) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    unsafe { ffi::name_python_class(type_ptr, name) }
+}
+
+/// Whether this build reads the Python class of a tensor that has a Python object (built against
+/// libtorch 2.10 or later, whose PyObject preservation keeps that object alive while the tracker
+/// holds the tensor).
+pub fn reads_python_classes() -> bool {
+    ffi::reads_python_classes()
+}
+
 /// Whether [`install`] (or a tracker) has installed the registry in this process.
 pub fn is_installed() -> bool {
     ffi::registry_installed()

@@ -15,7 +15,7 @@ use std::time::Duration;
 use gpu_mem_track::{Error, LogError, MemTracker, Site, TrackPoint, TrackedDevice};
 use pyo3::exceptions::{PyException, PyFileNotFoundError, PyNotADirectoryError, PyOSError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyType};
 
 pyo3::create_exception!(
     _native,
@@ -264,6 +264,43 @@ fn register_tensor(cdata: usize, name: &str) -> PyResult<()> {
     unsafe { gpu_mem_track::register_tensor_impl(cdata as *mut c_void, name) }.map_err(to_py)
 }
 
+/// Names Python tensor classes for the log's class column, as `repr(cls)` does
+/// (`module.qualname`); the classes are kept alive for the process (the registry keys them by
+/// address). Classes named before keep their name.
+#[pyfunction]
+fn name_classes(py: Python<'_>, classes: Vec<Bound<'_, PyType>>) -> PyResult<()> {
+    static KEPT: Mutex<Vec<Py<PyType>>> = Mutex::new(Vec::new());
+    let mut named = Vec::with_capacity(classes.len());
+    {
+        let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+        for cls in classes {
+            if kept.iter().any(|k| k.is(&cls)) {
+                continue;
+            }
+            let module: String = cls.getattr("__module__")?.extract()?;
+            let qualname: String = cls.getattr("__qualname__")?.extract()?;
+            let name = if module == "builtins" { qualname } else { format!("{module}.{qualname}") };
+            named.push((cls.as_ptr() as usize, name));
+            kept.push(cls.unbind());
+        }
+    }
+    // Without the GIL: the registry's lock may be held by a walk waiting for it.
+    py.detach(|| {
+        named.iter().try_for_each(|(ty, name)| {
+            // SAFETY: KEPT holds a reference on each type for the rest of the process.
+            unsafe { gpu_mem_track::name_python_class(*ty as *const c_void, name) }
+        })
+    })
+    .map_err(to_py)
+}
+
+/// Whether this build reads the Python class of each tensor (built against torch 2.10 or later);
+/// before, a leaf that requires grad reads as a Parameter.
+#[pyfunction]
+fn reads_python_classes() -> bool {
+    gpu_mem_track::reads_python_classes()
+}
+
 /// Pauses (`False`) or resumes the registry's per-op callback (benchmarks).
 #[pyfunction]
 fn set_registry_enabled(enabled: bool) -> PyResult<()> {
@@ -304,6 +341,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyTracker>()?;
     m.add_function(wrap_pyfunction!(install, m)?)?;
     m.add_function(wrap_pyfunction!(register_tensor, m)?)?;
+    m.add_function(wrap_pyfunction!(name_classes, m)?)?;
+    m.add_function(wrap_pyfunction!(reads_python_classes, m)?)?;
     m.add_function(wrap_pyfunction!(set_registry_enabled, m)?)?;
     m.add_function(wrap_pyfunction!(registry_callbacks, m)?)?;
     m.add_function(wrap_pyfunction!(capabilities, m)?)?;

@@ -374,8 +374,7 @@ void gmt_recorder_set_phase(int32_t phase, int32_t iteration) { gmt::set_phase(p
 
 void gmt_recorder_tag_tensor(const void* tensor, int32_t category) {
   const auto* t = static_cast<const at::Tensor*>(tensor);
-  if (!t || !t->defined() || !t->has_storage()) return;
-  gmt::tag_allocation(gmt::allocation_id(t->storage().unsafeGetStorageImpl()), category);
+  if (t && t->defined()) gmt_recorder_tag_tensor_impl(t->unsafeGetTensorImpl(), category);
 }
 
 void gmt_recorder_tag_tensor_impl(const void* impl, int32_t category) {

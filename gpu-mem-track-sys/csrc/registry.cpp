@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
+#include <c10/core/impl/PyObjectSlot.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/intrusive_ptr.h>
 
@@ -28,6 +29,8 @@
 #include <pthread.h>
 #include <sched.h>
 #include <unistd.h>
+
+#include <torch/version.h>
 
 #include "common.h"
 #include "ptr_index.h"
@@ -91,9 +94,26 @@ struct EntryOrigin {
 struct GroupDef {
   std::vector<int64_t> sizes;
   int32_t scalar_type;
-  bool parameter;
+  int32_t class_id;  // Registry::class_names
+  // The class is the Python object's: fixed for the TensorImpl's life, not re-checked by a walk.
+  // Otherwise it is the autograd rule's (kParameterClass for a leaf requiring grad), re-checked.
+  bool python_class;
   int32_t op_id;
 };
+
+// The classes a tensor without a Python object gets (tch's, or one Python never saw): the
+// autograd rule, a leaf that requires grad prints as a Parameter.
+constexpr int32_t kTensorClass = 0;
+constexpr int32_t kParameterClass = 1;
+
+// Whether libtorch keeps a pinned tensor's Python object alive (the PyObject preservation of
+// torch 2.10 on: while other C++ references exist, the TensorImpl holds one on its PyObject), so
+// that a pinned tensor's Python class can be read without the GIL.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
+#define GMT_PYTHON_CLASS 1
+#else
+#define GMT_PYTHON_CLASS 0
+#endif
 
 // Dead entries keep ~176 B each (the weak reference pins the TensorImpl's memory) until pruned.
 // Pruning is amortised: when the registry doubles past its last live size. Pruning early lets
@@ -124,6 +144,16 @@ struct Registry {
   // (gmt_registry_group, after the walk and outside this lock), so none is reused.
   std::vector<GroupDef> groups;
   std::unordered_map<std::string, int32_t> group_ids;  // packed (sizes, dtype, op, class) -> id
+  // Tensor classes by id (append-only, like the op names): the two of the autograd rule, then
+  // Python classes as a walk first meets them. Python types the package named (which it keeps
+  // alive) map to its names; any other type to its tp_name, checked again on each lookup since
+  // a type nobody keeps may die and another be made at its address.
+  std::deque<std::string> class_names{"torch.Tensor", "torch.nn.parameter.Parameter"};
+  struct PythonClass {
+    int32_t id;
+    bool named;  // by the package (gmt_registry_name_class)
+  };
+  std::unordered_map<const void*, PythonClass> python_classes;  // PyTypeObject* -> class
   uint64_t next_seq = 0;
   size_t prune_at = kMinPruneAt;
   at::CallbackHandle handle = 0;
@@ -196,34 +226,72 @@ struct Registry {
     const GroupDef& g = groups[e.group];
     const c10::IntArrayRef sizes = impl->sizes();
     // A loop rather than std::equal: that calls memcmp, slow for a few dimensions.
-    bool same = g.scalar_type == static_cast<int32_t>(impl->dtype().toScalarType()) && g.parameter == parameter &&
-                g.sizes.size() == sizes.size();
+    bool same = g.scalar_type == static_cast<int32_t>(impl->dtype().toScalarType()) &&
+                (g.python_class || (g.class_id == kParameterClass) == parameter) && g.sizes.size() == sizes.size();
     for (size_t d = 0; same && d < sizes.size(); ++d) same = g.sizes[d] == sizes[d];
     return __builtin_expect(same, 1) ? e.group : -1;
   }
 
-  // Caller holds mu. The group of live entry i's tensor, interned on first sight or when its
-  // shape, dtype or class changed since (resize_, requires_grad_).
+  // Caller holds mu. The group of live entry i's tensor, which the caller pins, interned on
+  // first sight or when its shape, dtype or class changed since (resize_, requires_grad_).
   int32_t group_of(size_t i, const c10::TensorImpl* impl, bool parameter) {
     Entry& e = entries[i];
     const int32_t held = held_group(e, impl, parameter);
     if (held >= 0) return held;
-    e.group = intern_group(impl->sizes(), static_cast<int32_t>(impl->dtype().toScalarType()), parameter,
+    const auto [class_id, python] = class_of(impl, parameter);
+    e.group = intern_group(impl->sizes(), static_cast<int32_t>(impl->dtype().toScalarType()), class_id, python,
                            origins[i].op_id);
     return e.group;
   }
 
-  int32_t intern_group(c10::IntArrayRef sizes, int32_t scalar_type, bool parameter, int32_t op_id) {
-    std::string key(sizes.size() * sizeof(int64_t) + 2 * sizeof(int32_t) + 1, '\0');
+  int32_t intern_group(c10::IntArrayRef sizes, int32_t scalar_type, int32_t class_id, bool python, int32_t op_id) {
+    std::string key(sizes.size() * sizeof(int64_t) + 3 * sizeof(int32_t) + 1, '\0');
     char* k = key.data();
     std::memcpy(k, sizes.data(), sizes.size() * sizeof(int64_t));
     k += sizes.size() * sizeof(int64_t);
     std::memcpy(k, &scalar_type, sizeof scalar_type);
     std::memcpy(k + sizeof(int32_t), &op_id, sizeof op_id);
-    k[2 * sizeof(int32_t)] = parameter ? 1 : 0;
+    std::memcpy(k + 2 * sizeof(int32_t), &class_id, sizeof class_id);
+    k[3 * sizeof(int32_t)] = python ? 1 : 0;
     auto [it, inserted] = group_ids.try_emplace(std::move(key), static_cast<int32_t>(groups.size()));
-    if (inserted) groups.push_back(GroupDef{std::vector<int64_t>(sizes.begin(), sizes.end()), scalar_type, parameter, op_id});
+    if (inserted) {
+      groups.push_back(
+          GroupDef{std::vector<int64_t>(sizes.begin(), sizes.end()), scalar_type, class_id, python, op_id});
+    }
     return it->second;
+  }
+
+  // Caller holds mu and pins the tensor. Its class: its Python object's type where it has one
+  // (and libtorch keeps that object alive under the pin), else the autograd rule. Second: whether
+  // the class is the Python object's.
+  std::pair<int32_t, bool> class_of(const c10::TensorImpl* impl, bool parameter) {
+#if GMT_PYTHON_CLASS
+    if (const void* obj = impl->pyobj_slot()->load_pyobj()) {
+      // SAFETY: the caller's pin keeps the Python object alive (PyObject preservation), and the
+      // object keeps its type alive. A PyObject starts with its reference count and its type
+      // pointer; a type object with those and ob_size, then tp_name (the layout the stable ABI
+      // fixes for builds with the GIL, the only ones an abi3 package loads into).
+      const void* type = static_cast<const void* const*>(obj)[1];
+      const char* tp_name = static_cast<const char* const*>(type)[3];
+      auto hit = python_classes.find(type);
+      if (hit != python_classes.end() && (hit->second.named || class_names[hit->second.id] == tp_name)) {
+        return {hit->second.id, true};
+      }
+      const int32_t id = class_id_named(tp_name ? tp_name : "<unnamed class>");
+      python_classes[type] = PythonClass{id, false};
+      return {id, true};
+    }
+#endif
+    return {parameter ? kParameterClass : kTensorClass, false};
+  }
+
+  // Caller holds mu. The id of the class named `name`, added when new.
+  int32_t class_id_named(const char* name) {
+    for (size_t c = 0; c < class_names.size(); ++c) {
+      if (class_names[c] == name) return static_cast<int32_t>(c);
+    }
+    class_names.emplace_back(name);
+    return static_cast<int32_t>(class_names.size() - 1);
   }
 
   int32_t intern(const std::string& name) {
@@ -577,6 +645,7 @@ gmt_error take_snapshot(gmt_snapshot* s, int32_t device_kind, int32_t device_ind
         rec.requires_grad = impl->requires_grad() ? 1 : 0;
         // is_leaf only matters for tensors that require grad (the Parameter class).
         rec.is_leaf = rec.requires_grad ? (t.is_leaf() ? 1 : 0) : 1;
+        rec.class_id = r.class_of(impl, rec.requires_grad && rec.is_leaf).first;
         rec.op_id = origin.op_id;
         rec.category = categorize ? category_of(t, rec.name_id, grads) : GMT_CAT_NONE;
         s->records.push_back(rec);
@@ -1109,7 +1178,7 @@ void gmt_snapshot_totals_of(const gmt_snapshot* s, gmt_snapshot_totals* out) {
   if (out) *out = s ? s->totals : gmt_snapshot_totals{};
 }
 
-int64_t gmt_registry_group(int32_t id, int64_t* sizes, size_t cap, int32_t* scalar_type, int32_t* parameter,
+int64_t gmt_registry_group(int32_t id, int64_t* sizes, size_t cap, int32_t* scalar_type, int32_t* class_id,
                            int32_t* op_id) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
@@ -1117,10 +1186,30 @@ int64_t gmt_registry_group(int32_t id, int64_t* sizes, size_t cap, int32_t* scal
   const GroupDef& g = r.groups[id];
   if (sizes) std::copy_n(g.sizes.begin(), std::min(cap, g.sizes.size()), sizes);
   if (scalar_type) *scalar_type = g.scalar_type;
-  if (parameter) *parameter = g.parameter ? 1 : 0;
+  if (class_id) *class_id = g.class_id;
   if (op_id) *op_id = g.op_id;
   return static_cast<int64_t>(g.sizes.size());
 }
+
+const char* gmt_registry_class_name(int32_t id) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (id < 0 || static_cast<size_t>(id) >= r.class_names.size()) return nullptr;
+  return r.class_names[id].c_str();  // a deque's elements never move
+}
+
+gmt_error gmt_registry_name_class(const void* type, const char* name) {
+  GMT_TRY({
+    if (!type || !name || !*name) throw std::invalid_argument("a class needs a type and a name");
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    const int32_t id = r.class_id_named(name);
+    // Tensors already grouped under the type's tp_name keep that group; new ones get this name.
+    r.python_classes[type] = Registry::PythonClass{id, true};
+  })
+}
+
+int gmt_registry_python_classes(void) { return GMT_PYTHON_CLASS; }
 
 gmt_snapshot* gmt_peak_snapshot(void) {
   static gmt_snapshot* peak = new gmt_snapshot();

@@ -54,8 +54,10 @@ typedef struct {
   uint8_t pad_;
   int32_t op_id;           // the op that returned it (-1: registered explicitly); name via gmt_registry_op_name
   int32_t category;        // gmt_category the tracker knows (name, .grad of a named parameter, history tag)
+  int32_t class_id;        // its class: name via gmt_registry_class_name
+  int32_t pad2_;
 } gmt_tensor_record;
-static_assert(sizeof(gmt_tensor_record) == 80, "gmt_tensor_record is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
+static_assert(sizeof(gmt_tensor_record) == 88, "gmt_tensor_record is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
 
 typedef struct gmt_snapshot gmt_snapshot;
 
@@ -74,6 +76,15 @@ size_t gmt_registry_walk_threads(void);
 void gmt_registry_set_walk_threads(size_t threads);
 const char* gmt_registry_name(int32_t id);     // stable for the process lifetime
 const char* gmt_registry_op_name(int32_t id);  // the op of gmt_tensor_record.op_id; stable; NULL if unknown
+// Tensor classes: 0 "torch.Tensor" and 1 "torch.nn.parameter.Parameter" by the autograd rule (a
+// leaf that requires grad) for tensors without a Python object; with one, its Python class (built
+// against torch 2.10 or later, else the autograd rule: see gmt_registry_python_classes).
+const char* gmt_registry_class_name(int32_t id);  // stable; NULL if unknown
+// Names a Python type (PyTypeObject*, which the caller keeps alive) for the log, as
+// "module.qualname"; a type not named prints its tp_name. Takes the registry's lock: never call it
+// holding the GIL (a walk holding the lock may wait for the GIL to release a tensor).
+gmt_error gmt_registry_name_class(const void* type, const char* name);
+int gmt_registry_python_classes(void);  // 1: this build reads tensors' Python classes
 const char* gmt_scalar_type_name(int32_t scalar_type);  // c10 name: "Float", "BFloat16", ...
 int64_t gmt_scalar_type_itemsize(int32_t scalar_type);
 
@@ -104,8 +115,9 @@ gmt_error gmt_snapshot_take_grouped(gmt_snapshot* s, int32_t device_kind, int32_
 const gmt_group_total* gmt_snapshot_groups(const gmt_snapshot* s, size_t* len);
 void gmt_snapshot_totals_of(const gmt_snapshot* s, gmt_snapshot_totals* out);
 // A log group of the registry (ids are stable for the process): copies up to `cap` sizes and
-// returns the number of dimensions, or -1 for an unknown id. `op_id`: the op that made its tensors.
-int64_t gmt_registry_group(int32_t id, int64_t* sizes, size_t cap, int32_t* scalar_type, int32_t* parameter,
+// returns the number of dimensions, or -1 for an unknown id. `class_id`: see gmt_registry_class_name;
+// `op_id`: the op that made its tensors.
+int64_t gmt_registry_group(int32_t id, int64_t* sizes, size_t cap, int32_t* scalar_type, int32_t* class_id,
                            int32_t* op_id);
 size_t gmt_snapshot_len(const gmt_snapshot* s);
 const gmt_tensor_record* gmt_snapshot_records(const gmt_snapshot* s);

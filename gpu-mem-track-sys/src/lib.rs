@@ -66,6 +66,8 @@ pub struct gmt_tensor_record {
     pub pad_: u8,
     pub op_id: i32,
     pub category: i32,
+    pub class_id: i32,
+    pub pad2_: i32,
 }
 
 /// Totals of one log group in a grouped snapshot (mirrors `gmt_group_total` in `csrc/shim.h`).
@@ -289,9 +291,13 @@ extern "C" {
         sizes: *mut i64,
         cap: usize,
         scalar_type: *mut i32,
-        parameter: *mut i32,
+        class_id: *mut i32,
         op_id: *mut i32,
     ) -> i64;
+    pub fn gmt_registry_class_name(id: i32) -> *const c_char;
+    /// `type_` is a `PyTypeObject*` the caller keeps alive. Never call it holding the GIL.
+    pub fn gmt_registry_name_class(type_: *const c_void, name: *const c_char) -> gmt_error;
+    pub fn gmt_registry_python_classes() -> c_int;
     pub fn gmt_snapshot_len(s: *const gmt_snapshot) -> usize;
     pub fn gmt_snapshot_records(s: *const gmt_snapshot) -> *const gmt_tensor_record;
     pub fn gmt_snapshot_dims(s: *const gmt_snapshot, len: *mut usize) -> *const i64;
@@ -396,7 +402,7 @@ extern "C" {
 }
 
 // The C layouts this crate mirrors (`csrc/shim.h` asserts the same sizes on its side).
-const _: () = assert!(std::mem::size_of::<gmt_tensor_record>() == 80);
+const _: () = assert!(std::mem::size_of::<gmt_tensor_record>() == 88);
 const _: () = assert!(std::mem::size_of::<gmt_group_total>() == 24);
 const _: () = assert!(std::mem::size_of::<gmt_snapshot_totals>() == 24);
 const _: () = assert!(std::mem::size_of::<gmt_oom_event>() == 48);

@@ -1,6 +1,6 @@
 //! The live-tensor registry (`csrc/registry.cpp`): registration, snapshots of the live tensors
 //! (per tensor or grouped as the log groups them), and the names and groups it interns.
-use gpu_mem_track_log::{Category, DType};
+use gpu_mem_track_log::{Category, DType, TensorClass};
 use gpu_mem_track_sys as sys;
 use std::ffi::{c_void, CStr};
 use std::ptr::NonNull;
@@ -37,9 +37,9 @@ impl TensorRecord {
     pub(crate) fn dtype(&self) -> DType {
         DType::from_scalar_type(self.0.scalar_type)
     }
-    /// A leaf tensor that requires grad: what Python prints as a Parameter.
-    pub(crate) fn is_parameter(&self) -> bool {
-        self.0.is_leaf != 0 && self.0.requires_grad != 0
+    /// Its class's id (see [`registry_class`]).
+    pub(crate) fn class_id(&self) -> i32 {
+        self.0.class_id
     }
     /// The registration name's id, if it has one (see [`registry_name`]).
     pub(crate) fn name_id(&self) -> Option<i32> {
@@ -142,6 +142,42 @@ pub(crate) fn registry_name(id: i32) -> Option<String> {
     (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 
+/// The class the registry gave id `id`: Tensor and Parameter by the autograd rule (a leaf that
+/// requires grad) for tensors without a Python object, else the Python class. An unknown id (a
+/// shim bug, not data) reads as a plain tensor.
+pub(crate) fn registry_class(id: i32) -> TensorClass {
+    match id {
+        0 => TensorClass::Tensor,
+        1 => TensorClass::Parameter,
+        _ => {
+            // SAFETY: returns null or a pointer into an append-only table that lives for the process.
+            let p = unsafe { sys::gmt_registry_class_name(id) };
+            if p.is_null() {
+                return TensorClass::Tensor;
+            }
+            // SAFETY: non-null pointers are NUL-terminated strings that are never freed.
+            TensorClass::from_python_name(&unsafe { CStr::from_ptr(p) }.to_string_lossy())
+        }
+    }
+}
+
+/// Names a Python type for the log (the public `name_python_class`).
+///
+/// # Safety
+/// `type_ptr` must be a `PyTypeObject*` that stays alive for the rest of the process.
+pub(crate) unsafe fn name_python_class(type_ptr: *const c_void, name: &str) -> Result<()> {
+    let name = c_string("name a Python class", name)?;
+    // SAFETY: the shim only stores the pointer as a key (the caller keeps the type alive) and
+    // copies the name.
+    check("name a Python class", unsafe { sys::gmt_registry_name_class(type_ptr, name.as_ptr()) })
+}
+
+/// Whether this build reads tensors' Python classes (libtorch 2.10 or later).
+pub(crate) fn reads_python_classes() -> bool {
+    // SAFETY: a constant of the build.
+    unsafe { sys::gmt_registry_python_classes() != 0 }
+}
+
 /// An op name as the log prints it: an autograd node's evaluation
 /// (`autograd::engine::evaluate_function: AddmmBackward0`) by its node (`AddmmBackward0`).
 pub(super) fn tidy_op_name(name: &str) -> &str {
@@ -162,8 +198,8 @@ pub(crate) fn registry_op_name(id: u32) -> Option<String> {
 pub(crate) struct RegistryGroup {
     pub shape: Box<[i64]>,
     pub dtype: DType,
-    /// A leaf tensor that requires grad: what Python prints as a Parameter.
-    pub parameter: bool,
+    /// Its tensors' class.
+    pub class: TensorClass,
     /// The op that made its tensors (see [`registry_op_name`]); `None` when registered explicitly.
     pub op_id: Option<u32>,
 }
@@ -171,7 +207,7 @@ pub(crate) struct RegistryGroup {
 /// The registry's log group `id`; `None` for an id it never gave.
 pub(crate) fn registry_group(id: u32) -> Option<RegistryGroup> {
     let id = i32::try_from(id).ok()?;
-    let (mut scalar_type, mut parameter, mut op_id) = (0i32, 0i32, -1i32);
+    let (mut scalar_type, mut class_id, mut op_id) = (0i32, 0i32, -1i32);
     let mut sizes = vec![0i64; 8];
     loop {
         // SAFETY: copies at most `sizes.len()` dims into our buffer and plain values into locals.
@@ -181,7 +217,7 @@ pub(crate) fn registry_group(id: u32) -> Option<RegistryGroup> {
                 sizes.as_mut_ptr(),
                 sizes.len(),
                 &mut scalar_type,
-                &mut parameter,
+                &mut class_id,
                 &mut op_id,
             )
         };
@@ -195,7 +231,7 @@ pub(crate) fn registry_group(id: u32) -> Option<RegistryGroup> {
     Some(RegistryGroup {
         shape: sizes.into_boxed_slice(),
         dtype: DType::from_scalar_type(scalar_type),
-        parameter: parameter != 0,
+        class: registry_class(class_id),
         op_id: u32::try_from(op_id).ok(),
     })
 }

@@ -24,10 +24,10 @@ import gc
 import torch
 
 from ._estimate import Estimate, estimate
-from ._load import TorchVersionMismatch, load
-from ._tracker import MemTracker
+from ._load import TorchVersionMismatch
+from ._load import native as _native
+from ._tracker import MemTracker, name_tensor_classes
 
-_native = load()
 GpuMemTrackError = _native.GpuMemTrackError
 __version__ = _native.__version__
 #: The torch release the compiled part was built against (the same minor version is required).
@@ -66,4 +66,5 @@ def _register_existing_tensors() -> int:
 
 
 _native.install()
+name_tensor_classes()
 _register_existing_tensors()

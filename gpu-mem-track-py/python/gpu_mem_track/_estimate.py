@@ -9,9 +9,7 @@ from typing import Any
 
 import torch
 
-from ._load import load
-
-_native = load()
+from ._load import native as _native
 
 _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 

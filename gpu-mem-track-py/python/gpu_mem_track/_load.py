@@ -64,3 +64,7 @@ def load():
     if _minor(_native.TORCH_VERSION) != _minor(torch.__version__):
         raise _mismatch(_native.TORCH_VERSION)
     return _native
+
+
+#: The compiled part, loaded once for the package's modules.
+native = load()

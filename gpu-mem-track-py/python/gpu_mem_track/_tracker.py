@@ -10,9 +10,7 @@ from typing import IO, Any
 
 import torch
 
-from ._load import load
-
-_native = load()
+from ._load import native as _native
 
 
 def _device_name(device: Any) -> str:
@@ -39,6 +37,24 @@ def _device_name(device: Any) -> str:
             return f"cuda:{0 if d.index is None else d.index}"
         raise ValueError(f"device={device!r}: only cpu and cuda devices can be tracked")
     raise TypeError(f"device={device!r}: expected an int, a str or a torch.device")
+
+
+_named_classes = 0
+
+
+def name_tensor_classes() -> None:
+    """Names torch.Tensor and its subclasses (recursively) for the log's class column, so that a
+    tensor's line names its Python class as ``repr(type(t))`` does. A class defined after this ran
+    is named at the next ``MemTracker()`` or ``track()`` that finds a new direct subclass of
+    ``torch.Tensor``; before that, its lines give the bare class name."""
+    global _named_classes
+    found, todo = [], [torch.Tensor]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo.extend(cls.__subclasses__())
+    _native.name_classes(found)
+    _named_classes = len(torch.Tensor.__subclasses__())
 
 
 def _split_path(path: str | os.PathLike) -> tuple[str, str]:
@@ -87,6 +103,7 @@ class MemTracker:
         self.print_detail = detail
         self.verbose = verbose
         self._warned = False
+        name_tensor_classes()
         self._tracker = _native.Tracker(
             _device_name(device),
             folder,
@@ -119,6 +136,8 @@ class MemTracker:
         Like the Rust ``track!()``, a failure never reaches the program it watches: it is a
         warning (the first time) and ``None``.
         """
+        if len(torch.Tensor.__subclasses__()) != _named_classes:
+            name_tensor_classes()
         frame = sys._getframe(1)
         code = frame.f_code
         try:
