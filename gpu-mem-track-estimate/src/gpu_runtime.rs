@@ -15,9 +15,16 @@
 //!   kernels allocate `out` in `set_output` before `impl` runs): the workspace is placed right after
 //!   the first such op's first allocation and never freed. Size: `CUBLAS_WORKSPACE_CONFIG`, else
 //!   `:4096:2:16:8` (8 MiB + 128 KiB), or 32 MiB on sm 9.0 (`DeviceProfile::cublas_workspace_bytes` of the `profile` module).
-//!   The cuBLASLt workspace (`getCUDABlasLtWorkspace`, 1 MiB unless `CUBLASLT_WORKSPACE_SIZE`) is
-//!   only taken by `addmm` with a bias when both matrices have more than one row and column
-//!   (`Blas.cpp`, `useLtInterface`); it is not placed (at most 1 MiB, in the small pool).
+//!   The cuBLASLt workspace (`getCUDABlasLtWorkspace`: 1 MiB unless `CUBLASLT_WORKSPACE_SIZE`,
+//!   none when `TORCH_CUBLASLT_UNIFIED_WORKSPACE=1` shares the cuBLAS one) is kept per (handle,
+//!   stream) the same way; it is placed beside the cuBLAS workspace. On an H200 with PyTorch 2.11
+//!   every inference peak of the GPU table sat exactly 1.0 MiB above a replay without it.
+//! * **One handle per thread**: cuBLAS handles come from a per-thread pool window
+//!   (`DeviceThreadHandlePool`), and autograd runs a CUDA backward on its own device thread
+//!   (`torch/csrc/autograd/engine.cpp`, one thread per device), so the first matmul of the
+//!   backward pass takes a second handle and a second pair of workspaces, kept to the end. A
+//!   training step holds two cuBLAS workspaces (64 MiB on Hopper, as the memory history of a tch
+//!   training loop on an H200 showed).
 //! * **cuDNN convolution workspace** (`aten/src/ATen/native/cudnn/Conv_v8.cpp`, `run_conv_plan`):
 //!   allocated through the caching allocator while each convolution (forward, backward-data,
 //!   backward-weight) runs, after its outputs were allocated, and freed when it returns. Its size is
@@ -95,6 +102,8 @@ fn is_convolution(e: &TraceEvent) -> bool {
 pub enum RuntimeKind {
     /// The cuBLAS handle's workspace: kept until the process ends.
     CublasWorkspace,
+    /// The cuBLASLt workspace of a handle: kept until the process ends.
+    CublasLtWorkspace,
     /// A cuDNN convolution's workspace: freed when the call returns.
     CudnnWorkspace,
 }
@@ -115,8 +124,10 @@ pub struct RuntimeAllocation {
 /// Which GPU library allocations to place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RuntimeSizes {
-    /// cuBLAS workspace bytes (0: the model has no matmul, or leave it out).
+    /// cuBLAS workspace bytes per handle (0: the model has no matmul, or leave it out).
     pub cublas_workspace: u64,
+    /// cuBLASLt workspace bytes per handle (0: unified with the cuBLAS one, or leave it out).
+    pub cublaslt_workspace: u64,
     /// Place the high-end cuDNN workspace at each convolution call.
     pub cudnn_workspaces: bool,
 }
@@ -124,14 +135,20 @@ pub struct RuntimeSizes {
 /// Places the GPU library allocations of `sizes` in `trace`, in the order the events happen.
 pub fn place_runtime_allocations(trace: &Trace, sizes: RuntimeSizes) -> Vec<RuntimeAllocation> {
     let mut out = Vec::new();
-    if sizes.cublas_workspace > 0 {
-        if let Some(i) = trace.events.iter().position(|e| e.alloc && is_cublas_call(e)) {
-            out.push(RuntimeAllocation {
-                kind: RuntimeKind::CublasWorkspace,
-                bytes: sizes.cublas_workspace,
-                after_event: i,
-                freed_after: None,
-            });
+    // The program's thread, and autograd's device thread for the backward pass: a handle each.
+    for on_autograd_thread in [false, true] {
+        let first = trace
+            .events
+            .iter()
+            .position(|e| e.alloc && (e.phase == Phase::Backward) == on_autograd_thread && is_cublas_call(e));
+        let Some(i) = first else { continue };
+        for (kind, bytes) in [
+            (RuntimeKind::CublasWorkspace, sizes.cublas_workspace),
+            (RuntimeKind::CublasLtWorkspace, sizes.cublaslt_workspace),
+        ] {
+            if bytes > 0 {
+                out.push(RuntimeAllocation { kind, bytes, after_event: i, freed_after: None });
+            }
         }
     }
     if sizes.cudnn_workspaces {
@@ -271,6 +288,7 @@ impl fmt::Display for FirstOom {
         let what = match self.runtime {
             None => "",
             Some(RuntimeKind::CublasWorkspace) => "the cuBLAS workspace of ",
+            Some(RuntimeKind::CublasLtWorkspace) => "the cuBLASLt workspace of ",
             Some(RuntimeKind::CudnnWorkspace) => "the cuDNN workspace of ",
         };
         let when = if self.iteration > 0 {
@@ -438,7 +456,10 @@ mod tests {
             ev(true, 3, 2, Phase::Forward, "aten::addmm"),
         ]);
         let without = replay(&t, RuntimeSizes::default());
-        let with = replay(&t, RuntimeSizes { cublas_workspace: 8 * MIB, cudnn_workspaces: false });
+        let with = replay(
+            &t,
+            RuntimeSizes { cublas_workspace: 8 * MIB, cublaslt_workspace: 0, cudnn_workspaces: false },
+        );
         assert_eq!(with.peak_reserved, without.peak_reserved, "no new segment");
         assert_eq!(with.segments, without.segments);
         // Adding on top would have said +20 MiB (a new large segment for the workspace).
@@ -456,14 +477,22 @@ mod tests {
             ev(true, 4, 1, Phase::Forward, "aten::addmm"),
         ]);
         let without = replay(&t, RuntimeSizes::default());
-        let with =
-            replay(&t, RuntimeSizes { cublas_workspace: 8 * MIB + 128 * 1024, cudnn_workspaces: false });
+        let with = replay(
+            &t,
+            RuntimeSizes {
+                cublas_workspace: 8 * MIB + 128 * 1024,
+                cublaslt_workspace: 0,
+                cudnn_workspaces: false,
+            },
+        );
         assert_eq!(with.peak_allocated, without.peak_allocated);
         assert_eq!(with.peak_allocated, 70 * MIB);
         assert_eq!(with.baseline_allocated, 4 * MIB);
         // It is there: placed after the addmm output, and live at the end.
-        let placed =
-            place_runtime_allocations(&t, RuntimeSizes { cublas_workspace: MIB, cudnn_workspaces: false });
+        let placed = place_runtime_allocations(
+            &t,
+            RuntimeSizes { cublas_workspace: MIB, cublaslt_workspace: 0, cudnn_workspaces: false },
+        );
         assert_eq!(
             placed,
             vec![RuntimeAllocation {
@@ -487,7 +516,10 @@ mod tests {
             ev(false, 2, 8, Phase::Forward, "aten::relu"),
         ]);
         let low = replay(&peak_at_a, RuntimeSizes::default());
-        let high = replay(&peak_at_a, RuntimeSizes { cublas_workspace: 0, cudnn_workspaces: true });
+        let high = replay(
+            &peak_at_a,
+            RuntimeSizes { cublas_workspace: 0, cublaslt_workspace: 0, cudnn_workspaces: true },
+        );
         assert_eq!(low.peak_allocated, 48 * MIB);
         // A's 8 MiB workspace coincides with the 48 MiB peak; B's 16 MiB lands at 8 + 16 + 16 = 40.
         assert_eq!(high.peak_allocated, 56 * MIB);
@@ -499,7 +531,10 @@ mod tests {
             ev(true, 3, 16, Phase::Forward, "aten::convolution_overrideable"),
         ]);
         let low = replay(&peak_elsewhere, RuntimeSizes::default());
-        let high = replay(&peak_elsewhere, RuntimeSizes { cublas_workspace: 0, cudnn_workspaces: true });
+        let high = replay(
+            &peak_elsewhere,
+            RuntimeSizes { cublas_workspace: 0, cublaslt_workspace: 0, cudnn_workspaces: true },
+        );
         assert_eq!(low.peak_allocated, 100 * MIB);
         assert_eq!(high.peak_allocated, 100 * MIB, "a sum on top would say 116 MiB");
     }
@@ -513,8 +548,10 @@ mod tests {
             ev(true, 3, 1, Phase::Backward, "aten::add"),
             ev(true, 4, 3, Phase::Backward, "aten::convolution_backward_overrideable"),
         ]);
-        let placed =
-            place_runtime_allocations(&t, RuntimeSizes { cublas_workspace: 0, cudnn_workspaces: true });
+        let placed = place_runtime_allocations(
+            &t,
+            RuntimeSizes { cublas_workspace: 0, cublaslt_workspace: 0, cudnn_workspaces: true },
+        );
         let calls: Vec<(usize, Option<usize>, u64)> =
             placed.iter().map(|r| (r.after_event, r.freed_after, r.bytes / MIB)).collect();
         assert_eq!(calls, vec![(0, Some(1), 6), (3, Some(3), 3)]);
@@ -535,8 +572,10 @@ mod tests {
             named("autograd::engine::evaluate_function: ConvolutionBackward0", "aten::add", 8),
             named("aten::linear", "aten::addmm", 1),
         ]);
-        let placed =
-            place_runtime_allocations(&t, RuntimeSizes { cublas_workspace: 3 * MIB, cudnn_workspaces: true });
+        let placed = place_runtime_allocations(
+            &t,
+            RuntimeSizes { cublas_workspace: 3 * MIB, cublaslt_workspace: 0, cudnn_workspaces: true },
+        );
         let got: Vec<(RuntimeKind, usize, Option<usize>, u64)> =
             placed.iter().map(|r| (r.kind, r.after_event, r.freed_after, r.bytes / MIB)).collect();
         assert_eq!(
@@ -550,9 +589,39 @@ mod tests {
     }
 
     #[test]
+    fn autograds_thread_takes_its_own_workspaces_at_the_first_backward_matmul() {
+        // Forward: an addmm; backward: a sum (the program's thread), then two mm (autograd's
+        // device thread); a second step's forward and backward reuse both handles.
+        let t = trace(vec![
+            ev(true, 1, 4, Phase::Load, "aten::empty"),
+            ev(true, 2, 1, Phase::Forward, "aten::addmm"),
+            ev(true, 3, 1, Phase::Backward, "aten::sum"),
+            ev(true, 4, 1, Phase::Backward, "aten::mm"),
+            ev(true, 5, 1, Phase::Backward, "aten::mm"),
+            ev(true, 6, 1, Phase::Forward, "aten::addmm"),
+            ev(true, 7, 1, Phase::Backward, "aten::mm"),
+        ]);
+        let sizes =
+            RuntimeSizes { cublas_workspace: 32 * MIB, cublaslt_workspace: MIB, cudnn_workspaces: false };
+        let got: Vec<_> =
+            place_runtime_allocations(&t, sizes).iter().map(|r| (r.kind, r.bytes, r.after_event)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (RuntimeKind::CublasWorkspace, 32 * MIB, 1),
+                (RuntimeKind::CublasLtWorkspace, MIB, 1),
+                (RuntimeKind::CublasWorkspace, 32 * MIB, 3),
+                (RuntimeKind::CublasLtWorkspace, MIB, 3),
+            ]
+        );
+        let r = replay(&t, sizes);
+        assert_eq!(r.peak_allocated, 4 * MIB + 6 * MIB + 2 * (32 * MIB + MIB), "all kept to the end");
+    }
+
+    #[test]
     fn matmuls_are_matched_by_name_not_prefix() {
         let with = |op: &str| trace(vec![ev(true, 1, 1, Phase::Forward, op)]);
-        let sizes = RuntimeSizes { cublas_workspace: MIB, cudnn_workspaces: false };
+        let sizes = RuntimeSizes { cublas_workspace: MIB, cublaslt_workspace: 0, cudnn_workspaces: false };
         assert_eq!(place_runtime_allocations(&with("aten::mm"), sizes).len(), 1);
         assert_eq!(place_runtime_allocations(&with("aten::addmm.out"), sizes).len(), 1);
         assert!(place_runtime_allocations(&with("aten::mmx"), sizes).is_empty());
@@ -648,7 +717,7 @@ mod tests {
             ev(true, 2, 30, Phase::Forward, "aten::convolution_overrideable"),
             ev(true, 3, 2, Phase::Forward, "aten::addmm"),
         ]);
-        let sizes = RuntimeSizes { cublas_workspace: 8 * MIB, cudnn_workspaces: true };
+        let sizes = RuntimeSizes { cublas_workspace: 8 * MIB, cublaslt_workspace: 0, cudnn_workspaces: true };
         let placed = place_runtime_allocations(&t, sizes);
         assert_eq!(replay_on_device(&t, &placed, None).0.peak_allocated, 80 * MIB, "with the 30 MiB one");
         // 50 MiB of tensors, the 30 MiB cuDNN workspace left out, the 2 MiB output and the 8 MiB

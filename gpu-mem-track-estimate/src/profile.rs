@@ -1,6 +1,7 @@
 //! GPU device profiles and what a run would show on one: the run's trace replayed through the
-//! caching allocator model with the GPU libraries' own allocations in it (the cuBLAS workspace at
-//! the first matmul, kept; a bounded cuDNN workspace at each convolution, reported as a range), and
+//! caching allocator model with the GPU libraries' own allocations in it (the cuBLAS and cuBLASLt
+//! workspaces at the first matmul of each thread, kept; a bounded cuDNN workspace at each
+//! convolution, reported as a range), and
 //! the CUDA context and library handles that nvidia-smi shows on top of `reserved`. A run that
 //! does not fit is replayed again against the memory the allocator can have (the device's, less
 //! the context) to name the allocation where PyTorch would raise `torch.OutOfMemoryError`.
@@ -109,6 +110,18 @@ impl DeviceProfile {
     }
 }
 
+/// The cuBLASLt workspace PyTorch allocates per handle and stream, apart from the cuBLAS one:
+/// `CUBLASLT_WORKSPACE_SIZE` KiB when set (an unparsable value: the default), else 1 MiB; none
+/// when `TORCH_CUBLASLT_UNIFIED_WORKSPACE` is `1`/`true`, which makes cuBLASLt use the cuBLAS
+/// workspace (`CublasHandlePool.cpp`, `parseCUDABlasLtWorkspaceSize`, `getCUDABlasLtWorkspace`).
+pub fn cublaslt_workspace_bytes(size_kib: Option<&str>, unified: Option<&str>) -> u64 {
+    if unified.is_some_and(|u| matches!(u.trim().to_ascii_lowercase().as_str(), "1" | "true" | "on" | "yes"))
+    {
+        return 0;
+    }
+    size_kib.and_then(|s| s.trim().parse::<u64>().ok()).map_or(1024 * 1024, |k| k.saturating_mul(1024))
+}
+
 /// A prediction that cannot be exact: the bounds, and what the gap is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Range {
@@ -123,7 +136,7 @@ pub struct Range {
 pub struct GpuPrediction {
     /// The profile used.
     pub profile: DeviceProfile,
-    /// cuBLAS workspace placed at the first matmul (0 when the model has none).
+    /// cuBLAS workspace placed at the first matmul of each thread (0 when the model has none).
     pub cublas_workspace: u64,
     /// The largest cuDNN workspace the high end places at a convolution (0 without any).
     pub cudnn_workspace_max: u64,
@@ -151,7 +164,9 @@ pub struct GpuPrediction {
     pub first_oom: Option<FirstOom>,
 }
 
-/// Replays a run's trace on a GPU of `profile`: the cuBLAS workspace at the first matmul, and for
+/// Replays a run's trace on a GPU of `profile`: the cuBLAS and cuBLASLt workspaces at the first
+/// matmul of each thread (`CUBLASLT_WORKSPACE_SIZE` and `TORCH_CUBLASLT_UNIFIED_WORKSPACE` are read
+/// from the environment, see [`cublaslt_workspace_bytes`]), and for
 /// the high end a cuDNN workspace at each convolution, go through the caching allocator model with
 /// every tensor (see [`gpu_runtime`](crate::gpu_runtime) for each rule and its PyTorch source).
 /// `workspace_config` is `CUBLAS_WORKSPACE_CONFIG`.
@@ -167,12 +182,20 @@ pub fn predict_all(
     workspace_config: Option<&str>,
 ) -> Vec<GpuPrediction> {
     let mut replays: HashMap<u64, Replays> = HashMap::new();
+    let cublaslt_workspace = cublaslt_workspace_bytes(
+        std::env::var("CUBLASLT_WORKSPACE_SIZE").ok().as_deref(),
+        std::env::var("TORCH_CUBLASLT_UNIFIED_WORKSPACE").ok().as_deref(),
+    );
     profiles
         .iter()
         .map(|profile| {
             let cublas_workspace = profile.cublas_workspace_bytes(workspace_config);
-            let replays =
-                replays.entry(cublas_workspace).or_insert_with(|| Replays::new(trace, cublas_workspace));
+            let replays = replays.entry(cublas_workspace).or_insert_with(|| {
+                Replays::new(
+                    trace,
+                    RuntimeSizes { cublas_workspace, cublaslt_workspace, cudnn_workspaces: true },
+                )
+            });
             predict_from(profile, trace, replays)
         })
         .collect()
@@ -188,13 +211,13 @@ struct Replays {
 }
 
 impl Replays {
-    fn new(trace: &Trace, cublas_workspace: u64) -> Replays {
+    fn new(trace: &Trace, sizes: RuntimeSizes) -> Replays {
         // One placement for the high end; the low end is it without the cuDNN workspaces.
-        let high_runtime =
-            place_runtime_allocations(trace, RuntimeSizes { cublas_workspace, cudnn_workspaces: true });
+        let high_runtime = place_runtime_allocations(trace, sizes);
         let low_runtime: Vec<_> =
-            high_runtime.iter().copied().filter(|r| r.kind == RuntimeKind::CublasWorkspace).collect();
-        let cublas = low_runtime.first().map_or(0, |r| r.bytes);
+            high_runtime.iter().copied().filter(|r| r.kind != RuntimeKind::CudnnWorkspace).collect();
+        let cublas =
+            low_runtime.iter().find(|r| r.kind == RuntimeKind::CublasWorkspace).map_or(0, |r| r.bytes);
         let cudnn_workspace_max = high_runtime
             .iter()
             .filter(|r| r.kind == RuntimeKind::CudnnWorkspace)
@@ -269,6 +292,16 @@ mod tests {
     }
 
     #[test]
+    fn cublaslt_workspace_is_1_mib_apart_unless_sized_or_unified() {
+        assert_eq!(cublaslt_workspace_bytes(None, None), MIB);
+        assert_eq!(cublaslt_workspace_bytes(Some("4096"), None), 4 * MIB);
+        assert_eq!(cublaslt_workspace_bytes(Some("lots"), None), MIB, "unparsable: default");
+        assert_eq!(cublaslt_workspace_bytes(Some("4096"), Some("1")), 0, "unified: the cuBLAS one");
+        assert_eq!(cublaslt_workspace_bytes(None, Some("0")), MIB);
+        assert_eq!(cublaslt_workspace_bytes(Some("18446744073709551615"), None), u64::MAX, "saturates");
+    }
+
+    #[test]
     fn cublas_workspace_config_overrides_the_default() {
         let p = profile((8, 0));
         assert_eq!(p.cublas_workspace_bytes(Some(":4096:8")), 32 * MIB);
@@ -314,8 +347,9 @@ mod tests {
         assert_eq!(g.cublas_workspace, ws);
         assert_eq!(g.cudnn_workspace_max, 30 * MIB);
         assert_eq!(g.baseline_allocated, 8 * MIB);
-        // Low: 38 MiB at the convolution; the workspace comes when 34 MiB are live (34 + 8.1).
-        assert_eq!(g.peak_allocated.low, 34 * MIB + 4096 + ws);
+        // Low: 38 MiB at the convolution; the workspaces come when 34 MiB are live (34 + 8.1 of
+        // cuBLAS + 1 of cuBLASLt).
+        assert_eq!(g.peak_allocated.low, 34 * MIB + 4096 + ws + MIB);
         // High: a 30 MiB workspace inside the convolution: 68 MiB.
         assert_eq!(g.peak_allocated.high, 68 * MIB);
         assert_eq!(g.peak_delta.high, 60 * MIB);

@@ -239,8 +239,8 @@ impl fmt::Display for GpuPrediction {
         let (g, p) = (self, &self.profile);
         writeln!(
             f,
-            "  on {} ({:.0} GiB, sm {}.{}; cuBLAS workspace {} at the first matmul; range = without / with \
-             a cuDNN workspace at each convolution, up to {}):",
+            "  on {} ({:.0} GiB, sm {}.{}; cuBLAS workspace {} at the first matmul of each thread; range = \
+             without / with a cuDNN workspace at each convolution, up to {}):",
             p.name,
             gib(p.memory_bytes),
             p.compute_capability.0,

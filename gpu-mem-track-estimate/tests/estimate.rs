@@ -268,7 +268,11 @@ fn resnet50_training_too_large_for_a_t4_names_the_first_allocation_that_fails() 
     // It is the first: the same replay without that event and what follows places everything.
     let runtime = place_runtime_allocations(
         &trace,
-        RuntimeSizes { cublas_workspace: t4.cublas_workspace_bytes(None), cudnn_workspaces: true },
+        RuntimeSizes {
+            cublas_workspace: t4.cublas_workspace_bytes(None),
+            cublaslt_workspace: gpu_mem_track_estimate::profile::cublaslt_workspace_bytes(None, None),
+            cudnn_workspaces: true,
+        },
     );
     let before = gpu_mem_track_estimate::Trace { events: trace.events[..oom.event].to_vec() };
     let runtime_before: Vec<_> = runtime.iter().copied().filter(|r| r.after_event < oom.event).collect();

@@ -46,13 +46,15 @@ fn native_cnn_step_on_meta_matches_the_cpu() {
     within(meta.forward_peak, cpu.forward_peak, "forward peak");
     within(meta.peak.bytes, cpu.peak.bytes, "training step peak");
     // A GPU run's library allocations are placed at the calls a meta run records.
-    let placed =
-        place_runtime_allocations(&trace, RuntimeSizes { cublas_workspace: 1, cudnn_workspaces: true });
+    let placed = place_runtime_allocations(
+        &trace,
+        RuntimeSizes { cublas_workspace: 1, cublaslt_workspace: 0, cudnn_workspaces: true },
+    );
     let kinds: Vec<RuntimeKind> = placed.iter().map(|r| r.kind).collect();
     assert_eq!(
         kinds.iter().filter(|k| **k == RuntimeKind::CublasWorkspace).count(),
-        1,
-        "the linear layer is a matmul"
+        2,
+        "the linear layer's matmul forward (the program's thread) and backward (autograd's)"
     );
     // Two convolutions forward and two backward (per iteration, two iterations).
     assert_eq!(kinds.iter().filter(|k| **k == RuntimeKind::CudnnWorkspace).count(), 8, "{placed:?}");
