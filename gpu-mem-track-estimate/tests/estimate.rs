@@ -373,6 +373,26 @@ fn transformer_blocks_with_dropout_estimate_on_meta_like_the_cpu() {
 /// An op that can run neither on meta nor on the CPU (CUDA-only ops have neither kernel): the
 /// error names every such op of the model at once, with its schema and where it is called, not
 /// only the one the run stopped at.
+/// A model traced on `cuda:0` has the GPU baked into its graph (a copy to it, a factory on it):
+/// on meta it estimates as the same model naming the CPU does, on a machine without CUDA.
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export the models (scripts/dev installs it)"
+)]
+#[test]
+fn a_model_that_names_cuda_estimates_on_meta_as_one_naming_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = export_models(dir.path(), &["cudanamed", "cpunamed"]);
+    for mode in [Mode::Inference, Mode::Train(Optimizer::AdamW)] {
+        let cuda = run(&models[0], &[16, 64], false, mode, EstimateDevice::Meta);
+        let cpu = run(&models[1], &[16, 64], false, mode, EstimateDevice::Meta);
+        assert_eq!(cuda.peak.bytes, cpu.peak.bytes, "{mode:?}");
+        assert_eq!(cuda.live_after_forward, cpu.live_after_forward, "{mode:?}");
+        // The mask (16 x 64 floats) and the linear layer's output are there.
+        assert!(cuda.peak.bytes >= 2 * 16 * 64 * 4, "{mode:?}: {}", cuda.peak.bytes);
+    }
+}
+
 #[cfg_attr(
     not(gmt_python_torch),
     ignore = "needs Python with torch to export the model (scripts/dev installs it)"

@@ -561,6 +561,23 @@ fn highest_per_column(
     out
 }
 
+/// A timeline's points as steps: memory after an event holds until the next point (and the last
+/// for one event), so an area drawn through them shows a one-event peak at its height over its
+/// whole width, where joining the points would draw a thin triangle below it.
+fn steps(points: impl Iterator<Item = (f64, f64)>) -> Vec<(f64, f64)> {
+    let mut out: Vec<(f64, f64)> = Vec::new();
+    for (x, y) in points {
+        if let Some(&(_, held)) = out.last() {
+            out.push((x, held));
+        }
+        out.push((x, y));
+    }
+    if let Some(&(x, y)) = out.last() {
+        out.push((x + 1.0, y));
+    }
+    out
+}
+
 fn draw_timeline<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     points: &[crate::trace::TimelinePoint],
@@ -600,7 +617,7 @@ where
             move |p: &crate::trace::TimelinePoint| -> f64 { p.bytes[..=ci].iter().map(|b| mib(b.1)).sum() };
         chart
             .draw_series(AreaSeries::new(
-                points.iter().map(|p| (p.event as f64, top(p))),
+                steps(points.iter().map(|p| (p.event as f64, top(p)))),
                 0.0,
                 color.mix(0.85),
             ))
@@ -622,6 +639,20 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timeline_steps_hold_each_value_until_the_next_event() {
+        // 100 MiB, a one-event spike to 135.5 at event 5, back to 100 at event 6.
+        let got = steps([(4.0, 100.0), (5.0, 135.5), (6.0, 100.0)].into_iter());
+        assert_eq!(
+            got,
+            vec![(4.0, 100.0), (5.0, 100.0), (5.0, 135.5), (6.0, 135.5), (6.0, 100.0), (7.0, 100.0)]
+        );
+        // The spike spans event 5 to 6 at its full height.
+        let at = |x: f64| got.iter().filter(|p| p.0 == x).map(|p| p.1).fold(0.0, f64::max);
+        assert_eq!((at(5.0), at(6.0)), (135.5, 135.5));
+        assert!(steps(std::iter::empty()).is_empty());
+    }
 
     /// A chart of a loop: `n` points swinging between 1 and 11 MiB, tensor-used under allocated.
     fn swinging(n: usize) -> LogChart {

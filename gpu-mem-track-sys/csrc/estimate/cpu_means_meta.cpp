@@ -11,6 +11,10 @@
 // - in TorchScript only, copies to the CPU stay on meta (traced graphs bake in
 //   `aten::to(x, device="cpu")`); in tch code a copy to the CPU is there to read values, which a
 //   meta tensor has none of, so it fails as it did ("Cannot copy out of meta tensor").
+// - in TorchScript only, a CUDA device means meta too: a model traced on `cuda:0`, as users trace
+//   where they train, has the GPU baked into its factories and copies (`aten::to(x,
+//   device="cuda:0")`, `aten::ones(..., device="cuda:0")`), which would copy a meta tensor to the
+//   GPU or need one.
 // - an RNN (`aten::lstm`, `gru`, `rnn_tanh`, `rnn_relu` on a padded sequence) takes the CPU's
 //   path of PyTorch's RNN.cpp: each layer projects all time steps' input at once (one GEMM, then
 //   a slice per step), as the CPU does and cuDNN does too, where the path for other devices
@@ -64,6 +68,9 @@ void note(const char* what, const c10::OperatorHandle& op, const at::Tensor& t) 
 }
 
 bool names_cpu(const c10::Device& d) { return d.is_cpu() || d.type() == c10::DeviceType::MPS; }
+
+// A device argument the estimate puts on meta: the CPU, and in TorchScript a GPU as well.
+bool means_meta(const c10::Device& d) { return names_cpu(d) || (t_mode.copies_too && d.is_cuda()); }
 
 // A CPU tensor an op met: its meta twin (0-dim scalars stay as they are).
 bool to_meta_twin(c10::IValue& v, const c10::OperatorHandle& op) {
@@ -297,7 +304,7 @@ void cpu_means_meta(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch
   bool moved = false;
   for (size_t i = 0; i < n; ++i) {
     c10::IValue& v = (*stack)[base + i];
-    if (args[i].name() == "device" && v.isDevice() && names_cpu(v.toDevice())) {
+    if (args[i].name() == "device" && v.isDevice() && means_meta(v.toDevice())) {
       // A copy to the CPU (`to`, `_to_copy`) stays a copy outside TorchScript.
       const std::string& name = op.schema().name();
       const bool copy = name == "aten::to" || name == "aten::_to_copy";

@@ -306,6 +306,36 @@ void collect_without_meta(torch::jit::Block* block, std::vector<std::string>& ou
 }
 }  // namespace
 
+// A model traced on a GPU has it baked into its graphs: `prim::Constant[value="cuda:0"]` devices
+// (and scripted code `torch.device("cuda")`, an `aten::device` of a constant string) feeding its
+// factories and copies. The CPU-means-meta mode puts such arguments on meta when they reach the
+// dispatcher, but TorchScript's own `aten::to(Tensor, Device?, ...)` initialises CUDA before it
+// dispatches, which fails where there is no GPU. Every such device becomes meta in the graphs of
+// the module and its submodules, before the run.
+void gpu_devices_to_meta(torch::jit::Block* block) {
+  for (torch::jit::Node* n : block->nodes()) {
+    for (torch::jit::Block* b : n->blocks()) gpu_devices_to_meta(b);
+    if (n->outputs().size() != 1 || n->output()->type()->kind() != c10::TypeKind::DeviceObjType) continue;
+    bool gpu = false;
+    if (n->kind() == c10::prim::Constant) {
+      const auto v = torch::jit::toIValue(n->output());
+      gpu = v && v->isDevice() && v->toDevice().is_cuda();
+    } else if (n->kind() == c10::aten::device && n->inputs().size() == 1) {
+      const auto v = torch::jit::toIValue(n->input());
+      gpu = v && v->isString() && v->toStringRef().rfind("cuda", 0) == 0;
+    }
+    if (!gpu) continue;
+    torch::jit::WithInsertPoint here(n);
+    n->output()->replaceAllUsesWith(n->owningGraph()->insertConstant(c10::IValue(c10::Device(c10::kMeta))));
+  }
+}
+
+void gpu_devices_to_meta(torch::jit::script::Module& module) {
+  for (const auto& m : module.modules()) {
+    for (const auto& method : m.get_methods()) gpu_devices_to_meta(method.graph()->block());
+  }
+}
+
 // Every aten op the model's forward calls (methods and submodules inlined) that can run neither
 // on meta nor through the meta-via-CPU fallback: "schema\twhere" a line.
 extern "C" gmt_error gmt_script_ops_without_meta(const char* path, char** report) {
@@ -348,6 +378,7 @@ extern "C" gmt_error gmt_estimate_torchscript(const gmt_estimate_options* o, gmt
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("cannot load ") + o->path + " as TorchScript: " + short_message(e));
     }
+    if (meta) gpu_devices_to_meta(module);
     // Eager PyTorch runs op by op with autograd per op: no graph-executor passes (autodiff
     // subgraphs, fusion) that would change what is saved for backward.
     std::optional<torch::jit::GraphOptimizerEnabledGuard> eager_executor;
