@@ -107,8 +107,8 @@ enum Command {
         /// File-name prefix.
         #[arg(long, default_value = "")]
         prefix: String,
-        /// Start a new file when the current one reaches this many bytes.
-        #[arg(long)]
+        /// Start a new file when the current one reaches this size (`64MiB`, `1GB`, or bytes).
+        #[arg(long, value_parser = gpu_mem_track_log::units::parse_memory_size)]
         rotate_bytes: Option<u64>,
         /// Watch a simulated GPU with this many processes instead of NVML (for tests and
         /// soak benchmarks of the watch loop on machines without a driver).

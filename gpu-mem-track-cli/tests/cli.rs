@@ -143,6 +143,12 @@ fn durations_and_timeline_outputs_are_named_for_what_they_are() {
         assert_eq!(o.status.code(), Some(2), "a usage error, not a panic: {}", stderr(&o));
         assert!(stderr(&o).contains(args[0]), "{}", stderr(&o));
     }
+    // --rotate-bytes takes a size as --gpu-mem does; a bad one is a usage error naming it.
+    let o = run(&["watch", "--rotate-bytes", "64 parsecs", "--log-dir", d]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("not a memory size like 24GiB"), "{}", stderr(&o));
+    let o = run(&["watch", "--rotate-bytes", "1KiB", "--samples", "1", "--log-dir", d]);
+    assert_ne!(o.status.code(), Some(2), "1KiB is a size: {}", stderr(&o));
 }
 
 /// A copy of the lean binary in its own folder, as `cargo install` of this package alone leaves it.

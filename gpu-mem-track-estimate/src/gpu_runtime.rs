@@ -83,7 +83,28 @@ fn is_allocation_primitive(op: &str) -> bool {
 
 fn is_cublas_call(e: &TraceEvent) -> bool {
     let cublas = |op: &str| CUBLAS_OPS.iter().any(|name| is_op(op, name));
-    cublas(&e.op) || (is_allocation_primitive(&e.op) && cublas(&e.top_op))
+    cublas(&e.op) || (is_allocation_primitive(&e.op) && cublas(&e.top_op)) || is_matmul_backward(e)
+}
+
+/// Autograd nodes whose backward computes its gradients with matmuls.
+const MATMUL_BACKWARD_NODES: [&str; 7] = [
+    "MmBackward0",
+    "AddmmBackward0",
+    "BmmBackward0",
+    "BaddbmmBackward0",
+    "AddmvBackward0",
+    "MvBackward0",
+    "LinearBackward0",
+];
+
+/// An allocation inside a matmul's backward node. Where the meta kernels are Python's (a run in a
+/// Python process, after `import torch`), the node's allocations are recorded under the Python
+/// kernel's own ops (`aten::new_empty`, ...) rather than `aten::mm`: the node names the call.
+fn is_matmul_backward(e: &TraceEvent) -> bool {
+    e.phase == Phase::Backward
+        && e.top_op
+            .strip_prefix("autograd::engine::evaluate_function: ")
+            .is_some_and(|node| MATMUL_BACKWARD_NODES.contains(&node))
 }
 
 /// Allocations of a convolution call: forward outputs are recorded under `aten::conv2d` (or
@@ -616,6 +637,22 @@ mod tests {
         );
         let r = replay(&t, sizes);
         assert_eq!(r.peak_allocated, 4 * MIB + 6 * MIB + 2 * (32 * MIB + MIB), "all kept to the end");
+    }
+
+    #[test]
+    fn a_matmul_backward_node_is_a_cublas_call_whatever_op_allocates_in_it() {
+        let node = |op: &str, phase| TraceEvent {
+            top_op: "autograd::engine::evaluate_function: AddmmBackward0".into(),
+            ..ev(true, 1, 1, phase, op)
+        };
+        assert!(is_cublas_call(&node("aten::new_empty", Phase::Backward)));
+        assert!(is_cublas_call(&node("aten::mm", Phase::Backward)));
+        assert!(!is_cublas_call(&node("aten::new_empty", Phase::Forward)), "only a backward node");
+        let other = TraceEvent {
+            top_op: "autograd::engine::evaluate_function: ReluBackward0".into(),
+            ..ev(true, 1, 1, Phase::Backward, "aten::new_empty")
+        };
+        assert!(!is_cublas_call(&other));
     }
 
     #[test]

@@ -327,6 +327,38 @@ fn a_traced_model_with_its_trace_device_baked_in_estimates_on_meta() {
     assert_eq!(meta.cpu_tensors.made_on_cpu, 0, "{:?}", meta.cpu_tensors);
 }
 
+/// A traced position slice (`position_ids[:, 0 : seq + 0]`, as a Hugging Face encoder's trace
+/// has it) reads a shape through a 0-dim tensor constant: loaded on meta that constant has no
+/// value, so it is given the file's. Both lifetimes estimate (eager ones failed: "The expanded
+/// size of the tensor (64) must match the existing size (0)"), reading no meta value.
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export the model (scripts/dev installs it)"
+)]
+#[test]
+fn traced_shapes_read_through_scalar_constants_keep_their_values() {
+    use gpu_mem_track_estimate::Lifetimes;
+    let dir = tempfile::tempdir().unwrap();
+    let model = export_models(dir.path(), &["tracedpositions"]).remove(0);
+    for lifetimes in [Lifetimes::TorchScript, Lifetimes::Eager] {
+        let options = EstimateOptions {
+            input_shape: vec![4, 64, 32],
+            mode: Mode::Train(Optimizer::Adam),
+            device: EstimateDevice::Meta,
+            lifetimes,
+            ..EstimateOptions::default()
+        };
+        let e = estimate_torchscript(&model, &options).unwrap_or_else(|e| panic!("{lifetimes:?}: {e}"));
+        assert_eq!(e.meta_scalar_reads, 0, "{lifetimes:?}");
+        // The embedded positions (1 x 64 x 32 floats) and the output (4 x 64 x 32) are there.
+        assert!(
+            e.live_after_forward >= (64 * 32 + 4 * 64 * 32) * 4,
+            "{lifetimes:?}: {}",
+            e.live_after_forward
+        );
+    }
+}
+
 /// Transformer blocks as people train them. A hand-written block (dropout on the attention
 /// weights and both residual branches, layer norm, GELU) estimates on meta within 2 % of the CPU
 /// run. PyTorch's own encoder layers call `scaled_dot_product_attention` with dropout: a GPU runs

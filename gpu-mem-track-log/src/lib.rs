@@ -45,6 +45,7 @@ pub mod plot;
 pub mod report;
 pub mod simulated_nvml;
 pub mod trace;
+pub mod units;
 pub mod watch;
 
 pub use diff::{diff_groups, GroupChange, Sign};

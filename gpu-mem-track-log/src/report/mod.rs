@@ -21,8 +21,8 @@ use crate::error::Result;
 use crate::log::oom::FRAGMENTED_SHARE;
 use crate::log::writer::parse_log_file_name;
 use crate::log::{
-    clip_chars, LogBlock, LogEvent, LogReader, MemoryField, ParsedLog, ALLOCATED, DEVICE_FREE, DEVICE_USED,
-    NVML_USED, PEAK_ALLOCATED, REQUESTED, RESERVED, TENSOR_USED,
+    clip_chars, LogBlock, LogEvent, LogReader, MemoryField, ParsedLog, ALLOCATED, ALLOC_RETRIES, DEVICE_FREE,
+    DEVICE_USED, NVML_USED, PEAK_ALLOCATED, REQUESTED, RESERVED, TENSOR_USED,
 };
 
 pub use leak::LEAK_COUNTS_SHOWN;
@@ -693,7 +693,12 @@ pub fn render_text(r: &CombinedReport) -> String {
             None => s.push_str("   no track points\n"),
         }
         for p in l.peaks.iter().filter(|p| Some(&p.field) != l.main_field.as_ref()) {
-            let _ = writeln!(s, "   max {}: {:.1} MiB at {}", p.field, p.mib, p.at);
+            if p.field == ALLOC_RETRIES {
+                // A count the log writes in the figure column, not memory.
+                let _ = writeln!(s, "   max {}: {} at {}", p.field, p.mib.round(), p.at);
+            } else {
+                let _ = writeln!(s, "   max {}: {:.1} MiB at {}", p.field, p.mib, p.at);
+            }
         }
         if let Some(h) = &l.least_headroom {
             let _ = writeln!(
@@ -824,6 +829,16 @@ mod tests {
         assert!(oom < text.find("peak").unwrap(), "{text}");
         assert!(text.contains("least headroom: 40.0 MiB"), "{text}");
         assert!(text.contains("warning: fragmentation"), "{text}");
+    }
+
+    #[test]
+    fn alloc_retries_are_a_count_not_memory() {
+        let mut text = "GPU Memory Track | t | Total Tensor Used Memory:0.0    Mb\n\n".to_owned();
+        text += &at("a.rs line 1: f", &[(TENSOR_USED, 900.0), (ALLOCATED, 900.0), (ALLOC_RETRIES, 3.0)]);
+        let r = analyse(Path::new("x.txt"), &parse_log(&text).unwrap(), Vec::new(), 10);
+        let text = render_text(&combine(vec![r]));
+        assert!(text.contains("max Alloc Retries: 3 at a.rs line 1: f"), "{text}");
+        assert!(!text.contains("Alloc Retries: 3.0 MiB"), "{text}");
     }
 
     #[test]

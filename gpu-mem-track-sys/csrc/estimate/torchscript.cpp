@@ -7,10 +7,14 @@
 #include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/passes/symbolic_shape_analysis.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/csrc/jit/serialization/import_read.h>
 #include <torch/script.h>
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
 #include <sstream>
 
 #include "../common.h"
@@ -336,6 +340,49 @@ void gpu_devices_to_meta(torch::jit::script::Module& module) {
   }
 }
 
+// A trace turns Python arithmetic on a shape into tensor ops with 0-dim tensor constants
+// (`seq_length + 0` in a Hugging Face encoder's `position_ids[:, past : seq + past]`), which
+// `aten::Int` then reads back as a shape. Loaded on meta such a constant has no value and reads
+// as 0, so the slice comes out empty. Each 0-dim meta constant of the graphs takes its value from
+// the file's constants read on the CPU, where that is unambiguous: the graphs do not say which
+// entry of the file's table a constant is, so a dtype whose 0-dim constants in the file do not all
+// hold one value is left as it is (its reads stay counted as meta reads).
+void scalar_constants_from_file(const std::string& path, torch::jit::script::Module& module) {
+  std::map<c10::ScalarType, std::optional<at::Tensor>> value_of;  // nullopt: several values
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    if (!reader.hasRecord("constants.pkl")) return;
+    const c10::IValue table = torch::jit::readArchiveAndTensors("constants", "", "", std::nullopt, std::nullopt,
+                                                                c10::Device(c10::kCPU), reader);
+    if (!table.isTuple()) return;
+    for (const c10::IValue& e : table.toTupleRef().elements()) {
+      if (!e.isTensor() || e.toTensor().dim() != 0) continue;
+      const at::Tensor& t = e.toTensor();
+      auto [it, fresh] = value_of.try_emplace(t.scalar_type(), t);
+      if (!fresh && it->second && !it->second->equal(t)) it->second.reset();
+    }
+  } catch (const std::exception&) {
+    return;  // a file the loader read but this cannot: the constants stay as loaded
+  }
+  std::function<void(torch::jit::Block*)> fix = [&](torch::jit::Block* block) {
+    for (torch::jit::Node* n : block->nodes()) {
+      for (torch::jit::Block* b : n->blocks()) fix(b);
+      if (n->kind() != c10::prim::Constant || n->outputs().size() != 1) continue;
+      const auto v = torch::jit::toIValue(n->output());
+      if (!v || !v->isTensor()) continue;
+      const at::Tensor& t = v->toTensor();
+      if (!t.defined() || !t.is_meta() || t.dim() != 0) continue;
+      auto it = value_of.find(t.scalar_type());
+      if (it == value_of.end() || !it->second) continue;
+      torch::jit::WithInsertPoint here(n);
+      n->output()->replaceAllUsesWith(n->owningGraph()->insertConstant(c10::IValue(it->second->clone())));
+    }
+  };
+  for (const auto& m : module.modules()) {
+    for (const auto& method : m.get_methods()) fix(method.graph()->block());
+  }
+}
+
 // Every aten op the model's forward calls (methods and submodules inlined) that can run neither
 // on meta nor through the meta-via-CPU fallback: "schema\twhere" a line.
 extern "C" gmt_error gmt_script_ops_without_meta(const char* path, char** report) {
@@ -378,7 +425,10 @@ extern "C" gmt_error gmt_estimate_torchscript(const gmt_estimate_options* o, gmt
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("cannot load ") + o->path + " as TorchScript: " + short_message(e));
     }
-    if (meta) gpu_devices_to_meta(module);
+    if (meta) {
+      gpu_devices_to_meta(module);
+      scalar_constants_from_file(o->path, module);
+    }
     // Eager PyTorch runs op by op with autograd per op: no graph-executor passes (autodiff
     // subgraphs, fusion) that would change what is saved for backward.
     std::optional<torch::jit::GraphOptimizerEnabledGuard> eager_executor;
