@@ -310,16 +310,36 @@ void collect_without_meta(torch::jit::Block* block, std::vector<std::string>& ou
 }
 }  // namespace
 
+// Calls `f` on every node of the graphs the module runs (each method once: submodules of one
+// class share theirs), nested blocks included.
+void for_each_node(torch::jit::script::Module& module, const std::function<void(torch::jit::Node*)>& f) {
+  std::function<void(torch::jit::Block*)> walk = [&](torch::jit::Block* block) {
+    for (torch::jit::Node* n : block->nodes()) {
+      for (torch::jit::Block* b : n->blocks()) walk(b);
+      f(n);
+    }
+  };
+  std::unordered_set<const torch::jit::Function*> done;
+  for (const auto& m : module.modules())
+    for (const auto& method : m.get_methods())
+      if (done.insert(&method.function()).second) walk(method.graph()->block());
+}
+
+// Makes every use of node n's one output use the constant `value` instead.
+void replace_with_constant(torch::jit::Node* n, const c10::IValue& value) {
+  torch::jit::WithInsertPoint here(n);
+  n->output()->replaceAllUsesWith(n->owningGraph()->insertConstant(value));
+}
+
 // A model traced on a GPU has it baked into its graphs: `prim::Constant[value="cuda:0"]` devices
 // (and scripted code `torch.device("cuda")`, an `aten::device` of a constant string) feeding its
 // factories and copies. The CPU-means-meta mode puts such arguments on meta when they reach the
 // dispatcher, but TorchScript's own `aten::to(Tensor, Device?, ...)` initialises CUDA before it
 // dispatches, which fails where there is no GPU. Every such device becomes meta in the graphs of
 // the module and its submodules, before the run.
-void gpu_devices_to_meta(torch::jit::Block* block) {
-  for (torch::jit::Node* n : block->nodes()) {
-    for (torch::jit::Block* b : n->blocks()) gpu_devices_to_meta(b);
-    if (n->outputs().size() != 1 || n->output()->type()->kind() != c10::TypeKind::DeviceObjType) continue;
+void gpu_devices_to_meta(torch::jit::script::Module& module) {
+  for_each_node(module, [](torch::jit::Node* n) {
+    if (n->outputs().size() != 1 || n->output()->type()->kind() != c10::TypeKind::DeviceObjType) return;
     bool gpu = false;
     if (n->kind() == c10::prim::Constant) {
       const auto v = torch::jit::toIValue(n->output());
@@ -328,16 +348,8 @@ void gpu_devices_to_meta(torch::jit::Block* block) {
       const auto v = torch::jit::toIValue(n->input());
       gpu = v && v->isString() && v->toStringRef().rfind("cuda", 0) == 0;
     }
-    if (!gpu) continue;
-    torch::jit::WithInsertPoint here(n);
-    n->output()->replaceAllUsesWith(n->owningGraph()->insertConstant(c10::IValue(c10::Device(c10::kMeta))));
-  }
-}
-
-void gpu_devices_to_meta(torch::jit::script::Module& module) {
-  for (const auto& m : module.modules()) {
-    for (const auto& method : m.get_methods()) gpu_devices_to_meta(method.graph()->block());
-  }
+    if (gpu) replace_with_constant(n, c10::IValue(c10::Device(c10::kMeta)));
+  });
 }
 
 // A trace turns Python arithmetic on a shape into tensor ops with 0-dim tensor constants
@@ -364,23 +376,15 @@ void scalar_constants_from_file(const std::string& path, torch::jit::script::Mod
   } catch (const std::exception&) {
     return;  // a file the loader read but this cannot: the constants stay as loaded
   }
-  std::function<void(torch::jit::Block*)> fix = [&](torch::jit::Block* block) {
-    for (torch::jit::Node* n : block->nodes()) {
-      for (torch::jit::Block* b : n->blocks()) fix(b);
-      if (n->kind() != c10::prim::Constant || n->outputs().size() != 1) continue;
-      const auto v = torch::jit::toIValue(n->output());
-      if (!v || !v->isTensor()) continue;
-      const at::Tensor& t = v->toTensor();
-      if (!t.defined() || !t.is_meta() || t.dim() != 0) continue;
-      auto it = value_of.find(t.scalar_type());
-      if (it == value_of.end() || !it->second) continue;
-      torch::jit::WithInsertPoint here(n);
-      n->output()->replaceAllUsesWith(n->owningGraph()->insertConstant(c10::IValue(it->second->clone())));
-    }
-  };
-  for (const auto& m : module.modules()) {
-    for (const auto& method : m.get_methods()) fix(method.graph()->block());
-  }
+  for_each_node(module, [&](torch::jit::Node* n) {
+    if (n->kind() != c10::prim::Constant || n->outputs().size() != 1) return;
+    const auto v = torch::jit::toIValue(n->output());
+    if (!v || !v->isTensor()) return;
+    const at::Tensor& t = v->toTensor();
+    if (!t.defined() || !t.is_meta() || t.dim() != 0) return;
+    auto it = value_of.find(t.scalar_type());
+    if (it != value_of.end() && it->second) replace_with_constant(n, c10::IValue(it->second->clone()));
+  });
 }
 
 // Every aten op the model's forward calls (methods and submodules inlined) that can run neither
