@@ -342,6 +342,7 @@ fn main() {
             // The estimator's (the gpu-mem-track-estimate crate wraps them).
             "csrc/estimate/torchscript.cpp",
             "csrc/estimate/meta_kernels.cpp",
+            "csrc/estimate/cudnn_rnn.cpp",
             "csrc/estimate/cpu_means_meta.cpp",
             "csrc/estimate/meta_kernel_check.cpp",
         ])

@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 pub use crate::recorder::EventKind;
+use gpu_mem_track_log::cuda_libraries::{calls_cublas, workspace_sizes_from_env};
 pub use gpu_mem_track_log::memviz::Frame;
 use gpu_mem_track_log::memviz::{self, Block, MemorySnapshot, Segment, TraceEntry};
 pub use gpu_mem_track_log::trace::read_snapshot_trace;
@@ -20,7 +21,7 @@ pub use gpu_mem_track_log::{Category, Phase, Trace, TraceEvent};
 
 use crate::device::DeviceKind;
 use crate::error::Result;
-use crate::ffi;
+use crate::ffi::{self, AllocEvent};
 use crate::recorder::categorize;
 use crate::site::Site;
 
@@ -155,12 +156,45 @@ fn resolve_frame(ip: u64, cache: &mut FxHashMap<u64, Frame>) -> Frame {
         .clone()
 }
 
+/// Names cuBLAS's and cuBLASLt's workspaces in a CUDA history: allocations made inside a matmul,
+/// of a size those workspaces take in this process (`sizes`), never freed and tagged with nothing
+/// else. PyTorch allocates them through the caching allocator when a thread's first matmul
+/// fetches its handle, and keeps them to the end (see `gpu_mem_track_log::cuda_libraries`).
+fn name_cublas_workspaces(
+    events: &[AllocEvent],
+    op_names: &[String],
+    sizes: &[u64],
+    categories: &mut [Option<Category>],
+) {
+    let mut open: HashMap<i64, usize> = HashMap::new();
+    for (i, e) in events.iter().enumerate() {
+        match e.kind {
+            EventKind::Alloc => {
+                open.insert(e.id, i);
+            }
+            EventKind::Free => {
+                open.remove(&e.id);
+            }
+            EventKind::SegmentAlloc | EventKind::SegmentFree | EventKind::Oom => {}
+        }
+    }
+    for i in open.into_values() {
+        let e = &events[i];
+        if e.tag.is_none() && sizes.contains(&e.size) && calls_cublas(ffi::op_name(op_names, e.op)) {
+            categories[i] = Some(Category::Workspace);
+        }
+    }
+}
+
 /// Reads the recorded history (while recording or after).
 pub(crate) fn read(with_stacks: bool) -> History {
     // Parameters, buffers and the gradients live now get their tags before the copy.
     ffi::history_tag_registered();
     let rec = ffi::copy_recording(with_stacks);
-    let categories = categorize(&rec.events, &[]);
+    let mut categories = categorize(&rec.events, &[]);
+    if *RECORDING.lock() == Some(DeviceKind::Cuda) {
+        name_cublas_workspaces(&rec.events, &rec.op_names, &workspace_sizes_from_env(), &mut categories);
+    }
     let sites = SITES.lock().clone();
     let mut sizes: HashMap<i64, u64> = HashMap::new();
     let mut cache = FxHashMap::default();
@@ -422,6 +456,32 @@ fn segments_at_end<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cublas_workspaces_are_named_by_op_size_and_lifetime() {
+        const MIB: u64 = 1 << 20;
+        let names: Vec<String> = ["aten::mm", "aten::relu", "aten::addmm"].map(String::from).to_vec();
+        let made = AllocEvent::made_in;
+        let events = [
+            made(1, 4 * MIB, false, 0, None),  // mm's output, freed below
+            made(2, 32 * MIB, false, 0, None), // the workspace
+            made(3, MIB, false, 0, None),      // cuBLASLt's
+            made(4, 32 * MIB, false, 1, None), // relu: no matmul
+            made(5, 32 * MIB, false, 2, Some(Category::Activation)), // tagged: a tensor
+            made(6, 32 * MIB, false, 2, None), // freed: an output
+            made(1, 4 * MIB, true, 0, None),
+            made(6, 32 * MIB, true, 2, None),
+        ];
+        let mut categories = vec![None; events.len()];
+        name_cublas_workspaces(&events, &names, &[MIB, 32 * MIB], &mut categories);
+        let named: Vec<i64> = events
+            .iter()
+            .zip(&categories)
+            .filter(|(_, c)| **c == Some(Category::Workspace))
+            .map(|(e, _)| e.id)
+            .collect();
+        assert_eq!(named, [2, 3]);
+    }
 
     fn event(kind: EventKind, addr: u64, size: u64, category: Option<Category>) -> HistoryEvent {
         HistoryEvent {

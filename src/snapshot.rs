@@ -305,6 +305,7 @@ fn holder_label(c: gpu_mem_track_log::Category) -> &'static str {
         C::Activation => "activations saved for backward",
         C::Input => "input",
         C::OptimizerState => "optimizer state",
+        C::Workspace => "library workspaces",
         C::Temporary => "temporaries",
         C::Unknown => "unknown",
     }

@@ -4,7 +4,7 @@
 //! The only module of this crate with `unsafe` code.
 #![allow(unsafe_code)]
 
-use std::ffi::{CStr, CString};
+use std::ffi::{c_int, CStr, CString};
 #[cfg(feature = "tch")]
 use std::{ffi::c_void, ptr::NonNull};
 
@@ -69,6 +69,13 @@ impl OptimizerKind {
 pub(crate) fn meta_scalar_reads() -> u64 {
     // SAFETY: reads an atomic counter.
     bytes(unsafe { sys::gmt_meta_scalar_reads() })
+}
+
+/// Whether LSTM and GRU on meta take cuDNN's path, as on a CUDA device (the default), or
+/// PyTorch's own, as on the CPU.
+pub(crate) fn meta_rnn_follows_cudnn(on: bool) {
+    // SAFETY: stores an atomic flag.
+    unsafe { sys::gmt_meta_rnn_follows_cudnn(c_int::from(on)) }
 }
 
 /// What the shim reports of a TorchScript (or tch-native) run besides its recording.

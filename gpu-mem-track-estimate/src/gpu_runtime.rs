@@ -32,6 +32,16 @@
 //!   places at each convolution call a workspace as large as the largest tensor that call
 //!   allocates (its output, or the largest gradient it returns) - the implicit-GEMM and Winograd
 //!   engines the heuristics favour without `cudnn.benchmark` need at most about one operand.
+//! * **cuDNN RNNs** (`aten/src/ATen/native/cudnn/RNN.cpp`): an LSTM or GRU that cuDNN takes
+//!   keeps a reserve space from forward to backward and takes a workspace in each call (forward,
+//!   backward data, backward weights), and its weight gradients are views of one flat buffer.
+//!   These are recorded by the meta run itself, which takes cuDNN's path
+//!   ([`meta_rnns_take_cudnn_path`],
+//!   `csrc/estimate/cudnn_rnn.cpp`), so nothing is placed here. Their sizes are cuDNN's
+//!   (`cudnnGetRNNTempSpaceSizes`): the reserve is modelled as 11.5 (LSTM) or 13.5 (GRU) values
+//!   per layer, direction, step, batch row and hidden unit (the two in the ratio cuDNN reported
+//!   for one geometry, PyTorch issue 2895; the scale from tch's char-rnn on an H200, 105.8 MiB,
+//!   predicted 109.7), the workspace as one layer's input projection of every step.
 //! * Looked at and already in the meta sequence, so nothing is added: max-pool indices (on any
 //!   device but the CPU, `max_pool2d` calls `max_pool2d_with_indices`, `MaxPooling.cpp`), dropout
 //!   masks (`native_dropout` returns its bool mask on CUDA as on meta), attention's logsumexp (this
@@ -55,25 +65,9 @@ use std::fmt;
 use serde::Serialize;
 
 use gpu_mem_track_log::caching_allocator::{BlockId, CachingAllocatorModel, CachingStats, OutOfMemory};
+use gpu_mem_track_log::cuda_libraries::{calls_cublas, is_op, MATMUL_BACKWARD_NODES};
 use gpu_mem_track_log::log::oom::human_bytes;
-use gpu_mem_track_log::{Phase, Trace, TraceEvent};
-
-/// Ops whose kernels call cuBLAS (the innermost op an allocation is recorded under).
-const CUBLAS_OPS: [&str; 8] = [
-    "aten::mm",
-    "aten::addmm",
-    "aten::bmm",
-    "aten::baddbmm",
-    "aten::matmul",
-    "aten::linear",
-    "aten::addmv",
-    "aten::_scaled_dot_product_attention_math",
-];
-
-/// Whether an op name is `name` or one of its overloads (`aten::mm.out`).
-fn is_op(op: &str, name: &str) -> bool {
-    op.strip_prefix(name).is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
-}
+use gpu_mem_track_log::{Category, Phase, Trace, TraceEvent};
 
 /// An allocation made by the op named in `top_op` itself rather than by an op it calls: on meta
 /// a kernel's outputs are recorded under `aten::empty`/`aten::empty_strided`.
@@ -82,20 +76,10 @@ fn is_allocation_primitive(op: &str) -> bool {
 }
 
 fn is_cublas_call(e: &TraceEvent) -> bool {
-    let cublas = |op: &str| CUBLAS_OPS.iter().any(|name| is_op(op, name));
-    cublas(&e.op) || (is_allocation_primitive(&e.op) && cublas(&e.top_op)) || is_matmul_backward(e)
+    calls_cublas(&e.op)
+        || (is_allocation_primitive(&e.op) && calls_cublas(&e.top_op))
+        || is_matmul_backward(e)
 }
-
-/// Autograd nodes whose backward computes its gradients with matmuls.
-const MATMUL_BACKWARD_NODES: [&str; 7] = [
-    "MmBackward0",
-    "AddmmBackward0",
-    "BmmBackward0",
-    "BaddbmmBackward0",
-    "AddmvBackward0",
-    "MvBackward0",
-    "LinearBackward0",
-];
 
 /// An allocation inside a matmul's backward node. Where the meta kernels are Python's (a run in a
 /// Python process, after `import torch`), the node's allocations are recorded under the Python
@@ -115,6 +99,13 @@ fn is_convolution(e: &TraceEvent) -> bool {
     // Case-insensitive without allocating: this runs for every event of every replay.
     let conv = |s: &str| s.as_bytes().windows(4).any(|w| w.eq_ignore_ascii_case(b"conv"));
     conv(&e.top_op) && (is_allocation_primitive(&e.op) || conv(&e.op))
+}
+
+/// Whether LSTM and GRU take cuDNN's path in a meta run, as they do on a CUDA device: on by
+/// default, since estimates are for GPUs. Off, they take PyTorch's own path, the CPU's: what a
+/// meta run is held to when it is checked against a CPU run of the same step. Process-wide.
+pub fn meta_rnns_take_cudnn_path(on: bool) {
+    crate::ffi::meta_rnn_follows_cudnn(on);
 }
 
 /// What a GPU library allocation is.
@@ -182,6 +173,38 @@ pub fn place_runtime_allocations(trace: &Trace, sizes: RuntimeSizes) -> Vec<Runt
     }
     out.sort_by_key(|r| r.after_event);
     out
+}
+
+/// The trace with the GPU library allocations placed in it, in the
+/// [`Workspace`](Category::Workspace) category: what a timeline of the run on that GPU shows. A
+/// placed allocation's id is negative (the trace's own are not). Events after the last one the
+/// placements refer to are kept as they are.
+pub fn with_workspaces(trace: &Trace, runtime: &[RuntimeAllocation]) -> Trace {
+    let mut after: Vec<Vec<TraceEvent>> = vec![Vec::new(); trace.events.len()];
+    for (n, r) in runtime.iter().enumerate() {
+        let Some(at) = trace.events.get(r.after_event) else { continue };
+        let id = -1 - n as i64;
+        let event = |alloc: bool, at: &TraceEvent| TraceEvent {
+            alloc,
+            id,
+            size: r.bytes,
+            phase: at.phase,
+            iteration: at.iteration,
+            op: at.op.clone(),
+            top_op: at.top_op.clone(),
+            category: Category::Workspace,
+        };
+        after[r.after_event].push(event(true, at));
+        if let Some(f) = r.freed_after.filter(|&f| f < trace.events.len()) {
+            after[f].push(event(false, &trace.events[f]));
+        }
+    }
+    let mut events = Vec::with_capacity(trace.events.len() + 2 * runtime.len());
+    for (e, placed) in trace.events.iter().zip(after) {
+        events.push(e.clone());
+        events.extend(placed);
+    }
+    Trace { events }
 }
 
 /// Each convolution call as (its first allocation, its last allocation, its largest allocation):
@@ -441,7 +464,6 @@ pub(crate) fn replay_with_stats(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpu_mem_track_log::Category;
 
     const MIB: u64 = 1 << 20;
 
@@ -607,6 +629,42 @@ mod tests {
                 (RuntimeKind::CublasWorkspace, 5, None, 3),
             ]
         );
+    }
+
+    #[test]
+    fn a_timeline_on_the_gpu_shows_the_placed_workspaces_as_workspace() {
+        let t = trace(vec![
+            ev(true, 1, 4, Phase::Forward, "aten::mm"),
+            ev(true, 2, 2, Phase::Forward, "aten::convolution"),
+            ev(false, 2, 2, Phase::Forward, "aten::convolution"),
+            ev(false, 1, 4, Phase::Forward, "aten::relu"),
+        ]);
+        let runtime = [
+            RuntimeAllocation {
+                kind: RuntimeKind::CublasWorkspace,
+                bytes: 8 * MIB,
+                after_event: 0,
+                freed_after: None,
+            },
+            RuntimeAllocation {
+                kind: RuntimeKind::CudnnWorkspace,
+                bytes: 3 * MIB,
+                after_event: 1,
+                freed_after: Some(1),
+            },
+        ];
+        let on_gpu = with_workspaces(&t, &runtime);
+        let placed: Vec<(bool, i64, u64)> = on_gpu
+            .events
+            .iter()
+            .filter(|e| e.category == Category::Workspace)
+            .map(|e| (e.alloc, e.id, e.size / MIB))
+            .collect();
+        assert_eq!(placed, [(true, -1, 8), (true, -2, 3), (false, -2, 3)]);
+        assert_eq!(on_gpu.events[1].id, -1, "right after the event it follows");
+        let peak = on_gpu.timeline().into_iter().max_by_key(|p| p.total).unwrap();
+        let workspace = peak.bytes.iter().find(|(c, _)| *c == Category::Workspace).map(|b| b.1);
+        assert_eq!((peak.total / MIB, workspace.map(|b| b / MIB)), (17, Some(11)));
     }
 
     #[test]

@@ -62,6 +62,7 @@ pub use error::{Error, Result};
 pub use estimate::{estimate_progress, Estimate, PeakPlace, PhasePeak};
 pub use figures::{CpuTensors, FallbackOp, ModelSizes, StaticEstimate};
 pub use gpu_mem_track_log::{Category, Phase, TimelinePoint, Trace, TraceEvent};
+pub use gpu_runtime::meta_rnns_take_cudnn_path;
 #[cfg(feature = "tch")]
 pub use native::{inference_step, training_step, NativeStepOptions};
 pub use options::{EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Precision};

@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use gpu_mem_track::history::read_snapshot_trace;
 use gpu_mem_track::plot::plot_timeline;
 use gpu_mem_track_estimate::fit::{budget, fit_torchscript, parse_memory_size, FitDimension, FitProbe};
+use gpu_mem_track_estimate::gpu_runtime::{place_runtime_allocations, with_workspaces, RuntimeSizes};
 use gpu_mem_track_estimate::profile::DeviceProfile;
 use gpu_mem_track_estimate::report::{
     estimate_json, gpu_predictions, mib, EstimateSummary, FitReport, GpuTable, PeakBreakdown, PeakTensors,
@@ -93,6 +94,10 @@ enum Command {
         /// inference or train.
         #[arg(long, value_enum, default_value_t = ModeArg::Train)]
         mode: ModeArg,
+        /// Draw the run on this GPU (a preset such as `h100-80g`, or a profile `.json`): the cuBLAS
+        /// and cuBLASLt workspaces its matmuls take, in the `workspace` category.
+        #[arg(long)]
+        device_profile: Option<String>,
         /// Output: `.svg`, `.png` or `.json`.
         #[arg(short, long)]
         output: PathBuf,
@@ -381,7 +386,7 @@ fn estimate(args: EstimateArgs) -> Result<()> {
     Ok(())
 }
 
-fn timeline(args: ModelArgs, mode: ModeArg, output: &Path) -> Result<()> {
+fn timeline(args: ModelArgs, mode: ModeArg, device_profile: Option<&str>, output: &Path) -> Result<()> {
     let is_json = gpu_mem_track_cli::timeline_is_json(output)?;
     let model = args.model.clone();
     let name = model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
@@ -400,6 +405,21 @@ fn timeline(args: ModelArgs, mode: ModeArg, output: &Path) -> Result<()> {
         trace = per_rank_trace(&trace, args.optimizer, &p).0;
         title = format!("{title}, one of {} ranks ({:?}, {:?})", p.world_size, p.shard, p.precision);
     }
+    if let Some(name) = device_profile {
+        let profile = DeviceProfile::find(name)?;
+        let workspace_config = std::env::var("CUBLAS_WORKSPACE_CONFIG").ok();
+        let sizes = RuntimeSizes {
+            cublas_workspace: profile.cublas_workspace_bytes(workspace_config.as_deref()),
+            cublaslt_workspace: gpu_mem_track_estimate::profile::cublaslt_workspace_bytes(
+                std::env::var("CUBLASLT_WORKSPACE_SIZE").ok().as_deref(),
+                std::env::var("TORCH_CUBLASLT_UNIFIED_WORKSPACE").ok().as_deref(),
+            ),
+            // Their sizes are cuDNN's choice on the GPU: a timeline draws what is known.
+            cudnn_workspaces: false,
+        };
+        trace = with_workspaces(&trace, &place_runtime_allocations(&trace, sizes));
+        title = format!("{title} on {}", profile.name);
+    }
     if is_json {
         gpu_mem_track_cli::write_timeline_json(&trace, serde_json::to_value(&estimate)?, output)?;
     } else {
@@ -411,7 +431,9 @@ fn timeline(args: ModelArgs, mode: ModeArg, output: &Path) -> Result<()> {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Estimate(args) => estimate(args),
-        Command::Timeline { model, mode, output } => timeline(model, mode, &output),
+        Command::Timeline { model, mode, device_profile, output } => {
+            timeline(model, mode, device_profile.as_deref(), &output)
+        }
         Command::Fit(args) => fit(args),
     }
 }

@@ -15,6 +15,7 @@ use crate::gpu_runtime::{
     place_runtime_allocations, replay_on_device, replay_with_runtime, FirstOom, GpuReplay, RuntimeAllocation,
     RuntimeKind, RuntimeSizes,
 };
+use gpu_mem_track_log::cuda_libraries;
 use gpu_mem_track_log::Trace;
 
 const MIB: u64 = 1 << 20;
@@ -86,41 +87,11 @@ impl DeviceProfile {
     /// from it unless `TORCH_CUBLASLT_UNIFIED_WORKSPACE=1` (`getCUDABlasLtWorkspace`); see
     /// [`gpu_runtime`](crate::gpu_runtime) for when it is taken.
     pub fn cublas_workspace_bytes(&self, workspace_config: Option<&str>) -> u64 {
-        let default =
-            if self.compute_capability == (9, 0) { 4096 * 8 * 1024 } else { 4096 * 1024 * 2 + 16 * 1024 * 8 };
-        let Some(config) = workspace_config else { return default };
-        let mut total = 0u64;
-        let mut found = false;
-        let nums: Vec<&str> = config.split(':').collect();
-        // ":4096:8:16:8" -> ["", "4096", "8", "16", "8"]: pairs after the leading empty field.
-        for pair in nums.get(1..).unwrap_or(&[]).chunks(2) {
-            if let [size, count] = pair {
-                if let (Ok(s), Ok(c)) = (size.trim().parse::<u64>(), count.trim().parse::<u64>()) {
-                    // Saturating: an absurd setting reads as "more than any GPU", never wraps.
-                    total = s.saturating_mul(1024).saturating_mul(c).saturating_add(total);
-                    found = true;
-                }
-            }
-        }
-        if found {
-            total
-        } else {
-            default
-        }
+        cuda_libraries::cublas_workspace_bytes(self.compute_capability, workspace_config)
     }
 }
 
-/// The cuBLASLt workspace PyTorch allocates per handle and stream, apart from the cuBLAS one:
-/// `CUBLASLT_WORKSPACE_SIZE` KiB when set (an unparsable value: the default), else 1 MiB; none
-/// when `TORCH_CUBLASLT_UNIFIED_WORKSPACE` is `1`/`true`, which makes cuBLASLt use the cuBLAS
-/// workspace (`CublasHandlePool.cpp`, `parseCUDABlasLtWorkspaceSize`, `getCUDABlasLtWorkspace`).
-pub fn cublaslt_workspace_bytes(size_kib: Option<&str>, unified: Option<&str>) -> u64 {
-    if unified.is_some_and(|u| matches!(u.trim().to_ascii_lowercase().as_str(), "1" | "true" | "on" | "yes"))
-    {
-        return 0;
-    }
-    size_kib.and_then(|s| s.trim().parse::<u64>().ok()).map_or(1024 * 1024, |k| k.saturating_mul(1024))
-}
+pub use cuda_libraries::cublaslt_workspace_bytes;
 
 /// A prediction that cannot be exact: the bounds, and what the gap is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -292,27 +263,10 @@ mod tests {
     }
 
     #[test]
-    fn cublaslt_workspace_is_1_mib_apart_unless_sized_or_unified() {
-        assert_eq!(cublaslt_workspace_bytes(None, None), MIB);
-        assert_eq!(cublaslt_workspace_bytes(Some("4096"), None), 4 * MIB);
-        assert_eq!(cublaslt_workspace_bytes(Some("lots"), None), MIB, "unparsable: default");
-        assert_eq!(cublaslt_workspace_bytes(Some("4096"), Some("1")), 0, "unified: the cuBLAS one");
-        assert_eq!(cublaslt_workspace_bytes(None, Some("0")), MIB);
-        assert_eq!(cublaslt_workspace_bytes(Some("18446744073709551615"), None), u64::MAX, "saturates");
-    }
-
-    #[test]
-    fn cublas_workspace_config_overrides_the_default() {
-        let p = profile((8, 0));
-        assert_eq!(p.cublas_workspace_bytes(Some(":4096:8")), 32 * MIB);
-        assert_eq!(p.cublas_workspace_bytes(Some(":16:8")), 128 * 1024, "the deterministic setting");
-        assert_eq!(p.cublas_workspace_bytes(Some(":4096:2:16:8")), 8 * MIB + 128 * 1024);
-        assert_eq!(p.cublas_workspace_bytes(Some("garbage")), 8 * MIB + 128 * 1024, "unparsable: default");
-        assert_eq!(
-            p.cublas_workspace_bytes(Some(":18446744073709551615:2")),
-            u64::MAX,
-            "saturates, never wraps"
-        );
+    fn cublas_workspace_config_overrides_the_profiles_default() {
+        // The rules themselves: gpu_mem_track_log::cuda_libraries.
+        assert_eq!(profile((8, 0)).cublas_workspace_bytes(Some(":4096:8")), 32 * MIB);
+        assert_eq!(profile((9, 0)).cublas_workspace_bytes(Some(":16:8")), 128 * 1024);
     }
 
     fn event(alloc: bool, id: i64, bytes: u64, phase: Phase, op: &str) -> TraceEvent {

@@ -260,6 +260,35 @@ fn timeline_draws_one_rank_when_ranks_share_the_model_states() {
 }
 
 #[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
+#[test]
+fn a_timeline_on_a_gpu_profile_shows_its_cublas_workspaces() {
+    let (dir, model) = exported_model("mlp");
+    let m = model.to_str().unwrap();
+    let workspace_at_peak = |extra: &[&str]| {
+        let out = dir.path().join("t.json");
+        let mut args =
+            vec!["timeline", m, "--input", "4x256", "--mode", "train", "-o", out.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let o = run(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+        v["peak"]["bytes"].as_array().unwrap().iter().find(|c| c[0] == "workspace").unwrap()[1]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(workspace_at_peak(&[]), 0, "a meta run has no cuBLAS");
+    // sm 9.0: 32 MiB cuBLAS + 1 MiB cuBLASLt, for the program's thread and autograd's.
+    assert_eq!(workspace_at_peak(&["--device-profile", "h100-80g"]), 66 << 20);
+    one_line_error(
+        &run(&["timeline", m, "--input", "4x256", "--device-profile", "h9000", "-o", "t.json"]),
+        "h9000",
+    );
+}
+
+#[cfg_attr(
     not(gmt_torchvision),
     ignore = "needs Python with torch and torchvision to export ResNet-50 (scripts/dev installs them)"
 )]

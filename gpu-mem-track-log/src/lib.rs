@@ -33,6 +33,7 @@
 #![warn(missing_docs)]
 
 pub mod caching_allocator;
+pub mod cuda_libraries;
 pub mod diff;
 mod error;
 pub mod group;

@@ -28,6 +28,8 @@ pub enum Category {
     Gradient,
     /// Made by the optimizer step and kept: its state.
     OptimizerState,
+    /// Memory a GPU library takes for itself (cuBLAS, cuBLASLt and cuDNN workspaces).
+    Workspace,
     /// Freed within the phase that made it.
     Temporary,
     /// Made outside any declared phase, untagged, and still live at the end.
@@ -36,13 +38,14 @@ pub enum Category {
 
 impl Category {
     /// Every category, in stacking order.
-    pub const ALL: [Category; 8] = [
+    pub const ALL: [Category; 9] = [
         Category::Parameter,
         Category::Buffer,
         Category::OptimizerState,
         Category::Gradient,
         Category::Input,
         Category::Activation,
+        Category::Workspace,
         Category::Temporary,
         Category::Unknown,
     ];
@@ -61,6 +64,7 @@ impl Category {
             Category::Activation => "activation",
             Category::Gradient => "gradient",
             Category::OptimizerState => "optimizer_state",
+            Category::Workspace => "workspace",
             Category::Temporary => "temporary",
             Category::Unknown => "unknown",
         }

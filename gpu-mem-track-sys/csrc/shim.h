@@ -20,6 +20,9 @@ enum gmt_device_kind { GMT_DEV_ANY = -1, GMT_DEV_CPU = 0, GMT_DEV_CUDA = 1, GMT_
 int gmt_torch_cuda_linked(void);
 
 // ---- meta kernels (estimate/meta_kernels.cpp) ----
+// Whether LSTM and GRU on meta take cuDNN's path (estimate/cudnn_rnn.cpp; the default) or
+// PyTorch's own, the CPU's.
+void gmt_meta_rnn_follows_cudnn(int on);
 // How many times `.item()` (aten::_local_scalar_dense) ran on a meta tensor since the process
 // started: each returned 0, so data-dependent control flow may have taken another branch.
 int64_t gmt_meta_scalar_reads(void);
@@ -228,7 +231,9 @@ enum gmt_category { GMT_CAT_NONE = 0, GMT_CAT_PARAMETER = 1, GMT_CAT_BUFFER = 2,
                     GMT_CAT_ACTIVATION = 4, GMT_CAT_INPUT = 5,
                     // memory a CPU kernel library took raw from the CPU allocator (oneDNN's scratchpads):
                     // never a tensor's storage, tagged when it comes back (allocator.cpp)
-                    GMT_CAT_KERNEL_SCRATCH = 6 };
+                    GMT_CAT_KERNEL_SCRATCH = 6,
+                    // a GPU library's workspace (cuDNN's RNN workspace on meta, estimate/cudnn_rnn.cpp)
+                    GMT_CAT_WORKSPACE = 7 };
 // GMT_EVENT_OOM: an allocation of `size` bytes failed; `id` holds the device's free bytes.
 enum gmt_event_kind { GMT_EVENT_ALLOC = 0, GMT_EVENT_FREE = 1, GMT_EVENT_SEGMENT_ALLOC = 2, GMT_EVENT_SEGMENT_FREE = 3,
                       GMT_EVENT_OOM = 4 };

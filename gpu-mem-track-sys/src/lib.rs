@@ -136,6 +136,7 @@ pub const GMT_CAT_GRADIENT: i32 = 3;
 pub const GMT_CAT_ACTIVATION: i32 = 4;
 pub const GMT_CAT_INPUT: i32 = 5;
 pub const GMT_CAT_KERNEL_SCRATCH: i32 = 6;
+pub const GMT_CAT_WORKSPACE: i32 = 7;
 pub const GMT_EVENT_ALLOC: u8 = 0;
 pub const GMT_EVENT_FREE: u8 = 1;
 pub const GMT_EVENT_SEGMENT_ALLOC: u8 = 2;
@@ -253,6 +254,8 @@ extern "C" {
     pub fn gmt_torch_cuda_linked() -> c_int;
     /// `.item()` calls on meta tensors since the process started (each returned 0).
     pub fn gmt_meta_scalar_reads() -> i64;
+    /// Whether LSTM and GRU on meta take cuDNN's path (the default) or PyTorch's own (the CPU's).
+    pub fn gmt_meta_rnn_follows_cudnn(on: c_int);
 
     pub fn gmt_registry_install() -> gmt_error;
     pub fn gmt_registry_installed() -> c_int;

@@ -83,6 +83,7 @@ pub(crate) fn category_code(category: Category) -> i32 {
         Category::Gradient => sys::GMT_CAT_GRADIENT,
         Category::Activation => sys::GMT_CAT_ACTIVATION,
         Category::Input => sys::GMT_CAT_INPUT,
+        Category::Workspace => sys::GMT_CAT_WORKSPACE,
         Category::OptimizerState | Category::Temporary | Category::Unknown => sys::GMT_CAT_NONE,
     }
 }
@@ -94,6 +95,7 @@ pub(crate) fn category_from_code(code: i32) -> Option<Category> {
         sys::GMT_CAT_GRADIENT => Category::Gradient,
         sys::GMT_CAT_ACTIVATION => Category::Activation,
         sys::GMT_CAT_INPUT => Category::Input,
+        sys::GMT_CAT_WORKSPACE => Category::Workspace,
         _ => return None,
     })
 }

@@ -54,6 +54,27 @@ pub struct AllocEvent {
     nframes: usize,
 }
 
+#[cfg(test)]
+impl AllocEvent {
+    /// An allocation (or its free) made in op `op` of a name table, tagged with `tag`.
+    pub(crate) fn made_in(id: i64, size: u64, free: bool, op: usize, tag: Option<Category>) -> Self {
+        AllocEvent {
+            kind: if free { EventKind::Free } else { EventKind::Alloc },
+            id,
+            size,
+            phase: Phase::Unmarked,
+            iteration: 0,
+            op: Some(op),
+            top_op: Some(op),
+            time_ns: 0,
+            site: None,
+            tag,
+            kernel_scratch: false,
+            nframes: 0,
+        }
+    }
+}
+
 impl From<&sys::gmt_alloc_event> for AllocEvent {
     fn from(e: &sys::gmt_alloc_event) -> Self {
         AllocEvent {

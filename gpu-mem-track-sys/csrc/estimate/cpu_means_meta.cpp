@@ -15,10 +15,11 @@
 //   where they train, has the GPU baked into its factories and copies (`aten::to(x,
 //   device="cuda:0")`, `aten::ones(..., device="cuda:0")`), which would copy a meta tensor to the
 //   GPU or need one.
-// - an RNN (`aten::lstm`, `gru`, `rnn_tanh`, `rnn_relu` on a padded sequence) takes the CPU's
-//   path of PyTorch's RNN.cpp: each layer projects all time steps' input at once (one GEMM, then
-//   a slice per step), as the CPU does and cuDNN does too, where the path for other devices
-//   projects step by step; the two keep different tensors alive (see `RnnAsOnCpu`).
+// - an RNN that cuDNN would not take (`rnn_tanh`, `rnn_relu`, an LSTM with projections; every
+//   LSTM and GRU when cudnn_rnn.cpp's path is off) takes the CPU's path of PyTorch's RNN.cpp: each
+//   layer projects all time steps' input at once (one GEMM, then a slice per step), where the path
+//   for other devices projects step by step; the two keep different tensors alive (see
+//   `RnnAsOnCpu`). LSTMs and GRUs otherwise go on to cuDNN's path (cudnn_rnn.cpp).
 // Left on the CPU: factories with no device (tch's from-data path copies the caller's bytes into
 // the new tensor's memory, which a meta tensor has none of) and 0-dim CPU tensors (scalars, which
 // every backend's ops accept as they are and whose values `.item()` reads).
@@ -46,6 +47,7 @@
 #include <vector>
 
 #include "../common.h"
+#include "cudnn_rnn.h"
 
 namespace {
 constexpr c10::DispatchKey kModeKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
@@ -178,6 +180,10 @@ class RnnAsOnCpu {
       return false;  // projections, or shapes PyTorch's own checks should report
     if (num_layers < 1 || flat.size() != per_layer * directions * static_cast<size_t>(num_layers) || hx[0].dim() != 3 ||
         hx[0].size(0) != num_layers * static_cast<int64_t>(directions))
+      return false;
+    // An LSTM or GRU that cuDNN takes runs its own path on meta (cudnn_rnn.cpp), reached by
+    // dispatching the op on.
+    if ((cell == Cell::Lstm || cell == Cell::Gru) && gmt::rnn_takes_cudnn_path(input, hx[0], hx.back().size(2)))
       return false;
     std::vector<Weights> weights;
     for (size_t i = 0; i < flat.size(); i += per_layer) {
