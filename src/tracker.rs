@@ -3,7 +3,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
@@ -23,7 +23,11 @@ use gpu_mem_track_log::log::{
     AtLine, GroupLine, LogHeader, LogWriter, MemoryField, SourceLocation, TrackFigures, ALLOCATED,
     TENSOR_USED,
 };
-use gpu_mem_track_log::nvml::{self, NvmlReader, NvmlReading};
+use gpu_mem_track_log::nvml::{self, NvmlCache, NvmlReader, NvmlReading};
+
+/// How long a `track!()` reuses an NVML reading while the caching allocator's reserved memory
+/// stays put (see [`NvmlCache`]).
+const NVML_MAX_AGE: Duration = Duration::from_secs(1);
 
 /// Default log folder, created when missing.
 pub const DEFAULT_LOG_DIR: &str = "logs";
@@ -182,6 +186,7 @@ impl MemTrackerBuilder {
             writer,
             allocator,
             nvml,
+            nvml_cache: NvmlCache::new(NVML_MAX_AGE),
             last_site: None,
             alloc_retries: reading.alloc_retries.unwrap_or(0),
             ooms: 0,
@@ -225,6 +230,7 @@ struct State {
     writer: LogWriter,
     allocator: AllocatorCounters,
     nvml: Option<NvmlReader>,
+    nvml_cache: NvmlCache,
     /// The last track site (the out-of-memory block names it).
     last_site: Option<Site>,
     /// The CUDA allocator's retry count at the previous `At` line.
@@ -384,9 +390,11 @@ impl MemTracker {
         state.alloc_retries = retries;
         let sampled = self.sampler.as_ref().map(Sampler::take_peak);
         let nvml = match (&state.nvml, self.device) {
-            (Some(reader), TrackedDevice::Cuda(i)) => {
-                reader.read(i, std::process::id()).map_err(|e| nvml::warn_once(&e)).ok()
-            }
+            (Some(reader), TrackedDevice::Cuda(i)) => state
+                .nvml_cache
+                .get(allocator.reserved, Instant::now(), || reader.read(i, std::process::id()))
+                .map_err(|e| nvml::warn_once(&e))
+                .ok(),
             _ => None,
         };
         let point = TrackPoint {
