@@ -21,7 +21,7 @@ use crate::ffi::{self, OomEvent};
 use crate::history;
 use crate::site::Site;
 use crate::snapshot::{largest_holders, GroupKey, GroupTotals, Snapshot};
-use gpu_mem_track_log::diff::diff_groups;
+use gpu_mem_track_log::diff::{diff_groups, ViewLines};
 use gpu_mem_track_log::log::oom::{OomReport, MAX_HOLDERS};
 use gpu_mem_track_log::log::{GroupLine, LogWriter, SourceLocation};
 use gpu_mem_track_log::memviz::{self, Block, MemorySnapshot, Segment, TraceEntry};
@@ -50,6 +50,7 @@ pub(crate) trait OomSink: Send {
 pub(crate) struct OomWatch {
     pub(crate) device: TrackedDevice,
     pub(crate) detail: bool,
+    pub(crate) views: ViewLines,
     pub(crate) op_names: bool,
     pub(crate) log_path: PathBuf,
     pub(crate) state: Weak<Mutex<dyn OomSink>>,
@@ -78,7 +79,9 @@ fn on_oom(e: &OomEvent) {
         .lock()
         .iter()
         .filter(|w| matches(w.device, e))
-        .filter_map(|w| Some((w.device, w.detail, w.op_names, w.log_path.clone(), w.state.upgrade()?)))
+        .filter_map(|w| {
+            Some((w.device, (w.detail, w.views), w.op_names, w.log_path.clone(), w.state.upgrade()?))
+        })
         .collect();
     for (device, detail, op_names, log_path, state) in targets {
         let Some(mut state) = state.try_lock_for(STATE_WAIT) else {
@@ -94,7 +97,7 @@ fn on_oom(e: &OomEvent) {
 fn write_report(
     state: OomParts<'_>,
     device: TrackedDevice,
-    detail: bool,
+    (detail, views): (bool, ViewLines),
     op_names: bool,
     log_path: &Path,
     e: &OomEvent,
@@ -133,7 +136,7 @@ fn write_report(
         device_free: Some(e.device_free),
         alloc_conf: std::env::var("PYTORCH_CUDA_ALLOC_CONF").ok().filter(|v| !v.is_empty()),
         changes: if detail {
-            diff_groups(state.previous, &snap.groups).iter().map(GroupLine::from_change).collect()
+            diff_groups(state.previous, &snap.groups, views).iter().map(GroupLine::from_change).collect()
         } else {
             Vec::new()
         },

@@ -143,6 +143,13 @@ impl Snapshot {
         by_op: bool,
     ) -> Snapshot {
         let owners = shared_storage_owners(records);
+        // Tensors holding each shared storage: its owner's line counts the others as views.
+        let mut holders: FxHashMap<u64, u64> = FxHashMap::default();
+        if detail {
+            for r in records.iter().filter(|r| r.storage_id() != 0 && r.storage_shared()) {
+                *holders.entry(r.storage_id()).or_default() += 1;
+            }
+        }
         let mut snap = Snapshot { tensor_count: records.len(), ..Snapshot::default() };
         let mut grouped: FxHashMap<BorrowedKey<'_>, GroupTotals> = FxHashMap::default();
         for (i, r) in records.iter().enumerate() {
@@ -165,6 +172,7 @@ impl Snapshot {
             g.count += 1;
             if owned {
                 g.bytes += r.storage_nbytes();
+                g.views += holders.get(&r.storage_id()).map_or(0, |n| n - 1);
             }
         }
         snap.groups.reserve(grouped.len());
@@ -203,6 +211,7 @@ impl Snapshot {
             let totals = snap.groups.entry(key).or_default();
             totals.count += g.count();
             totals.bytes += g.bytes();
+            totals.views += g.views();
         }
         snap
     }

@@ -16,7 +16,7 @@ use crate::oom::{OomParts, OomSink, OomWatch};
 use crate::sampler::{DeviceSource, SampledPeak, Sampler};
 use crate::site::Site;
 use crate::snapshot::{self, GroupKey, GroupTotals, Snapshot, TensorInfo};
-use gpu_mem_track_log::diff::{diff_groups, GroupChange};
+use gpu_mem_track_log::diff::{diff_groups, GroupChange, ViewLines};
 use gpu_mem_track_log::log::format::{self, MIB};
 use gpu_mem_track_log::log::writer::{launcher_rank, log_file_stem, validate_prefix, TIMESTAMP_FORMAT};
 use gpu_mem_track_log::log::{
@@ -42,6 +42,7 @@ pub struct MemTrackerBuilder {
     nvml: bool,
     sample_every: Option<Duration>,
     op_names: bool,
+    views: ViewLines,
     cpu_memory_limit: Option<u64>,
 }
 
@@ -55,6 +56,7 @@ impl Default for MemTrackerBuilder {
             nvml: true,
             sample_every: None,
             op_names: false,
+            views: ViewLines::Folded,
             cpu_memory_limit: None,
         }
     }
@@ -76,6 +78,15 @@ impl MemTrackerBuilder {
     /// Print `+`/`-` tensor-group lines (default on). Off: only `At` lines.
     pub fn detail(mut self, on: bool) -> Self {
         self.detail = on;
+        self
+    }
+
+    /// Print views (tensors whose storage another tensor owns: `.t()`, `.view(..)`, a flattened
+    /// activation) as lines of their own, `Memory: 0.0 M`, as Pytorch-Memory-Utils does. Off by
+    /// default: a view adds no memory, so it is counted on its storage owner's line instead
+    /// (` | (+2 views)`), and a view that comes or goes alone prints nothing.
+    pub fn detail_views(mut self, on: bool) -> Self {
+        self.views = if on { ViewLines::Separate } else { ViewLines::Folded };
         self
     }
 
@@ -195,6 +206,7 @@ impl MemTrackerBuilder {
         crate::oom::watch(OomWatch {
             device,
             detail: self.detail,
+            views: self.views,
             op_names: self.op_names,
             log_path: log_path.clone(),
             state: Arc::downgrade(&sink),
@@ -210,6 +222,7 @@ impl MemTrackerBuilder {
         Ok(MemTracker {
             device,
             detail: self.detail,
+            views: self.views,
             op_names: self.op_names,
             sets_cpu_memory_limit: self.cpu_memory_limit.is_some(),
             log_path,
@@ -309,6 +322,7 @@ impl TrackPoint {
 pub struct MemTracker {
     device: TrackedDevice,
     detail: bool,
+    views: ViewLines,
     op_names: bool,
     sets_cpu_memory_limit: bool,
     log_path: PathBuf,
@@ -399,7 +413,11 @@ impl MemTracker {
         };
         let point = TrackPoint {
             site: site.clone(),
-            changes: if self.detail { diff_groups(&state.previous, &snap.groups) } else { Vec::new() },
+            changes: if self.detail {
+                diff_groups(&state.previous, &snap.groups, self.views)
+            } else {
+                Vec::new()
+            },
             tensor_bytes: snap.tensor_bytes,
             tensor_count: snap.tensor_count,
             allocator,

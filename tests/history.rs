@@ -292,3 +292,78 @@ fn a_cuda_out_of_memory_is_logged_by_the_allocators_observer() {
     assert_eq!(replay.ooms, 1);
     drop(kept);
 }
+
+/// The demo's network and step (examples/train.rs), logged twice: with a memory history recorded
+/// and without. The log must not depend on it: same lines, timestamps aside.
+#[test]
+fn the_demo_step_logs_the_same_lines_with_history_on_and_off() {
+    use gpu_mem_track::MemTracker;
+    use tch::nn::{self, Module, OptimizerConfig};
+
+    fn cnn(p: &nn::Path) -> impl Module {
+        nn::seq()
+            .add(nn::conv2d(p / "conv1", 1, 16, 3, nn::ConvConfig { padding: 1, ..Default::default() }))
+            .add_fn(|x| x.relu().max_pool2d_default(2))
+            .add(nn::conv2d(p / "conv2", 16, 32, 3, nn::ConvConfig { padding: 1, ..Default::default() }))
+            .add_fn(|x| x.relu().max_pool2d_default(2).flatten(1, -1))
+            .add(nn::linear(p / "fc1", 32 * 7 * 7, 64, Default::default()))
+            .add_fn(|x| x.relu())
+            .add(nn::linear(p / "fc2", 64, 10, Default::default()))
+    }
+    fn step(t: &MemTracker, model: &impl Module, opt: &mut nn::Optimizer) {
+        let x = Tensor::rand([32, 1, 28, 28], (Kind::Float, Device::Cpu));
+        let y = Tensor::randint(10, [32], (Kind::Int64, Device::Cpu));
+        t.tag_input(&x);
+        let logits = model.forward(&x);
+        track!(t);
+        let loss = logits.cross_entropy_for_logits(&y);
+        opt.zero_grad();
+        loss.backward();
+        track!(t);
+        t.optimizer_step(|| opt.step());
+        track!(t);
+    }
+    /// The log's lines after its header (its timestamp).
+    fn run(history: bool) -> Vec<String> {
+        let dir = tempfile::tempdir().unwrap();
+        let t = cpu_tracker(dir.path());
+        if history {
+            t.record_history(0).unwrap();
+        }
+        let vs = nn::VarStore::new(Device::Cpu);
+        let model = cnn(&vs.root());
+        t.watch_varstore(&vs).unwrap();
+        let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+        track!(t);
+        for _ in 0..3 {
+            step(&t, &model, &mut opt);
+        }
+        if history {
+            t.stop_history().unwrap();
+        }
+        drop((opt, model, vs));
+        let log = std::fs::read_to_string(t.log_path()).unwrap();
+        log.lines()
+            .skip(1)
+            .map(|l| {
+                if l.starts_with("At ") {
+                    l.split(" Total").next().unwrap_or(l).to_owned()
+                } else {
+                    l.to_owned()
+                }
+            })
+            .collect()
+    }
+    let off = run(false);
+    let on = run(true);
+    assert!(off.iter().filter(|l| l.starts_with("+ |")).count() > 10, "{off:#?}");
+    assert!(!off.iter().any(|l| l.contains("Memory: 0.0 M")), "views are folded by default: {off:#?}");
+    let differ: Vec<(usize, &String, &String)> =
+        off.iter().zip(&on).enumerate().filter(|(_, (a, b))| a != b).map(|(i, (a, b))| (i, a, b)).collect();
+    assert!(
+        differ.is_empty() && off.len() == on.len(),
+        "history off / on differ: {differ:#?}\n{} vs {} lines",
+        off.len(),
+        on.len()
+    );
+}

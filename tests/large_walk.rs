@@ -40,8 +40,16 @@ fn float_bytes(shape: &[i64]) -> u64 {
 
 fn tracks_thousands_of_tensors(tracked: TrackedDevice, device: Device) {
     let dir = tempfile::tempdir().unwrap();
-    let tracker = MemTracker::builder().device(tracked).log_dir(dir.path()).build().unwrap();
+    // Views on lines of their own, so that the test can count them; and a tracker with the
+    // default, where they are counted on their owners' lines.
+    let tracker =
+        MemTracker::builder().device(tracked).log_dir(dir.path()).detail_views(true).build().unwrap();
+    let folded = MemTracker::builder().device(tracked).log_dir(dir.path()).prefix("folded").build().unwrap();
     tracker.track().unwrap();
+    folded.track().unwrap();
+    let without_views =
+        |t: &Totals| -> Totals { t.iter().filter(|(k, _)| !k.2).map(|(k, v)| (k.clone(), *v)).collect() };
+    let views_of = |all: &[GroupChange]| -> i64 { all.iter().map(|c| c.views).sum() };
     let mut made = Totals::new();
     // Tensors of 16 shapes, a view of every fourth (the base, older, owns the storage), and
     // parameters with tensors derived from them: 12 667 registry entries.
@@ -81,6 +89,9 @@ fn tracks_thousands_of_tensors(tracked: TrackedDevice, device: Device) {
     assert_eq!(changes(&point.changes, Sign::Plus), made);
     assert!(changes(&point.changes, Sign::Minus).is_empty(), "{:?}", point.changes);
     assert_eq!(point.tensor_count, 8_000 + 2_000 + 2_000 + 667);
+    let point = folded.track().unwrap();
+    assert_eq!(changes(&point.changes, Sign::Plus), without_views(&made));
+    assert_eq!(views_of(&point.changes), 2_000, "every view on its base's line");
 
     // Deaths throughout the registry: every third base without a view, and the later half of the
     // views (the last entries registered).
@@ -99,6 +110,10 @@ fn tracks_thousands_of_tensors(tracked: TrackedDevice, device: Device) {
     let point = tracker.track().unwrap();
     assert_eq!(changes(&point.changes, Sign::Minus), dropped);
     assert!(changes(&point.changes, Sign::Plus).is_empty(), "{:?}", point.changes);
+    // Folded: the views that went alone print nothing; the bases that went had none.
+    let point = folded.track().unwrap();
+    assert_eq!(changes(&point.changes, Sign::Minus), without_views(&dropped));
+    assert_eq!(views_of(&point.changes), 0);
     // A steady program: nothing to log.
     assert!(tracker.track().unwrap().changes.is_empty());
     drop((kept, views, params, derived));

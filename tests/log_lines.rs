@@ -4,7 +4,7 @@ mod common;
 
 use common::{cpu_tracker, last_group_lines, line, raw_blocks, PARAM, TENSOR};
 use gpu_mem_track::log::{parse_log_file, ALLOCATED, PEAK_ALLOCATED, TENSOR_USED};
-use gpu_mem_track::{cpu_allocator_stats, track};
+use gpu_mem_track::{cpu_allocator_stats, track, MemTracker, TrackedDevice};
 use tch::{Device, Kind, Tensor};
 
 const QUARTER_MIB: usize = 256 * 256 * 4;
@@ -20,10 +20,10 @@ fn create_view_clone_move_convert_drop() {
     assert_eq!(last_group_lines(&t), vec![line('+', 1, "(256, 256)", "0.25", TENSOR, "torch.float32")]);
     assert_eq!(p.tensor_bytes, QUARTER_MIB as u64);
 
-    // A view shares the storage: a new group line, but no bytes.
+    // A view shares the storage: it adds no memory and prints nothing on its own.
     let v = a.view([65536]);
     let p = track!(t).unwrap();
-    assert_eq!(last_group_lines(&t), vec![line('+', 1, "(65536,)", "0.0", TENSOR, "torch.float32")]);
+    assert_eq!(last_group_lines(&t), Vec::<String>::new());
     assert_eq!(p.tensor_bytes, QUARTER_MIB as u64, "views are not double counted");
 
     // A clone joins the (256, 256) group: 1 -> 2 prints one `+ | 1 *` line, not `+2` and `-1`.
@@ -47,18 +47,44 @@ fn create_view_clone_move_convert_drop() {
     track!(t).unwrap();
     assert_eq!(last_group_lines(&t), vec![line('-', 1, "(256, 256)", "0.25", TENSOR, "torch.float32")]);
 
-    // Dropping the base, its view and the conversion: largest first, then by key.
+    // Dropping the base, its view and the conversion: largest first, then by key; the view goes
+    // on its owner's line.
     drop((a, v, same, d));
     let p = track!(t).unwrap();
     assert_eq!(
         last_group_lines(&t),
         vec![
             line('-', 1, "(256, 256)", "0.5", TENSOR, "torch.float64"),
+            line('-', 1, "(256, 256)", "0.25", TENSOR, "torch.float32") + " | (+1 views)",
+        ]
+    );
+    assert_eq!(p.tensor_bytes, 0);
+}
+
+/// `detail_views(true)`: views get lines of their own, `Memory: 0.0 M`, as in Pytorch-Memory-Utils.
+#[test]
+fn views_print_lines_of_their_own_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = MemTracker::builder()
+        .device(TrackedDevice::Cpu)
+        .log_dir(dir.path())
+        .detail_views(true)
+        .build()
+        .unwrap();
+    let a = Tensor::zeros([256, 256], (Kind::Float, Device::Cpu));
+    track!(t).unwrap();
+    let v = a.view([65536]);
+    track!(t).unwrap();
+    assert_eq!(last_group_lines(&t), vec![line('+', 1, "(65536,)", "0.0", TENSOR, "torch.float32")]);
+    drop((a, v));
+    track!(t).unwrap();
+    assert_eq!(
+        last_group_lines(&t),
+        vec![
             line('-', 1, "(256, 256)", "0.25", TENSOR, "torch.float32"),
             line('-', 1, "(65536,)", "0.0", TENSOR, "torch.float32"),
         ]
     );
-    assert_eq!(p.tensor_bytes, 0);
 }
 
 #[test]
@@ -182,7 +208,12 @@ fn without_detail_only_at_lines_are_written() {
 #[test]
 fn views_and_owners_of_one_shape_are_separate_groups() {
     let dir = tempfile::tempdir().unwrap();
-    let t = cpu_tracker(dir.path());
+    let t = MemTracker::builder()
+        .device(TrackedDevice::Cpu)
+        .log_dir(dir.path())
+        .detail_views(true)
+        .build()
+        .unwrap();
     let w = Tensor::zeros([128, 128], (Kind::Float, Device::Cpu));
     let wt = w.tr(); // a (128, 128) view of w's storage
     track!(t).unwrap();

@@ -98,8 +98,9 @@ fn arb_group_line() -> impl Strategy<Value = GroupLine> {
         any::<bool>(),
         prop::sample::select(vec!["torch.float32", "torch.int64", "torch.bool", "torch.bfloat16"]),
         prop::option::of("aten::[a-z_]{1,30}(\\.[a-z]{1,8})?"),
+        -3i64..4,
     )
-        .prop_map(|(plus, count, shape, bytes, param, dtype, op)| GroupLine {
+        .prop_map(|(plus, count, shape, bytes, param, dtype, op, views)| GroupLine {
             sign: if plus { Sign::Plus } else { Sign::Minus },
             count,
             shape,
@@ -108,6 +109,7 @@ fn arb_group_line() -> impl Strategy<Value = GroupLine> {
             class: if param { TensorClass::Parameter } else { TensorClass::Tensor },
             dtype: dtype.to_owned(),
             op,
+            views,
         })
 }
 

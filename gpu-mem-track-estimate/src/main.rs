@@ -14,7 +14,7 @@ use gpu_mem_track::history::read_snapshot_trace;
 use gpu_mem_track::plot::plot_timeline;
 use gpu_mem_track_estimate::fit::{budget, fit_torchscript, parse_memory_size, FitDimension, FitProbe};
 use gpu_mem_track_estimate::gpu_runtime::{place_runtime_allocations, with_workspaces, RuntimeSizes};
-use gpu_mem_track_estimate::profile::DeviceProfile;
+use gpu_mem_track_estimate::profile::{self, DeviceProfile};
 use gpu_mem_track_estimate::report::{
     estimate_json, gpu_predictions, mib, EstimateSummary, FitReport, GpuTable, PeakBreakdown, PeakTensors,
     RankReport,
@@ -88,16 +88,20 @@ enum Command {
     /// activations, temporaries): a stacked-area `.svg`/`.png`, or `.json`. Given a snapshot
     /// `.pickle` (`MemTracker::dump_snapshot`, `estimate --snapshot`, or PyTorch's own) instead
     /// of a model, draws its recorded allocations.
+    #[command(mut_arg("input", |a| a.required(false).help(
+        "Input shape, batch first: `16x3x224x224` (required for a model, not for a snapshot `.pickle`)"
+    )))]
     Timeline {
         #[command(flatten)]
         model: ModelArgs,
-        /// inference or train.
+        /// inference or train (forward, backward, optimizer step; twice).
         #[arg(long, value_enum, default_value_t = ModeArg::Train)]
         mode: ModeArg,
-        /// Draw the run on this GPU (a preset such as `h100-80g`, or a profile `.json`): the cuBLAS
-        /// and cuBLASLt workspaces its matmuls take, in the `workspace` category.
-        #[arg(long)]
-        device_profile: Option<String>,
+        /// Draw the run on this GPU, with the cuBLAS and cuBLASLt workspaces its matmuls take (the
+        /// `workspace` category): `auto` (the GPU libtorch sees, else `rtx4090`), a preset such as
+        /// `h100-80g`, a profile `.json`, or `none` (the meta run alone).
+        #[arg(long, default_value = profile::AUTO)]
+        device_profile: String,
         /// Output: `.svg`, `.png` or `.json`.
         #[arg(short, long)]
         output: PathBuf,
@@ -115,8 +119,9 @@ struct FitArgs {
     /// The input dimension to vary: batch (the first) or seq (the second, tokens).
     #[arg(long, value_enum, default_value_t = FitDimension::Batch)]
     vary: FitDimension,
-    /// The GPU: a preset (`a100-80g`, `h100-80g`, `rtx4090`, `l4`, `t4`, ...) or a profile `.json`.
-    #[arg(long, default_value = "rtx4090")]
+    /// The GPU: `auto` (the GPU libtorch sees, else `rtx4090`), a preset (`a100-80g`, `h100-80g`,
+    /// `rtx4090`, `l4`, `t4`, ...) or a profile `.json`.
+    #[arg(long, default_value = profile::AUTO)]
     device_profile: String,
     /// Device memory to fit in instead of the profile's, e.g. `24GiB`, `16000MiB`, `40GB`.
     #[arg(long, value_parser = parse_memory_size)]
@@ -134,8 +139,8 @@ struct FitArgs {
 struct ModelArgs {
     /// TorchScript model file (`torch.jit.script(model).save(...)`).
     model: PathBuf,
-    /// Input shape, batch first: `16x3x224x224` (required to run a model).
-    #[arg(long, value_parser = parse_shape)]
+    /// Input shape, batch first: `16x3x224x224`.
+    #[arg(long, value_parser = parse_shape, required = true)]
     input: Option<Shape>,
     /// The input is integer token ids (int64), e.g. for language models.
     #[arg(long)]
@@ -271,13 +276,14 @@ struct EstimateArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// inference (no grad) or train (forward, backward, optimizer step; twice).
-    #[arg(long, value_enum, default_value_t = ModeArg::Inference)]
+    #[arg(long, value_enum, default_value_t = ModeArg::Train)]
     mode: ModeArg,
-    /// Show the CUDA caching-allocator prediction (`cuda`), a GPU's figures (a preset such as
-    /// `a100-80g`, `h100-80g`, `rtx4090`, `l4`, `t4`, or a profile `.json`), which presets
-    /// the run fits (`all`), or only tensor bytes (`none`). A run that does not fit a GPU is
-    /// told the first allocation that would raise a CUDA out-of-memory error there.
-    #[arg(long, default_value = "cuda")]
+    /// The GPU whose figures to show: `auto` (the GPU libtorch sees, else `rtx4090`), a preset
+    /// (`a100-80g`, `h100-80g`, `rtx4090`, `l4`, `t4`, ...) or a profile `.json`; `all` (which
+    /// presets the run fits), `cuda` (the caching-allocator prediction alone) or `none` (tensor
+    /// bytes only). A run that does not fit a GPU is told the first allocation that would raise a
+    /// CUDA out-of-memory error there.
+    #[arg(long, default_value = profile::AUTO)]
     device_profile: String,
     /// Device memory instead of the profile's, e.g. `24GiB`, `16000MiB`, `40GB` (with a
     /// `--device-profile` naming one GPU).
@@ -432,7 +438,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Estimate(args) => estimate(args),
         Command::Timeline { model, mode, device_profile, output } => {
-            timeline(model, mode, device_profile.as_deref(), &output)
+            timeline(model, mode, Some(device_profile.as_str()).filter(|p| *p != "none"), &output)
         }
         Command::Fit(args) => fit(args),
     }

@@ -63,6 +63,9 @@ impl DeviceProfile {
     /// [`Error::Input`] naming the unknown profile or the unreadable file.
     pub fn find(name_or_path: &str) -> Result<DeviceProfile> {
         let lower = name_or_path.to_ascii_lowercase();
+        if lower == AUTO {
+            return Ok(Self::auto());
+        }
         if let Some(p) = Self::presets().into_iter().find(|p| p.name == lower) {
             return Ok(p);
         }
@@ -92,6 +95,38 @@ impl DeviceProfile {
 }
 
 pub use cuda_libraries::cublaslt_workspace_bytes;
+
+/// The profile name that stands for the GPU libtorch sees (else [`FALLBACK`]): the command
+/// line's default.
+pub const AUTO: &str = "auto";
+
+/// The profile `auto` gives on a machine without a GPU.
+pub const FALLBACK: &str = "rtx4090";
+
+impl DeviceProfile {
+    /// The GPU libtorch sees first (`cuda:0`), as NVML describes it (name, memory, compute
+    /// capability; the context reserve of the preset of the same compute capability, else
+    /// 500 MiB); without one, the [`FALLBACK`] preset.
+    pub fn auto() -> DeviceProfile {
+        let fallback = || Self::find(FALLBACK).expect("the fallback is a preset");
+        if gpu_mem_track::capabilities().cuda_devices == 0 {
+            return fallback();
+        }
+        let Ok(gpu) = gpu_mem_track_log::nvml::NvmlReader::open().and_then(|n| n.describe(0)) else {
+            return fallback();
+        };
+        let context_bytes = Self::presets()
+            .into_iter()
+            .find(|p| p.compute_capability == gpu.compute_capability)
+            .map_or(500 * MIB, |p| p.context_bytes);
+        DeviceProfile {
+            name: gpu.name.to_ascii_lowercase(),
+            memory_bytes: gpu.total_bytes,
+            compute_capability: gpu.compute_capability,
+            context_bytes,
+        }
+    }
+}
 
 /// A prediction that cannot be exact: the bounds, and what the gap is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -175,8 +175,10 @@ pub fn peak_tensors(path: &Path, estimate: &Estimate) -> Result<Vec<gpu_mem_trac
     let snap = recorder::peak_snapshot();
     let mut groups: Vec<_> = snap.groups.into_iter().collect();
     groups.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(b.1.count.cmp(&a.1.count)).then(a.0.cmp(&b.0)));
+    // Views hold no memory of their own: counted on their storage owner's line, as the log does.
     Ok(groups
         .into_iter()
+        .filter(|(key, _)| !key.view)
         .map(|(key, totals)| gpu_mem_track_log::log::GroupLine {
             sign: gpu_mem_track_log::Sign::Plus,
             count: totals.count,
@@ -185,6 +187,7 @@ pub fn peak_tensors(path: &Path, estimate: &Estimate) -> Result<Vec<gpu_mem_trac
             class: key.class,
             dtype: key.dtype.torch_name(),
             op: None,
+            views: i64::try_from(totals.views).unwrap_or(i64::MAX),
         })
         .collect())
 }

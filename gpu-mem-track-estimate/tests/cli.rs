@@ -171,17 +171,27 @@ fn snapshot_paths_damaged_models_overflows_and_data_branches_are_reported() {
     let reason = e.split("TorchScript:").nth(1).unwrap_or("").trim();
     assert!(!reason.is_empty(), "{e}");
     // The static method at an absurd batch overflows: an error, not a wrapped figure.
-    let o = run(&["estimate", m, "--input", "1000000000000000x3x32x32", "--method", "static"]);
+    let o = run(&[
+        "estimate",
+        m,
+        "--input",
+        "1000000000000000x3x32x32",
+        "--method",
+        "static",
+        "--mode",
+        "inference",
+    ]);
     one_line_error(&o, "2^63 bytes");
     // A branch on data: meta reads 0 and says so.
     let branch = export_models(dir.path(), &["itembranch"]).remove(0);
-    let o = run(&["estimate", branch.to_str().unwrap(), "--input", "4x8"]);
+    let o = run(&["estimate", branch.to_str().unwrap(), "--input", "4x8", "--mode", "inference"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("read 1 value(s) of meta tensors"), "{text}");
+    // A training step runs forward twice: two reads.
     let o = run(&["estimate", branch.to_str().unwrap(), "--input", "4x8", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["meta_scalar_reads"], 1);
+    assert_eq!(v["meta_scalar_reads"], 2);
     let o = run(&["estimate", m, "--input", "1x3x8x8", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["meta_scalar_reads"], 0);
@@ -279,7 +289,10 @@ fn a_timeline_on_a_gpu_profile_shows_its_cublas_workspaces() {
             .as_u64()
             .unwrap()
     };
-    assert_eq!(workspace_at_peak(&[]), 0, "a meta run has no cuBLAS");
+    assert_eq!(workspace_at_peak(&["--device-profile", "none"]), 0, "a meta run has no cuBLAS");
+    // The default, `auto`, is the GPU libtorch sees, else an RTX 4090 (sm 8.9: 8.1 MiB + 1 MiB).
+    let auto = workspace_at_peak(&[]);
+    assert!(auto > 0, "{auto}");
     // sm 9.0: 32 MiB cuBLAS + 1 MiB cuBLASLt, for the program's thread and autograd's.
     assert_eq!(workspace_at_peak(&["--device-profile", "h100-80g"]), 66 << 20);
     one_line_error(
@@ -349,10 +362,14 @@ fn estimate_and_fit_name_where_resnet50_training_would_run_out_of_memory_on_a_t4
     assert_eq!(v["gpu"]["usable_bytes"], (2u64 << 30) - (380 << 20));
     assert!(v["gpu"]["first_oom"]["short_by"].as_u64().unwrap() > 0, "{}", v["gpu"]);
     assert_eq!(
-        run(&["estimate", m, "--input", "1x3x224x224", "--gpu-mem", "8GiB"]).status.code(),
+        run(&["estimate", m, "--input", "1x3x224x224", "--gpu-mem", "8GiB", "--device-profile", "all"])
+            .status
+            .code(),
         Some(2),
-        "--gpu-mem needs a profile"
+        "--gpu-mem needs one profile"
     );
+    // The default profile is one: `auto`.
+    assert_eq!(run(&["estimate", m, "--input", "1x3x224x224", "--gpu-mem", "8GiB"]).status.code(), Some(0));
 
     // fit names where the smallest size that does not fit would fail, or says none would.
     let o = run(&[

@@ -33,6 +33,7 @@ fn generate(points: usize, out: &Path) -> std::io::Result<()> {
         class: TensorClass::Tensor,
         dtype: "torch.float32".into(),
         op: None,
+        views: 0,
     };
     let mut peak = 0.0f64;
     // A small xorshift: noise without a dependency.

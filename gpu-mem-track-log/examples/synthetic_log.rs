@@ -25,6 +25,7 @@ fn group(sign: Sign, count: u64, shape: &[i64], class: TensorClass) -> GroupLine
         class,
         dtype: "torch.float32".into(),
         op: None,
+        views: 0,
     }
 }
 

@@ -23,6 +23,17 @@ impl Sign {
     }
 }
 
+/// How views, tensors whose storage another tensor owns (they add no memory), show in a diff.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ViewLines {
+    /// Folded into the line of the group owning their storage, as a count (`(+2 views)`); a change
+    /// of views alone prints nothing.
+    #[default]
+    Folded,
+    /// Lines of their own, `Memory: 0.0 M`, as Pytorch-Memory-Utils prints them.
+    Separate,
+}
+
 /// One `+`/`-` line: the net change of one group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupChange {
@@ -34,15 +45,23 @@ pub struct GroupChange {
     pub count: u64,
     /// Attributed storage bytes added or removed (absolute value).
     pub bytes: u64,
+    /// With [`ViewLines::Folded`]: views of the group's storages that came (on a `+` line) or
+    /// went (on a `-` line) with it; negative when they moved the other way. 0 otherwise.
+    pub views: i64,
 }
 
 /// Net per-group changes from `previous` to `current`, largest first, in a stable order.
 pub fn diff_groups(
     previous: &FxHashMap<GroupKey, GroupTotals>,
     current: &FxHashMap<GroupKey, GroupTotals>,
+    views: ViewLines,
 ) -> Vec<GroupChange> {
+    let folded = views == ViewLines::Folded;
     let mut out = Vec::new();
     let mut push = |key: &GroupKey, before: GroupTotals, after: GroupTotals| {
+        if folded && key.view {
+            return;
+        }
         let dc = after.count as i128 - before.count as i128;
         let db = after.bytes as i128 - before.bytes as i128;
         if dc == 0 && db == 0 {
@@ -51,11 +70,13 @@ pub fn diff_groups(
         // The count decides the sign; a pure byte change (a view became its storage's owner
         // after the base died) takes the sign of the bytes.
         let sign = if dc > 0 || (dc == 0 && db > 0) { Sign::Plus } else { Sign::Minus };
+        let dv = if folded { after.views as i128 - before.views as i128 } else { 0 };
         out.push(GroupChange {
             key: key.clone(),
             sign,
             count: dc.unsigned_abs() as u64,
             bytes: db.unsigned_abs() as u64,
+            views: i64::try_from(if sign == Sign::Plus { dv } else { -dv }).unwrap_or(i64::MAX),
         });
     };
     for (key, &now) in current {
@@ -92,13 +113,42 @@ mod tests {
     }
 
     fn table(entries: &[(&[i64], u64, u64)]) -> FxHashMap<GroupKey, GroupTotals> {
-        entries.iter().map(|(s, c, b)| (key(s), GroupTotals { count: *c, bytes: *b })).collect()
+        entries.iter().map(|(s, c, b)| (key(s), GroupTotals { count: *c, bytes: *b, views: 0 })).collect()
+    }
+
+    fn diff_groups(
+        previous: &FxHashMap<GroupKey, GroupTotals>,
+        current: &FxHashMap<GroupKey, GroupTotals>,
+    ) -> Vec<GroupChange> {
+        super::diff_groups(previous, current, ViewLines::Separate)
+    }
+
+    #[test]
+    fn folded_views_ride_on_their_owners_line_and_alone_print_nothing() {
+        let owner = |count, views| GroupTotals { count, bytes: 16 * count, views };
+        let view_key = GroupKey { view: true, ..key(&[2, 2]) };
+        let before: FxHashMap<_, _> = [(key(&[4]), owner(1, 0))].into_iter().collect();
+        let after: FxHashMap<_, _> =
+            [(key(&[4]), owner(2, 2)), (view_key.clone(), GroupTotals { count: 2, bytes: 0, views: 0 })]
+                .into_iter()
+                .collect();
+        let d = super::diff_groups(&before, &after, ViewLines::Folded);
+        assert_eq!(d, vec![GroupChange { key: key(&[4]), sign: Sign::Plus, count: 1, bytes: 16, views: 2 }]);
+        let gone = super::diff_groups(&after, &before, ViewLines::Folded);
+        assert_eq!((gone[0].sign, gone[0].views), (Sign::Minus, 2), "the views go with the owner");
+        // A new view of a storage already logged: no line.
+        let more: FxHashMap<_, _> = [(key(&[4]), owner(1, 3))].into_iter().collect();
+        assert!(super::diff_groups(&before, &more, ViewLines::Folded).is_empty());
+        // Separate: the view group's own line, no count on the owner's.
+        let d = super::diff_groups(&before, &after, ViewLines::Separate);
+        let got: Vec<_> = d.iter().map(|c| (c.key.view, c.count, c.bytes, c.views)).collect();
+        assert_eq!(got, vec![(false, 1, 16, 0), (true, 2, 0, 0)]);
     }
 
     #[test]
     fn group_growing_from_one_to_two_is_one_plus_line() {
         let d = diff_groups(&table(&[(&[4], 1, 16)]), &table(&[(&[4], 2, 32)]));
-        assert_eq!(d, vec![GroupChange { key: key(&[4]), sign: Sign::Plus, count: 1, bytes: 16 }]);
+        assert_eq!(d, vec![GroupChange { key: key(&[4]), sign: Sign::Plus, count: 1, bytes: 16, views: 0 }]);
     }
 
     #[test]

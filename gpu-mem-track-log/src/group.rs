@@ -163,6 +163,8 @@ pub struct GroupTotals {
     pub count: u64,
     /// Storage bytes attributed to the group.
     pub bytes: u64,
+    /// Other tensors holding the storages the group owns (views of them), for a group that owns.
+    pub views: u64,
 }
 
 #[cfg(test)]

@@ -49,7 +49,7 @@ pub mod trace;
 pub mod units;
 pub mod watch;
 
-pub use diff::{diff_groups, GroupChange, Sign};
+pub use diff::{diff_groups, GroupChange, Sign, ViewLines};
 pub use error::{Error, Result};
 pub use group::{DType, GroupKey, GroupTotals, TensorClass};
 pub use trace::{Category, Phase, Replay, TimelinePoint, Trace, TraceEvent};

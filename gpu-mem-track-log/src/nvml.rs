@@ -62,6 +62,36 @@ impl NvmlReader {
     }
 }
 
+/// What NVML says a GPU is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NvmlDevice {
+    /// Its name (`NVIDIA H100 80GB HBM3`).
+    pub name: String,
+    /// Memory in bytes.
+    pub total_bytes: u64,
+    /// CUDA compute capability (major, minor).
+    pub compute_capability: (u32, u32),
+}
+
+impl NvmlReader {
+    /// The name, memory and compute capability of CUDA device `cuda_index` (as libtorch numbers
+    /// it: `CUDA_VISIBLE_DEVICES` is followed).
+    ///
+    /// # Errors
+    /// [`Error::NvmlUnavailable`] naming the device when NVML cannot describe it.
+    pub fn describe(&self, cuda_index: usize) -> Result<NvmlDevice> {
+        let err =
+            |e: nvml_wrapper::error::NvmlError| Error::NvmlUnavailable(format!("device {cuda_index}: {e}"));
+        let device = self.nvml.device_by_index(nvml_index(cuda_index)).map_err(err)?;
+        let cc = device.cuda_compute_capability().map_err(err)?;
+        Ok(NvmlDevice {
+            name: device.name().map_err(err)?,
+            total_bytes: device.memory_info().map_err(err)?.total,
+            compute_capability: (cc.major.max(0) as u32, cc.minor.max(0) as u32),
+        })
+    }
+}
+
 /// NVML numbers every GPU; CUDA only those in `CUDA_VISIBLE_DEVICES`, renumbered from 0.
 fn nvml_index(cuda_index: usize) -> u32 {
     std::env::var("CUDA_VISIBLE_DEVICES")

@@ -76,7 +76,7 @@ struct PyTracker {
 impl PyTracker {
     /// `device`: `cpu` or `cuda:N`; `log_dir` must exist; `prefix` goes before the timestamp.
     #[new]
-    #[pyo3(signature = (device, log_dir, prefix="", detail=true, nvml=true, op_names=false, sample_every=None, cpu_memory_limit=None))]
+    #[pyo3(signature = (device, log_dir, prefix="", detail=true, nvml=true, op_names=false, sample_every=None, cpu_memory_limit=None, views=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -88,6 +88,7 @@ impl PyTracker {
         op_names: bool,
         sample_every: Option<f64>,
         cpu_memory_limit: Option<u64>,
+        views: bool,
     ) -> PyResult<Self> {
         let device: TrackedDevice = device.parse().map_err(to_py)?;
         let mut builder = MemTracker::builder()
@@ -96,7 +97,8 @@ impl PyTracker {
             .prefix(prefix)
             .detail(detail)
             .nvml(nvml)
-            .op_names(op_names);
+            .op_names(op_names)
+            .detail_views(views);
         if let Some(seconds) = sample_every {
             let interval =
                 Duration::try_from_secs_f64(seconds).ok().filter(|d| !d.is_zero()).ok_or_else(|| {

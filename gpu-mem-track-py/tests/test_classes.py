@@ -26,7 +26,8 @@ def lines_of(logdir) -> list[tuple]:
 
 def classes_of(lines: list[tuple], shape: str) -> set[tuple[str, float]]:
     """(class, MiB) of the lines of one shape. ``as_subclass`` makes a view of its input, which
-    keeps that input alive: the plain tensor holds the bytes, the subclass is a 0.0 M view."""
+    keeps that input alive: the plain tensor holds the bytes, the subclass is a 0.0 M view (the
+    tests that look at it print views, ``views=True``)."""
     return {(line[4], line[3]) for line in lines if line[2] == shape}
 
 
@@ -45,7 +46,7 @@ def test_a_plain_tensor_that_requires_grad_is_a_tensor_and_a_parameter_is_a_para
 
 @needs_python_classes
 def test_subclasses_print_their_module_and_qualified_name(logdir):
-    tracker = MemTracker(device=device())
+    tracker = MemTracker(device=device(), views=True)
     tracker.track()
     scaled = torch.zeros(37, 5, device=device()).as_subclass(Scaled)
 
@@ -67,7 +68,7 @@ def test_subclasses_print_their_module_and_qualified_name(logdir):
 
 @needs_python_classes
 def test_a_class_stays_with_its_tensor_across_blocks(logdir):
-    tracker = MemTracker(device=device())
+    tracker = MemTracker(device=device(), views=True)
     scaled = torch.zeros(43, 3, device=device()).as_subclass(Scaled)
     tracker.track()
     del scaled
@@ -90,3 +91,19 @@ def test_before_torch_2_10_a_leaf_that_requires_grad_is_a_parameter(logdir):
     tracker.track()
     assert ("+", 1, "(35, 7)", 0.0009, PARAM, "torch.float32") in lines_of(logdir)
     del leaf
+
+
+def test_by_default_a_view_is_counted_on_its_owners_line(logdir):
+    tracker = MemTracker(device=device())
+    tracker.track()
+    base = torch.zeros(45, 3, device=device())
+    flat = base.view(-1)
+    tracker.track()
+    del flat
+    tracker.track()
+    del base
+    tracker.track()
+    blocks = parse_blocks(only_log(logdir))
+    assert not any(line[3] == 0.0 for block, _ in blocks for line in block), blocks
+    assert [line for line in blocks[1][0] if line[2] == "(45, 3)"] == [("+", 1, "(45, 3)", 0.0005, TENSOR, "torch.float32")]
+    assert blocks[2][0] == [], "a view going alone prints nothing"

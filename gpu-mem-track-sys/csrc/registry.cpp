@@ -393,7 +393,8 @@ struct SharedUse {
 // What one thread of a grouped walk adds up.
 struct WalkShare {
   gmt_snapshot_totals totals{};
-  std::vector<std::array<int64_t, 3>> by_group;  // by group id: owned count, owned bytes, views
+  // by group id: owned count, owned bytes, views (in this group), views of storages it owns
+  std::vector<std::array<int64_t, 4>> by_group;
   std::vector<int32_t> touched;                 // the group ids added to
   // A tensor whose storage others hold too: its slot among the shared storages is found after.
   struct SharedMet {
@@ -417,9 +418,9 @@ struct WalkShare {
   // Empties this share for a walk (also after one that threw).
   void reset(size_t groups) {
     totals = gmt_snapshot_totals{};
-    for (int32_t g : touched) by_group[g] = {0, 0, 0};
+    for (int32_t g : touched) by_group[g] = {0, 0, 0, 0};
     touched.clear();
-    if (by_group.size() < groups) by_group.resize(groups, {0, 0, 0});
+    if (by_group.size() < groups) by_group.resize(groups, {0, 0, 0, 0});
     shared.clear();
     later.clear();
     spans.clear();
@@ -484,7 +485,7 @@ struct WalkShare {
       const auto& from = by_group[g];
       auto& to = into.by_group[g];
       if (to[0] == 0 && to[2] == 0) into.touched.push_back(g);
-      for (size_t k = 0; k < 3; ++k) to[k] += from[k];
+      for (size_t k = 0; k < 4; ++k) to[k] += from[k];
     }
   }
 };
@@ -506,6 +507,7 @@ struct gmt_snapshot {
     const void* storage;
     uint64_t walk;
     SharedUse owner;
+    int64_t views;  // the other tensors met holding it this walk
   };
   std::vector<SharedSlot> shared;
   gmt::PtrIndex shared_index;  // storage -> slot
@@ -521,11 +523,11 @@ struct gmt_snapshot {
     } else {
       if (free_slots.empty()) {
         hint = static_cast<uint32_t>(shared.size());
-        shared.push_back(SharedSlot{storage, 0, {}});
+        shared.push_back(SharedSlot{storage, 0, {}, 0});
       } else {
         hint = free_slots.back();
         free_slots.pop_back();
-        shared[hint] = SharedSlot{storage, 0, {}};
+        shared[hint] = SharedSlot{storage, 0, {}, 0};
       }
       shared_index.try_emplace(storage, hint);
     }
@@ -539,8 +541,12 @@ struct gmt_snapshot {
     if (slot.walk != walk) {  // first met
       slot.walk = walk;
       slot.owner = use;
+      slot.views = 0;
       walk_slots.push_back(hint);
-    } else if (use.owns_rather_than(slot.owner)) {
+      return;
+    }
+    ++slot.views;
+    if (use.owns_rather_than(slot.owner)) {
       into.add(slot.owner.group, true, 0);
       slot.owner = use;
     } else {
@@ -1002,7 +1008,7 @@ gmt_error take_grouped(gmt_snapshot* s, int32_t device_kind, int32_t device_inde
           if (detail) {
             group = r.group_of(i, impl, parameter);
             if (static_cast<size_t>(group) >= caller.by_group.size()) {
-              caller.by_group.resize(r.groups.size(), {0, 0, 0});
+              caller.by_group.resize(r.groups.size(), {0, 0, 0, 0});
             }
           }
           auto met_shared = [&](const c10::StorageImpl* st, const SharedUse& use) {
@@ -1022,11 +1028,12 @@ gmt_error take_grouped(gmt_snapshot* s, int32_t device_kind, int32_t device_inde
       s->totals.tensor_bytes += owner.storage_nbytes;
       ++s->totals.storage_count;
       caller.add(owner.group, false, owner.storage_nbytes);
+      if (owner.group >= 0) caller.by_group[owner.group][3] += s->shared[i].views;
     }
     for (int32_t g : caller.touched) {
       const auto& t = caller.by_group[g];
-      if (t[0] > 0) s->groups.push_back(gmt_group_total{g, 0, {0, 0, 0}, t[0], t[1]});
-      if (t[2] > 0) s->groups.push_back(gmt_group_total{g, 1, {0, 0, 0}, t[2], 0});
+      if (t[0] > 0) s->groups.push_back(gmt_group_total{g, 0, {0, 0, 0}, t[0], t[1], t[3]});
+      if (t[2] > 0) s->groups.push_back(gmt_group_total{g, 1, {0, 0, 0}, t[2], 0, 0});
     }
   })
 }

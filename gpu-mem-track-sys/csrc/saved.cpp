@@ -3,6 +3,7 @@
 // tensor an op saves for backward, with the op that saved it. Outside a capture the hooks are
 // absent, so autograd behaves exactly as without gpu-mem-track. Inside one, the hooks keep
 // PyTorch's check that a saved tensor was not modified in place.
+#include <ATen/SequenceNumber.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
@@ -49,7 +50,15 @@ struct TrackingHooks final : SavedVariableHooks {
   const c10::StorageImpl* storage = nullptr;
 
   void call_pack_hook(const at::Tensor& x) override {
-    saved = x.detach();  // same storage and version counter, no autograd metadata (no cycles)
+    // What autograd's SavedVariable keeps without hooks (saved_variable.cpp), so that the live
+    // tensors, and the log, are the same whether or not a history records: the tensor itself,
+    // unless it is an output of the node being built (its grad_fn is the last node this thread
+    // made), where that would be a reference cycle; then an alias of the same storage and version
+    // counter without autograd metadata, made without dispatching an op (`detach()` would be one,
+    // and the registry would log its result as a tensor of the program).
+    const auto& fn = x.grad_fn();
+    const bool output_of_this_node = fn && fn->sequence_nr() + 1 == at::sequence_number::peek();
+    saved = output_of_this_node ? x.tensor_data() : x;
     version = x._version();
     if (!saved.has_storage()) return;
     const c10::StorageImpl* s = saved.storage().unsafeGetStorageImpl();

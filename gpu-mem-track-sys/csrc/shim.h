@@ -106,8 +106,9 @@ typedef struct {
   uint8_t pad_[3];
   int64_t count;
   int64_t bytes;  // storages owned
+  int64_t views;  // view 0: the other tensors holding the storages this group owns
 } gmt_group_total;
-static_assert(sizeof(gmt_group_total) == 24, "gmt_group_total is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
+static_assert(sizeof(gmt_group_total) == 32, "gmt_group_total is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
 typedef struct {
   int64_t tensor_bytes;   // bytes of unique storages
   int64_t tensor_count;   // live tensors on the device

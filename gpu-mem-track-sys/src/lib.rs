@@ -79,6 +79,7 @@ pub struct gmt_group_total {
     pub pad_: [u8; 3],
     pub count: i64,
     pub bytes: i64,
+    pub views: i64,
 }
 
 /// Overall totals of a grouped snapshot (mirrors `gmt_snapshot_totals` in `csrc/shim.h`).
@@ -406,7 +407,7 @@ extern "C" {
 
 // The C layouts this crate mirrors (`csrc/shim.h` asserts the same sizes on its side).
 const _: () = assert!(std::mem::size_of::<gmt_tensor_record>() == 88);
-const _: () = assert!(std::mem::size_of::<gmt_group_total>() == 24);
+const _: () = assert!(std::mem::size_of::<gmt_group_total>() == 32);
 const _: () = assert!(std::mem::size_of::<gmt_snapshot_totals>() == 24);
 const _: () = assert!(std::mem::size_of::<gmt_oom_event>() == 48);
 const _: () = assert!(std::mem::size_of::<gmt_cuda_block>() == 48);

@@ -257,6 +257,10 @@ impl GroupTotal {
     pub(crate) fn bytes(&self) -> u64 {
         bytes(self.0.bytes)
     }
+    /// The other tensors holding the storages the group owns (their views).
+    pub(crate) fn views(&self) -> u64 {
+        bytes(self.0.views)
+    }
 }
 
 /// Overall totals of a grouped snapshot.

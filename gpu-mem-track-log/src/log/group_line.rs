@@ -4,7 +4,12 @@
 //! ```text
 //! + | 1 * Size:(64, 64, 3, 3)       | Memory: 0.1406 M | <class 'torch.nn.parameter.Parameter'> | torch.float32
 //! - | 2 * Size:(40, 3, 512, 512)    | Memory: 240.0 M | <class 'torch.Tensor'> | torch.float32 | aten::convolution
+//! + | 1 * Size:(128, 32, 7, 7)      | Memory: 0.7656 M | <class 'torch.Tensor'> | torch.float32 | (+1 views)
 //! ```
+//!
+//! The five fields come first; what follows is optional, in this order: the op that made the
+//! tensors (when the tracker groups by op) and the views of their storages that came or went
+//! with them (tensors that add no memory; by default they have no line of their own).
 //!
 //! Byte-compatible with Pytorch-Memory-Utils except for its number truncation, which is fixed
 //! here; its lines (whose `-` lines end in a space and whose numbers are truncated) read back.
@@ -30,9 +35,12 @@ pub struct GroupLine {
     pub class: TensorClass,
     /// Python dtype name (`torch.float32`).
     pub dtype: String,
-    /// The op that made the tensors (` | aten::convolution`, a last column printed only when the
+    /// The op that made the tensors (` | aten::convolution`, a column printed only when the
     /// tracker groups by op).
     pub op: Option<String>,
+    /// Views of the group's storages that came or went with it (` | (+2 views)`; negative: they
+    /// moved the other way); 0 prints no field.
+    pub views: i64,
 }
 
 /// Whether `l` is a `+`/`-` line (what the reader hands to `GroupLine::parse`).
@@ -51,6 +59,7 @@ impl GroupLine {
             class: c.key.class.clone(),
             dtype: c.key.dtype.torch_name(),
             op: c.key.op.as_deref().map(str::to_owned),
+            views: c.views,
         }
     }
 
@@ -69,6 +78,9 @@ impl GroupLine {
             out.push_str(" | ");
             out.push_str(op);
         }
+        if self.views != 0 {
+            let _ = write!(out, " | ({:+} views)", self.views);
+        }
         out.push('\n');
         out
     }
@@ -77,14 +89,22 @@ impl GroupLine {
     /// error is the reason a log parse error gives.
     pub(super) fn parse(l: &str) -> Result<GroupLine, String> {
         let sign = if l.starts_with('+') { Sign::Plus } else { Sign::Minus };
-        let parts: Vec<&str> = l[3..].split(" | ").map(str::trim).collect();
+        let mut parts: Vec<&str> = l[3..].split(" | ").map(str::trim).collect();
+        let views = match parts.last().and_then(|p| parse_views(p)) {
+            Some(v) if parts.len() > 4 => {
+                parts.pop();
+                v
+            }
+            _ => 0,
+        };
         let (count_shape, memory, class, dtype, op) = match parts[..] {
             [a, b, c, d] => (a, b, c, d, None),
             [a, b, c, d, op] if !op.is_empty() => (a, b, c, d, Some(op)),
             _ => {
                 return Err(format!(
-                    "a group line has 5 `|`-separated columns (6 with its op), this one has {}",
-                    parts.len() + 1
+                    "a group line has 5 `|`-separated columns (then its op and its views, when \
+                     printed), this one has {}",
+                    parts.len() + 1 + usize::from(views != 0)
                 ))
             }
         };
@@ -113,8 +133,18 @@ impl GroupLine {
             class: TensorClass::from_python_name(class),
             dtype: dtype.to_owned(),
             op: op.map(str::to_owned),
+            views,
         })
     }
+}
+
+/// `(+2 views)`, `(-1 views)`: the views field's count.
+fn parse_views(field: &str) -> Option<i64> {
+    let n = field.strip_prefix('(')?.strip_suffix(" views)")?;
+    if !n.starts_with(['+', '-']) {
+        return None;
+    }
+    n.parse::<i64>().ok().filter(|v| *v != 0)
 }
 
 /// A shape as Python prints a tuple: `()`, `(512,)`, `(64, 3, 3)`.
@@ -219,9 +249,36 @@ mod tests {
             class: TensorClass::Tensor,
             dtype: "torch.float32".into(),
             op: Some("aten::convolution".into()),
+            views: 0,
         };
         let line = g.render();
         assert!(is_group_line(&line));
-        assert_eq!(GroupLine::parse(line.trim_end_matches('\n')), Ok(g));
+        assert_eq!(GroupLine::parse(line.trim_end_matches('\n')), Ok(g.clone()));
+        for (op, views, tail) in [
+            (None, 2, "torch.float32 | (+2 views)\n"),
+            (Some("aten::convolution"), 2, "torch.float32 | aten::convolution | (+2 views)\n"),
+            (None, -1, "torch.float32 | (-1 views)\n"),
+        ] {
+            let g = GroupLine { op: op.map(String::from), views, ..g.clone() };
+            let line = g.render();
+            assert!(line.ends_with(tail), "{line}");
+            // The five fields first: a reader of the Python tool's format splits them off.
+            assert_eq!(line.split(" | ").nth(4).map(|d| d.trim_end()), Some("torch.float32"));
+            assert_eq!(GroupLine::parse(line.trim_end_matches('\n')), Ok(g));
+        }
+    }
+
+    #[test]
+    fn a_views_field_needs_its_sign_and_an_op_named_like_it_stays_an_op() {
+        let base = "+ | 1 * Size:(4,) | Memory: 0.0 M | <class 'torch.Tensor'> | torch.float32";
+        let op_like = format!("{base} | (2 views)");
+        assert_eq!(GroupLine::parse(&op_like).unwrap().op.as_deref(), Some("(2 views)"));
+        assert_eq!(
+            GroupLine::parse(&format!("{base} | (+0 views)")).unwrap().op.as_deref(),
+            Some("(+0 views)")
+        );
+        let too_many = format!("{base} | aten::mm | (+1 views) | extra");
+        assert!(GroupLine::parse(&too_many).unwrap_err().contains("5 `|`-separated columns"));
+        assert_eq!(GroupLine::parse(&format!("{base} | (+9223372036854775808 views)")).unwrap().views, 0);
     }
 }

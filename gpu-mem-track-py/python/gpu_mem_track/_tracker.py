@@ -80,6 +80,9 @@ class MemTracker:
         device: a CUDA index, ``'cuda:N'``, ``'cpu'`` or a ``torch.device``. An int where there is
             no GPU tracks the CPU, with one warning.
         op_names: group tensors by the op that made them too, and name it on each line.
+        views: print views (tensors sharing another tensor's storage: ``.t()``, ``.view()``) as
+            lines of their own, ``Memory: 0.0 M``, as Pytorch-Memory-Utils does. Off by default: a
+            view adds no memory, so its storage owner's line counts it (``| (+2 views)``).
         sample_every: seconds between background samples of the allocator (and NVML), whose peak
             between two track lines is added to the ``At`` line.
         nvml: read NVML for a CUDA device.
@@ -98,6 +101,7 @@ class MemTracker:
         sample_every: float | None = None,
         nvml: bool = True,
         cpu_memory_limit: int | None = None,
+        views: bool = False,
     ) -> None:
         folder, prefix = _split_path(path)
         self.print_detail = detail
@@ -113,6 +117,7 @@ class MemTracker:
             op_names=op_names,
             sample_every=sample_every,
             cpu_memory_limit=cpu_memory_limit,
+            views=views,
         )
 
     @property
