@@ -26,6 +26,13 @@ impl Site {
         Site { file, line, function: clean_function_path(function_path).into() }
     }
 
+    /// The same site with ` (mark)` after its function: `#[track_memory]` marks the lines of a
+    /// function's entry and exit (`train_step (enter)`, `train_step (exit)`).
+    pub fn marked(mut self, mark: &str) -> Self {
+        self.function = format!("{} ({mark})", self.function).into();
+        self
+    }
+
     /// The caller's site, with the function name resolved once per call site and cached.
     #[track_caller]
     pub fn caller() -> Self {

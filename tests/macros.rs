@@ -45,12 +45,12 @@ fn track_memory_tracks_entry_and_every_exit() {
     let x = step(false).unwrap();
     assert!(step(true).is_err());
     let _ = Net.forward();
-    let entry = loc(STEP_ATTR_LINE + 1, "step");
-    let exit = loc(STEP_END_LINE, "step");
+    let entry = loc(STEP_ATTR_LINE + 1, "step (enter)");
+    let exit = loc(STEP_END_LINE, "step (exit)");
     let got = locations();
     assert_eq!(got[..4], [entry.clone(), exit.clone(), entry, exit]);
-    assert_eq!(got[4].function, "Net::forward");
-    assert_eq!(got[5].function, "Net::forward");
+    assert_eq!(got[4].function, "Net::forward (enter)");
+    assert_eq!(got[5].function, "Net::forward (exit)");
     assert_eq!(got[5].line, got[4].line + 2);
 
     // Entry of the first call saw nothing; its exit saw the returned tensor.

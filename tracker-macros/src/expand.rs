@@ -5,8 +5,9 @@ use syn::ItemFn;
 
 use crate::TrackMemoryArgs;
 
-/// `&'static Site` for the line of `span`, function name from a local item's type name.
-fn site_at(span: Span) -> TokenStream {
+/// `&'static Site` for the line of `span`, function name from a local item's type name, then
+/// ` (mark)`: `enter` or `exit`.
+fn site_at(span: Span, mark: &str) -> TokenStream {
     // `line!()` takes the line of the span it is written with.
     let line = quote_spanned!(span=> ::core::line!());
     quote! {{
@@ -14,14 +15,15 @@ fn site_at(span: Span) -> TokenStream {
         static SITE: ::std::sync::OnceLock<::gpu_mem_track::Site> = ::std::sync::OnceLock::new();
         SITE.get_or_init(|| {
             ::gpu_mem_track::Site::new(::core::file!(), #line, ::std::any::type_name_of_val(&__gmt_here))
+                .marked(#mark)
         })
     }}
 }
 
 pub(crate) fn track_memory(args: TrackMemoryArgs, func: ItemFn) -> TokenStream {
     let ItemFn { attrs, vis, sig, block } = func;
-    let entry = site_at(sig.ident.span());
-    let exit = site_at(block.brace_token.span.close());
+    let entry = site_at(sig.ident.span(), "enter");
+    let exit = site_at(block.brace_token.span.close(), "exit");
     let tracker = match &args.tracker {
         Some(expr) => quote!({
             let __gmt_tracker: &::gpu_mem_track::MemTracker = &#expr;
