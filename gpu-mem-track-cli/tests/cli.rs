@@ -198,6 +198,26 @@ fn without_the_estimator_a_one_line_error_says_how_to_install_it() {
         .output()
         .unwrap();
     one_line_error(&o, "cargo install gpu-mem-track-estimate --features cli");
+    // Their help still answers, as the estimator prints it: defaults and required arguments.
+    for (sub, required) in [
+        ("estimate", "--input <INPUT> <MODEL>"),
+        ("fit", "--input <INPUT> <MODEL>"),
+        ("timeline", "--output <OUTPUT> <MODEL>"),
+    ] {
+        let o = Command::new(&exe).args([sub, "--help"]).env("PATH", "/usr/bin:/bin").output().unwrap();
+        assert!(o.status.success(), "{sub}: {}", stderr(&o));
+        let help = String::from_utf8_lossy(&o.stdout);
+        assert!(help.contains(&format!("Usage: gpu-mem-track {sub} [OPTIONS] {required}")), "{help}");
+        assert!(help.contains("[default: train]") && help.contains("[default: auto]"), "{sub}: {help}");
+    }
+    // Shell completions.
+    let o = Command::new(&exe).args(["completions", "bash"]).output().unwrap();
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("_gpu__mem__track()"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(Command::new(&exe).args(["completions", "tcsh"]).output().unwrap().status.code(), Some(2));
     // Reports still work: they need no estimator and no libtorch.
     let o = Command::new(&exe).args(["report", FIXTURE]).env("PATH", "/usr/bin:/bin").output().unwrap();
     assert!(o.status.success(), "{}", stderr(&o));

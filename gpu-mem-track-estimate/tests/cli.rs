@@ -117,6 +117,27 @@ fn timeline_reads_a_snapshot_and_its_peak_is_the_caching_allocator_models() {
     assert_eq!(run(&["timeline", m, "-o", json.to_str().unwrap()]).status.code(), Some(2));
 }
 
+/// The lean binary answers `estimate --help` (and `fit`, `timeline`) without this binary with a
+/// copy of this binary's help: the copy must be today's. After changing an option, rewrite them:
+/// `for s in estimate fit timeline; do target/debug/gpu-mem-track-estimate $s --help >
+/// gpu-mem-track-cli/src/estimator_help/$s.txt; done`.
+#[test]
+fn the_lean_binarys_copy_of_the_help_is_this_binarys() {
+    for (sub, copy) in [
+        ("estimate", include_str!("../../gpu-mem-track-cli/src/estimator_help/estimate.txt")),
+        ("fit", include_str!("../../gpu-mem-track-cli/src/estimator_help/fit.txt")),
+        ("timeline", include_str!("../../gpu-mem-track-cli/src/estimator_help/timeline.txt")),
+    ] {
+        let o = run(&[sub, "--help"]);
+        assert!(o.status.success());
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            copy,
+            "{sub} --help: rewrite gpu-mem-track-cli/src/estimator_help/{sub}.txt"
+        );
+    }
+}
+
 /// The estimator links libtorch (the lean `gpu-mem-track` does not: its own tests check that).
 #[test]
 fn the_estimate_binary_links_libtorch_and_has_help() {
