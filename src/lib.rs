@@ -132,7 +132,7 @@ pub use gpu_mem_track_log::{GroupChange, Sign};
 /// that derefs to a `MemTracker` and outlives the call.
 pub use gpu_mem_track_macros::track_memory;
 pub use site::Site;
-pub use snapshot::{DType, GroupKey, TensorClass, TensorInfo};
+pub use snapshot::{DType, GroupKey, TensorClass, TensorInfo, TensorRole};
 pub use tracker::{
     default_tracker, install, is_installed, name_python_class, reads_python_classes, register_tensor_impl,
     registry_callbacks, registry_entries, set_default_tracker, set_registry_enabled, MemTracker,

@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-pub use gpu_mem_track_log::group::{DType, GroupKey, GroupTotals, TensorClass};
+pub use gpu_mem_track_log::group::{DType, GroupKey, GroupTotals, TensorClass, TensorRole};
 use rustc_hash::FxHashMap;
 
-use crate::ffi::{self, GroupTotal, RegistryGroup, SnapshotTotals, TensorRecord};
+use crate::ffi::{self, GroupTotal, RegistryGroup, RoleCode, SnapshotTotals, TensorRecord};
 
 /// The dtype of a tch `Kind`, by its `c10::ScalarType` number (tch keeps its own mapping
 /// private).
@@ -62,6 +62,9 @@ struct BorrowedKey<'a> {
     view: bool,
     /// The registry's op id, when grouping by op.
     op: Option<u32>,
+    /// What the tensors are, and the op id an internal one was made in.
+    role: RoleCode,
+    role_op: Option<u32>,
 }
 
 impl Hash for BorrowedKey<'_> {
@@ -73,6 +76,7 @@ impl Hash for BorrowedKey<'_> {
         if let Some(op) = self.op {
             h.write_u32(op);
         }
+        h.write_i32(self.role.0);
     }
 }
 
@@ -167,6 +171,9 @@ impl Snapshot {
                 class_id: r.class_id(),
                 view: !owned,
                 op: if by_op { r.op_id() } else { None },
+                role: r.role(),
+                // The call an internal tensor was made in names its role: only then a key part.
+                role_op: if r.role().is_internal() { r.op_id() } else { None },
             };
             let g = grouped.entry(key).or_default();
             g.count += 1;
@@ -179,8 +186,9 @@ impl Snapshot {
         for (k, v) in grouped {
             let class = ffi::registry_class(k.class_id);
             let op = k.op.and_then(op_name);
+            let role = k.role.role(k.role_op.and_then(op_name));
             snap.groups
-                .insert(GroupKey { shape: k.shape.into(), dtype: k.dtype, class, view: k.view, op }, v);
+                .insert(GroupKey { shape: k.shape.into(), dtype: k.dtype, class, view: k.view, op, role }, v);
         }
         snap
     }
@@ -207,6 +215,7 @@ impl Snapshot {
                 view: g.view(),
                 // Groups the registry keeps apart by op merge here unless the log names ops.
                 op: if by_op { def.op_id.and_then(op_name) } else { None },
+                role: def.role.role(def.op_id.and_then(op_name)),
             };
             let totals = snap.groups.entry(key).or_default();
             totals.count += g.count();

@@ -516,10 +516,19 @@ impl MemTracker {
         unsafe { ffi::history_tag_tensor_impl(impl_ptr, gpu_mem_track_log::Category::Input) }
     }
 
-    /// Runs an optimizer step (`|| opt.step()`) as a phase of the recorded history: memory it
-    /// allocates and keeps is optimizer state, memory it frees again is temporary. Returns what
-    /// the closure returns; outside a recording it only runs it.
+    /// Runs an optimizer step (`|| opt.step()`): the tensors it makes and keeps are optimizer state,
+    /// in the log (their lines say `| optimizer state`) and in a recorded history, where memory it
+    /// frees again is temporary. Returns what the closure returns.
     pub fn optimizer_step<R>(&self, step: impl FnOnce() -> R) -> R {
+        // What the step makes and keeps is optimizer state in the log (and in a history).
+        struct Stepping;
+        impl Drop for Stepping {
+            fn drop(&mut self) {
+                ffi::registry_optimizer_step(false);
+            }
+        }
+        ffi::registry_optimizer_step(true);
+        let _stepping = Stepping;
         if !ffi::history_active() {
             return step();
         }

@@ -161,10 +161,11 @@ fn varstore_variables_print_as_parameters_and_grads_as_tensors() {
     drop(loss);
     track!(t).unwrap();
     let lines = last_group_lines(&t);
-    // The input and the two gradients (plain tensors, not parameters).
-    assert!(lines.contains(&line('+', 1, "(16, 32)", "0.002", TENSOR, "torch.float32")), "{lines:#?}");
+    // The input and the two gradients (plain tensors, not parameters, said to be gradients).
+    let gradient = |shape, mib| line('+', 1, shape, mib, TENSOR, "torch.float32") + " | gradient";
+    assert!(lines.contains(&gradient("(16, 32)", "0.002")), "{lines:#?}");
     assert!(lines.contains(&line('+', 1, "(4, 32)", "0.0005", TENSOR, "torch.float32")), "{lines:#?}");
-    assert!(lines.contains(&line('+', 1, "(16,)", "0.0001", TENSOR, "torch.float32")), "{lines:#?}");
+    assert!(lines.contains(&gradient("(16,)", "0.0001")), "{lines:#?}");
 }
 
 #[test]
@@ -240,4 +241,57 @@ fn views_and_owners_of_one_shape_are_separate_groups() {
     track!(t).unwrap();
     let all = std::fs::read_to_string(t.log_path()).unwrap();
     assert!(!all.contains("| 0 * "), "no line has a count of 0:\n{all}");
+}
+
+/// What the registry knows a group is, said after the five fields: max-pool's indices are
+/// internal to the call that made them, the parameters' gradients are gradients (named or not),
+/// what an optimizer step keeps is optimizer state; a call's own result is none of these, also
+/// when it is a view of what an inner op made (conv1d returns a view of a conv2d's output).
+#[test]
+fn roles_say_what_tensors_are() {
+    use tch::nn::{self, OptimizerConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let t = cpu_tracker(dir.path());
+    let vs = nn::VarStore::new(Device::Cpu);
+    let conv = nn::conv1d(vs.root() / "conv", 2, 4, 3, Default::default());
+    let fc = nn::linear(vs.root() / "fc", 4 * 3, 5, Default::default()); // unnamed: not watched
+    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    track!(t).unwrap();
+    let x = Tensor::ones([8, 2, 14], (Kind::Float, Device::Cpu));
+    let y = x.apply(&conv);
+    let (pooled, indices) = y.max_pool1d_with_indices([4], [4], [0], [1], false);
+    let pooled2 = y.max_pool1d([4], [4], [0], [1], false);
+    track!(t).unwrap();
+    let lines = last_group_lines(&t);
+    let float = |shape, mib| line('+', 1, shape, mib, TENSOR, "torch.float32");
+    // conv1d returns a view of a conv2d's output, which is the program's then: no role.
+    assert!(
+        lines.contains(&(float("(8, 4, 12)", "0.0015") + " | (+2 views)")),
+        "conv1d's result: {lines:#?}"
+    );
+    // max_pool1d pools a (8, 4, 1, 12) view and returns views: the indices the program asked for
+    // are its own, those of the max_pool1d call are internal to it.
+    let indices_of = |tail: &str| line('+', 1, "(8, 4, 1, 3)", "0.0007", TENSOR, "torch.int64") + tail;
+    assert!(lines.contains(&indices_of(" | (+1 views)")), "{lines:#?}");
+    assert!(lines.contains(&indices_of(" | internal to aten::max_pool1d")), "{lines:#?}");
+    assert_eq!(pooled.size(), pooled2.size());
+    let loss = pooled.flatten(1, -1).apply(&fc).sum(Kind::Float);
+    opt.zero_grad();
+    loss.backward();
+    drop(loss);
+    track!(t).unwrap();
+    let lines = last_group_lines(&t);
+    assert!(
+        lines.contains(&(float("(4, 2, 3)", "0.0001") + " | gradient")),
+        "a named parameter's: {lines:#?}"
+    );
+    assert!(lines.contains(&(float("(5, 12)", "0.0002") + " | gradient")), "an unnamed one's: {lines:#?}");
+    t.optimizer_step(|| opt.step());
+    track!(t).unwrap();
+    let lines = last_group_lines(&t);
+    assert!(
+        lines.contains(&(line('+', 2, "(5, 12)", "0.0005", TENSOR, "torch.float32") + " | optimizer state")),
+        "{lines:#?}"
+    );
+    drop((x, y, pooled, indices, pooled2, opt, fc, conv, vs));
 }

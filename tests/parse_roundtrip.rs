@@ -8,7 +8,7 @@ use gpu_mem_track::log::{
     parse_log, parse_log_bytes, parse_log_file, parse_log_lenient, AtLine, GroupLine, LogBlock, LogHeader,
     MemoryField, ParsedLog, SourceLocation, ALLOCATED, TENSOR_USED,
 };
-use gpu_mem_track::{track, Sign, TensorClass};
+use gpu_mem_track::{track, Sign, TensorClass, TensorRole};
 use proptest::prelude::*;
 use tch::{Device, Kind, Tensor};
 
@@ -99,8 +99,13 @@ fn arb_group_line() -> impl Strategy<Value = GroupLine> {
         prop::sample::select(vec!["torch.float32", "torch.int64", "torch.bool", "torch.bfloat16"]),
         prop::option::of("aten::[a-z_]{1,30}(\\.[a-z]{1,8})?"),
         -3i64..4,
+        prop::option::of(prop::sample::select(vec![
+            "gradient",
+            "optimizer state",
+            "internal to aten::max_pool2d",
+        ])),
     )
-        .prop_map(|(plus, count, shape, bytes, param, dtype, op, views)| GroupLine {
+        .prop_map(|(plus, count, shape, bytes, param, dtype, op, views, role)| GroupLine {
             sign: if plus { Sign::Plus } else { Sign::Minus },
             count,
             shape,
@@ -108,6 +113,7 @@ fn arb_group_line() -> impl Strategy<Value = GroupLine> {
             memory_mib: group_mib(bytes as f64 / MIB).parse().unwrap(),
             class: if param { TensorClass::Parameter } else { TensorClass::Tensor },
             dtype: dtype.to_owned(),
+            role: role.and_then(TensorRole::from_label),
             op,
             views,
         })

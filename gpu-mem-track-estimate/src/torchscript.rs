@@ -186,6 +186,7 @@ pub fn peak_tensors(path: &Path, estimate: &Estimate) -> Result<Vec<gpu_mem_trac
             memory_mib: totals.bytes as f64 / gpu_mem_track_log::log::format::MIB,
             class: key.class,
             dtype: key.dtype.torch_name(),
+            role: key.role.clone(),
             op: None,
             views: i64::try_from(totals.views).unwrap_or(i64::MAX),
         })

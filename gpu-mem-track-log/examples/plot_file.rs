@@ -32,6 +32,7 @@ fn generate(points: usize, out: &Path) -> std::io::Result<()> {
         memory_mib: 6.125,
         class: TensorClass::Tensor,
         dtype: "torch.float32".into(),
+        role: None,
         op: None,
         views: 0,
     };

@@ -24,6 +24,7 @@ fn group(sign: Sign, count: u64, shape: &[i64], class: TensorClass) -> GroupLine
         memory_mib: bytes / format::MIB,
         class,
         dtype: "torch.float32".into(),
+        role: None,
         op: None,
         views: 0,
     }

@@ -109,6 +109,7 @@ mod tests {
             class: TensorClass::Tensor,
             view: false,
             op: None,
+            role: None,
         }
     }
 

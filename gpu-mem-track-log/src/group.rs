@@ -153,6 +153,48 @@ pub struct GroupKey {
     pub view: bool,
     /// The op that made the tensors, when the tracker groups by op (`op_names(true)`).
     pub op: Option<std::sync::Arc<str>>,
+    /// What the tensors are, when the tracker knows it from the program's structure.
+    pub role: Option<TensorRole>,
+}
+
+/// What a group's tensors are, as the tracker knows it from the program's structure (the same
+/// with or without a memory history): a field of its own on the log line, after the five of
+/// Pytorch-Memory-Utils (`| gradient`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TensorRole {
+    /// The gradient of a parameter the tracker knows by name (`watch_varstore`, `register`).
+    Gradient,
+    /// Made by an optimizer step (`MemTracker::optimizer_step`) and kept: Adam's moments.
+    OptimizerState,
+    /// Made by an op inside the program's call `op`, which did not return it: max-pool's indices,
+    /// a dropout mask, what autograd saves for backward.
+    Internal {
+        /// The program's call (`aten::max_pool2d`).
+        op: std::sync::Arc<str>,
+    },
+}
+
+impl TensorRole {
+    /// The field as the log prints it.
+    pub fn label(&self) -> String {
+        match self {
+            TensorRole::Gradient => "gradient".into(),
+            TensorRole::OptimizerState => "optimizer state".into(),
+            TensorRole::Internal { op } => format!("internal to {op}"),
+        }
+    }
+
+    /// The role a log field names, if it names one.
+    pub fn from_label(field: &str) -> Option<TensorRole> {
+        match field {
+            "gradient" => Some(TensorRole::Gradient),
+            "optimizer state" => Some(TensorRole::OptimizerState),
+            _ => field
+                .strip_prefix("internal to ")
+                .filter(|op| !op.is_empty())
+                .map(|op| TensorRole::Internal { op: op.into() }),
+        }
+    }
 }
 
 /// Count and bytes of one group. Bytes are the storages this group owns: a storage shared by

@@ -51,5 +51,5 @@ pub mod watch;
 
 pub use diff::{diff_groups, GroupChange, Sign, ViewLines};
 pub use error::{Error, Result};
-pub use group::{DType, GroupKey, GroupTotals, TensorClass};
+pub use group::{DType, GroupKey, GroupTotals, TensorClass, TensorRole};
 pub use trace::{Category, Phase, Replay, TimelinePoint, Trace, TraceEvent};

@@ -186,6 +186,7 @@ void record_segment(int32_t device_kind, int64_t address, int64_t size, bool all
 
 const char* current_op_name() { return t_op_stack.empty() ? "<no op>" : t_op_stack.back(); }
 const char* top_op_name() { return outermost_op_or("<no op>"); }
+size_t op_stack_depth() { return t_op_stack.size(); }
 const char* outermost_op_or(const char* fallback) { return t_op_stack.empty() ? fallback : t_op_stack.front(); }
 
 void op_stack_push(const char* name) { t_op_stack.push_back(name); }

@@ -1,6 +1,7 @@
 // Internal to the shim: the allocation recorder shared by the allocators (which report events)
 // and the estimators (which start/stop it and set phases).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 namespace gmt {
@@ -23,6 +24,8 @@ void set_phase(int32_t phase, int32_t iteration);
 const char* current_op_name();
 // The outermost op running on this thread (the call the program made), or "<no op>".
 const char* top_op_name();
+// How many ops run on this thread now (nested calls), as the op stack holds them.
+size_t op_stack_depth();
 // The outermost op running on this thread, or `fallback` outside any. The name lives at least as
 // long as that op runs (a dispatcher op's for the process; an autograd node's only while it runs).
 const char* outermost_op_or(const char* fallback);

@@ -87,6 +87,7 @@ static_assert(sizeof(Entry) == 32, "two entries to a cache line");
 struct EntryOrigin {
   int32_t name_id;  // its registered name; -1: none
   int32_t op_id;    // the op that returned it; -1 when registered explicitly
+  int32_t role;     // gmt_tensor_role as registered: optimizer state or internal (gradients are found by walks)
 };
 
 // A log group as the registry interns it: what a `+`/`-` line is keyed by, with the op that made
@@ -99,6 +100,7 @@ struct GroupDef {
   // Otherwise it is the autograd rule's (kParameterClass for a leaf requiring grad), re-checked.
   bool python_class;
   int32_t op_id;
+  int32_t role;  // gmt_tensor_role
 };
 
 // The classes a tensor without a Python object gets (tch's, or one Python never saw): the
@@ -155,21 +157,40 @@ struct Registry {
   };
   std::unordered_map<const void*, PythonClass> python_classes;  // PyTypeObject* -> class
   uint64_t next_seq = 0;
+  std::atomic<int32_t> optimizer_steps{0};  // running (gmt_registry_optimizer_step)
+  // Storages of named parameters' gradients, found once per grouped walk when a new entry needs
+  // its group (grads_walk: the walk they were found for).
+  std::unordered_set<const void*> grads;
+  uint64_t grads_walk = 0;
+  uint64_t walks = 0;
   size_t prune_at = kMinPruneAt;
   at::CallbackHandle handle = 0;
   std::atomic<bool> installed{false};
 
-  // Caller holds mu.
-  void record(const at::Tensor& t, int32_t name_id, int32_t op_id) {
+  // Caller holds mu. `returned`: the outermost op running returns it (the program's call), rather
+  // than an op that call ran; what an inner op made is internal until the outer call returns it,
+  // or a view of it. `gradient`: made inside autograd's AccumulateGrad (a parameter's .grad).
+  void record(const at::Tensor& t, int32_t name_id, int32_t op_id, bool returned = true, bool gradient = false) {
     if (!t.defined()) return;
     c10::TensorImpl* impl = t.unsafeGetTensorImpl();
     auto [slot, inserted] = index.try_emplace(impl, static_cast<uint32_t>(entries.size()));
+    if (returned && op_id >= 0) {
+      if (!inserted && origins[*slot].role == GMT_ROLE_INTERNAL) origins[*slot].role = GMT_ROLE_NONE;
+      if (t.is_view()) {
+        const uint32_t* base = index.find(t._base().unsafeGetTensorImpl());
+        if (base && origins[*base].role == GMT_ROLE_INTERNAL) origins[*base].role = GMT_ROLE_NONE;
+      }
+    }
     if (!inserted) {
       if (name_id >= 0) origins[*slot].name_id = name_id;
       return;  // keep the first registration's order (and the innermost op that returned it)
     }
+    const int32_t role = optimizer_steps.load(std::memory_order_relaxed) > 0 ? GMT_ROLE_OPTIMIZER_STATE
+                         : gradient                                       ? GMT_ROLE_GRADIENT
+                         : (!returned && op_id >= 0)                      ? GMT_ROLE_INTERNAL
+                                                                          : GMT_ROLE_NONE;
     entries.emplace_back(WeakImpl(t.getIntrusivePtr()), next_seq++, is_plain(impl));
-    origins.push_back(EntryOrigin{name_id, op_id});
+    origins.push_back(EntryOrigin{name_id, op_id, role});
     if (entries.size() >= prune_at) {
       prune();
       prune_at = std::max(kMinPruneAt, entries.size() * 2);
@@ -240,23 +261,49 @@ struct Registry {
     if (held >= 0) return held;
     const auto [class_id, python] = class_of(impl, parameter);
     e.group = intern_group(impl->sizes(), static_cast<int32_t>(impl->dtype().toScalarType()), class_id, python,
-                           origins[i].op_id);
+                           origins[i].op_id, role_of(origins[i], impl));
     return e.group;
   }
 
-  int32_t intern_group(c10::IntArrayRef sizes, int32_t scalar_type, int32_t class_id, bool python, int32_t op_id) {
-    std::string key(sizes.size() * sizeof(int64_t) + 3 * sizeof(int32_t) + 1, '\0');
+  // Caller holds mu and pins the tensor: its role. A named parameter's gradient is one whatever
+  // made it (autograd's AccumulateGrad may have, inside the backward pass), found by this walk.
+  int32_t role_of(const EntryOrigin& origin, const c10::TensorImpl* impl) {
+    if (!impl->has_storage()) return origin.role;
+    if (grads_walk != walks) {
+      grads_walk = walks;
+      find_grads(grads);
+    }
+    return grads.count(impl->unsafe_storage().unsafeGetStorageImpl()) ? GMT_ROLE_GRADIENT : origin.role;
+  }
+
+  // Caller holds mu. The storages of the named parameters' gradients.
+  void find_grads(std::unordered_set<const void*>& out) {
+    out.clear();
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (origins[i].name_id < 0) continue;
+      auto impl = entries[i].weak.lock();
+      if (!impl) continue;
+      const at::Tensor t(std::move(impl));
+      if (t.requires_grad() && t.grad().defined() && t.grad().has_storage())
+        out.insert(t.grad().storage().unsafeGetStorageImpl());
+    }
+  }
+
+  int32_t intern_group(c10::IntArrayRef sizes, int32_t scalar_type, int32_t class_id, bool python, int32_t op_id,
+                       int32_t role) {
+    std::string key(sizes.size() * sizeof(int64_t) + 4 * sizeof(int32_t) + 1, '\0');
     char* k = key.data();
     std::memcpy(k, sizes.data(), sizes.size() * sizeof(int64_t));
     k += sizes.size() * sizeof(int64_t);
     std::memcpy(k, &scalar_type, sizeof scalar_type);
     std::memcpy(k + sizeof(int32_t), &op_id, sizeof op_id);
     std::memcpy(k + 2 * sizeof(int32_t), &class_id, sizeof class_id);
-    k[3 * sizeof(int32_t)] = python ? 1 : 0;
+    std::memcpy(k + 3 * sizeof(int32_t), &role, sizeof role);
+    k[4 * sizeof(int32_t)] = python ? 1 : 0;
     auto [it, inserted] = group_ids.try_emplace(std::move(key), static_cast<int32_t>(groups.size()));
     if (inserted) {
       groups.push_back(
-          GroupDef{std::vector<int64_t>(sizes.begin(), sizes.end()), scalar_type, class_id, python, op_id});
+          GroupDef{std::vector<int64_t>(sizes.begin(), sizes.end()), scalar_type, class_id, python, op_id, role});
     }
     return it->second;
   }
@@ -309,15 +356,15 @@ Registry& registry() {
   return *r;
 }
 
-void record_ivalue(Registry& r, const c10::IValue& v, int32_t op) {
+void record_ivalue(Registry& r, const c10::IValue& v, int32_t op, bool returned, bool gradient) {
   if (v.isTensor()) {
-    r.record(v.toTensor(), -1, op);
+    r.record(v.toTensor(), -1, op, returned, gradient);
   } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList().vec()) r.record(t, -1, op);
+    for (const at::Tensor& t : v.toTensorList().vec()) r.record(t, -1, op, returned, gradient);
   } else if (v.isList()) {
-    for (const auto& e : v.toListRef()) record_ivalue(r, e, op);
+    for (const auto& e : v.toListRef()) record_ivalue(r, e, op, returned, gradient);
   } else if (v.isTuple()) {
-    for (const auto& e : v.toTupleRef().elements()) record_ivalue(r, e, op);
+    for (const auto& e : v.toTupleRef().elements()) record_ivalue(r, e, op, returned, gradient);
   }
 }
 
@@ -335,8 +382,17 @@ void record_outputs(const at::RecordFunction& fn) {
   std::lock_guard<std::mutex> lock(r.mu);
   // The outermost op running (the call the program made: aten::conv2d rather than the
   // aten::mkldnn_convolution it runs); this op itself when it is the outermost.
-  const int32_t op = r.op_id(gmt::outermost_op_or(fn.name()));
-  for (const auto& v : outputs) record_ivalue(r, v, op);
+  const char* outermost = gmt::outermost_op_or(fn.name());
+  const int32_t op = r.op_id(outermost);
+  // The op stack still holds this op: depth 1 is the program's own call. Under an autograd node
+  // (the backward pass) the ops' results are gradients flowing between nodes, not internal to a
+  // call; what the AccumulateGrad node makes is a parameter's gradient.
+  bool returned = gmt::op_stack_depth() <= 1, gradient = false;
+  if (!returned) {  // the common case, the program's own call, compares no names
+    returned = std::strstr(outermost, "autograd::") != nullptr || std::strstr(outermost, "Backward") != nullptr;
+    gradient = returned && std::strstr(outermost, "AccumulateGrad") != nullptr;
+  }
+  for (const auto& v : outputs) record_ivalue(r, v, op, returned, gradient);
 }
 
 void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
@@ -623,6 +679,8 @@ gmt_error take_snapshot(gmt_snapshot* s, int32_t device_kind, int32_t device_ind
           grads.insert(t.grad().storage().unsafeGetStorageImpl());
       }
     }
+    std::unordered_set<const void*> role_grads;  // as the grouped walk finds gradients
+    r.find_grads(role_grads);
     s->records.reserve(entries.size());
     for_each_live(r, [&](const Entry& e, const EntryOrigin& origin, const at::Tensor& t) {
       const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
@@ -654,6 +712,9 @@ gmt_error take_snapshot(gmt_snapshot* s, int32_t device_kind, int32_t device_ind
         rec.class_id = r.class_of(impl, rec.requires_grad && rec.is_leaf).first;
         rec.op_id = origin.op_id;
         rec.category = categorize ? category_of(t, rec.name_id, grads) : GMT_CAT_NONE;
+        rec.role = impl->has_storage() && role_grads.count(impl->unsafe_storage().unsafeGetStorageImpl())
+                       ? GMT_ROLE_GRADIENT
+                       : origin.role;
         s->records.push_back(rec);
       }
     });
@@ -945,6 +1006,7 @@ gmt_error take_grouped(gmt_snapshot* s, int32_t device_kind, int32_t device_inde
     {
       Registry& r = registry();
       std::lock_guard<std::mutex> lock(r.mu);
+      ++r.walks;  // gradients are found again, once, if a new entry needs its group
       auto& entries = r.entries;
       const size_t n = entries.size();
       WalkHelpers& helpers = WalkHelpers::get();
@@ -1186,7 +1248,7 @@ void gmt_snapshot_totals_of(const gmt_snapshot* s, gmt_snapshot_totals* out) {
 }
 
 int64_t gmt_registry_group(int32_t id, int64_t* sizes, size_t cap, int32_t* scalar_type, int32_t* class_id,
-                           int32_t* op_id) {
+                           int32_t* op_id, int32_t* role) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   if (id < 0 || static_cast<size_t>(id) >= r.groups.size()) return -1;
@@ -1195,7 +1257,12 @@ int64_t gmt_registry_group(int32_t id, int64_t* sizes, size_t cap, int32_t* scal
   if (scalar_type) *scalar_type = g.scalar_type;
   if (class_id) *class_id = g.class_id;
   if (op_id) *op_id = g.op_id;
+  if (role) *role = g.role;
   return static_cast<int64_t>(g.sizes.size());
+}
+
+void gmt_registry_optimizer_step(int32_t entering) {
+  registry().optimizer_steps.fetch_add(entering ? 1 : -1, std::memory_order_relaxed);
 }
 
 const char* gmt_registry_class_name(int32_t id) {

@@ -58,7 +58,7 @@ typedef struct {
   int32_t op_id;           // the op that returned it (-1: registered explicitly); name via gmt_registry_op_name
   int32_t category;        // gmt_category the tracker knows (name, .grad of a named parameter, history tag)
   int32_t class_id;        // its class: name via gmt_registry_class_name
-  int32_t pad2_;
+  int32_t role;            // gmt_tensor_role
 } gmt_tensor_record;
 static_assert(sizeof(gmt_tensor_record) == 88, "gmt_tensor_record is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
 
@@ -118,11 +118,17 @@ static_assert(sizeof(gmt_snapshot_totals) == 24, "gmt_snapshot_totals is mirrore
 gmt_error gmt_snapshot_take_grouped(gmt_snapshot* s, int32_t device_kind, int32_t device_index, int32_t detail);
 const gmt_group_total* gmt_snapshot_groups(const gmt_snapshot* s, size_t* len);
 void gmt_snapshot_totals_of(const gmt_snapshot* s, gmt_snapshot_totals* out);
+// What the registry knows a tensor is, from the program's structure (the same with or without a
+// memory history): the gradient of a named parameter, what an optimizer step made, or what an op
+// made inside a call that did not return it (max-pool's indices, a mask saved for backward).
+enum gmt_tensor_role { GMT_ROLE_NONE = 0, GMT_ROLE_GRADIENT = 1, GMT_ROLE_OPTIMIZER_STATE = 2, GMT_ROLE_INTERNAL = 3 };
+// Tensors ops return between an entering (1) and a leaving (0) call are optimizer state.
+void gmt_registry_optimizer_step(int32_t entering);
 // A log group of the registry (ids are stable for the process): copies up to `cap` sizes and
 // returns the number of dimensions, or -1 for an unknown id. `class_id`: see gmt_registry_class_name;
 // `op_id`: the op that made its tensors.
 int64_t gmt_registry_group(int32_t id, int64_t* sizes, size_t cap, int32_t* scalar_type, int32_t* class_id,
-                           int32_t* op_id);
+                           int32_t* op_id, int32_t* role);
 size_t gmt_snapshot_len(const gmt_snapshot* s);
 const gmt_tensor_record* gmt_snapshot_records(const gmt_snapshot* s);
 const int64_t* gmt_snapshot_dims(const gmt_snapshot* s, size_t* len);

@@ -67,7 +67,7 @@ pub struct gmt_tensor_record {
     pub op_id: i32,
     pub category: i32,
     pub class_id: i32,
-    pub pad2_: i32,
+    pub role: i32,
 }
 
 /// Totals of one log group in a grouped snapshot (mirrors `gmt_group_total` in `csrc/shim.h`).
@@ -138,6 +138,12 @@ pub const GMT_CAT_ACTIVATION: i32 = 4;
 pub const GMT_CAT_INPUT: i32 = 5;
 pub const GMT_CAT_KERNEL_SCRATCH: i32 = 6;
 pub const GMT_CAT_WORKSPACE: i32 = 7;
+
+/// `gmt_tensor_role` values.
+pub const GMT_ROLE_NONE: i32 = 0;
+pub const GMT_ROLE_GRADIENT: i32 = 1;
+pub const GMT_ROLE_OPTIMIZER_STATE: i32 = 2;
+pub const GMT_ROLE_INTERNAL: i32 = 3;
 pub const GMT_EVENT_ALLOC: u8 = 0;
 pub const GMT_EVENT_FREE: u8 = 1;
 pub const GMT_EVENT_SEGMENT_ALLOC: u8 = 2;
@@ -297,7 +303,10 @@ extern "C" {
         scalar_type: *mut i32,
         class_id: *mut i32,
         op_id: *mut i32,
+        role: *mut i32,
     ) -> i64;
+    /// Tensors ops return between `entering` 1 and 0 are optimizer state (`gmt_tensor_role`).
+    pub fn gmt_registry_optimizer_step(entering: i32);
     pub fn gmt_registry_class_name(id: i32) -> *const c_char;
     /// `type_` is a `PyTypeObject*` the caller keeps alive. Never call it holding the GIL.
     pub fn gmt_registry_name_class(type_: *const c_void, name: *const c_char) -> gmt_error;

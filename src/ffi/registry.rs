@@ -1,6 +1,8 @@
 //! The live-tensor registry (`csrc/registry.cpp`): registration, snapshots of the live tensors
 //! (per tensor or grouped as the log groups them), and the names and groups it interns.
-use gpu_mem_track_log::{Category, DType, TensorClass};
+use std::sync::Arc;
+
+use gpu_mem_track_log::{Category, DType, TensorClass, TensorRole};
 use gpu_mem_track_sys as sys;
 use std::ffi::{c_void, CStr};
 use std::ptr::NonNull;
@@ -48,6 +50,10 @@ impl TensorRecord {
     /// The op that returned it (see [`registry_op_name`]); `None` when registered explicitly.
     pub(crate) fn op_id(&self) -> Option<u32> {
         u32::try_from(self.0.op_id).ok()
+    }
+    /// What the registry knows the tensor is (its `gmt_tensor_role`).
+    pub(crate) fn role(&self) -> RoleCode {
+        RoleCode(self.0.role)
     }
     /// What the tracker knows it holds (filled by [`RegistryWalk::take_categorized`] only).
     pub(crate) fn category(&self) -> Option<Category> {
@@ -202,12 +208,14 @@ pub(crate) struct RegistryGroup {
     pub class: TensorClass,
     /// The op that made its tensors (see [`registry_op_name`]); `None` when registered explicitly.
     pub op_id: Option<u32>,
+    /// What its tensors are, when the registry knows.
+    pub role: RoleCode,
 }
 
 /// The registry's log group `id`; `None` for an id it never gave.
 pub(crate) fn registry_group(id: u32) -> Option<RegistryGroup> {
     let id = i32::try_from(id).ok()?;
-    let (mut scalar_type, mut class_id, mut op_id) = (0i32, 0i32, -1i32);
+    let (mut scalar_type, mut class_id, mut op_id, mut role) = (0i32, 0i32, -1i32, 0i32);
     let mut sizes = vec![0i64; 8];
     loop {
         // SAFETY: copies at most `sizes.len()` dims into our buffer and plain values into locals.
@@ -219,6 +227,7 @@ pub(crate) fn registry_group(id: u32) -> Option<RegistryGroup> {
                 &mut scalar_type,
                 &mut class_id,
                 &mut op_id,
+                &mut role,
             )
         };
         let ndim = usize::try_from(ndim).ok()?;
@@ -233,7 +242,35 @@ pub(crate) fn registry_group(id: u32) -> Option<RegistryGroup> {
         dtype: DType::from_scalar_type(scalar_type),
         class: registry_class(class_id),
         op_id: u32::try_from(op_id).ok(),
+        role: RoleCode(role),
     })
+}
+
+/// A `gmt_tensor_role` (see [`RoleCode::role`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct RoleCode(pub i32);
+
+impl RoleCode {
+    /// Made inside a call that did not return it.
+    pub(crate) fn is_internal(self) -> bool {
+        self.0 == sys::GMT_ROLE_INTERNAL
+    }
+
+    /// The role, naming the call an internal tensor was made in with `op` (the op id's name).
+    pub(crate) fn role(self, op: Option<Arc<str>>) -> Option<TensorRole> {
+        match self.0 {
+            sys::GMT_ROLE_GRADIENT => Some(TensorRole::Gradient),
+            sys::GMT_ROLE_OPTIMIZER_STATE => Some(TensorRole::OptimizerState),
+            sys::GMT_ROLE_INTERNAL => op.map(|op| TensorRole::Internal { op }),
+            _ => None,
+        }
+    }
+}
+
+/// Tensors ops return from now until `false` are optimizer state in the log.
+pub(crate) fn registry_optimizer_step(entering: bool) {
+    // SAFETY: adjusts an atomic counter.
+    unsafe { sys::gmt_registry_optimizer_step(i32::from(entering)) }
 }
 
 /// Totals of one log group in a grouped snapshot: the C record, read through these accessors.

@@ -7,8 +7,9 @@
 //! + | 1 * Size:(128, 32, 7, 7)      | Memory: 0.7656 M | <class 'torch.Tensor'> | torch.float32 | (+1 views)
 //! ```
 //!
-//! The five fields come first; what follows is optional, in this order: the op that made the
-//! tensors (when the tracker groups by op) and the views of their storages that came or went
+//! The five fields come first; what follows is optional, in this order: what the tensors are when
+//! the tracker knows (`gradient`, `optimizer state`, `internal to aten::max_pool2d`), the op that
+//! made them (when the tracker groups by op) and the views of their storages that came or went
 //! with them (tensors that add no memory; by default they have no line of their own).
 //!
 //! Byte-compatible with Pytorch-Memory-Utils except for its number truncation, which is fixed
@@ -18,7 +19,7 @@ use std::fmt::Write as _;
 use super::format::MIB;
 use super::{clip, parse_finite};
 use crate::diff::Sign;
-use crate::group::TensorClass;
+use crate::group::{TensorClass, TensorRole};
 
 /// One `+`/`-` line.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,6 +36,8 @@ pub struct GroupLine {
     pub class: TensorClass,
     /// Python dtype name (`torch.float32`).
     pub dtype: String,
+    /// What the tensors are, when the tracker knows (` | gradient`).
+    pub role: Option<TensorRole>,
     /// The op that made the tensors (` | aten::convolution`, a column printed only when the
     /// tracker groups by op).
     pub op: Option<String>,
@@ -58,6 +61,7 @@ impl GroupLine {
             memory_mib: c.bytes as f64 / MIB,
             class: c.key.class.clone(),
             dtype: c.key.dtype.torch_name(),
+            role: c.key.role.clone(),
             op: c.key.op.as_deref().map(str::to_owned),
             views: c.views,
         }
@@ -74,6 +78,10 @@ impl GroupLine {
             self.class.to_string(),
             self.dtype
         );
+        if let Some(role) = &self.role {
+            out.push_str(" | ");
+            out.push_str(&role.label());
+        }
         if let Some(op) = &self.op {
             out.push_str(" | ");
             out.push_str(op);
@@ -97,14 +105,22 @@ impl GroupLine {
             }
             _ => 0,
         };
+        // What the tensors are: the field after the five, when it names a role.
+        let role = match parts.get(4).and_then(|f| TensorRole::from_label(f)) {
+            Some(r) => {
+                parts.remove(4);
+                Some(r)
+            }
+            None => None,
+        };
         let (count_shape, memory, class, dtype, op) = match parts[..] {
             [a, b, c, d] => (a, b, c, d, None),
             [a, b, c, d, op] if !op.is_empty() => (a, b, c, d, Some(op)),
             _ => {
                 return Err(format!(
-                    "a group line has 5 `|`-separated columns (then its op and its views, when \
-                     printed), this one has {}",
-                    parts.len() + 1 + usize::from(views != 0)
+                    "a group line has 5 `|`-separated columns (then its role, its op and its views, \
+                     when printed), this one has {}",
+                    parts.len() + 1 + usize::from(views != 0) + usize::from(role.is_some())
                 ))
             }
         };
@@ -132,6 +148,7 @@ impl GroupLine {
             memory_mib,
             class: TensorClass::from_python_name(class),
             dtype: dtype.to_owned(),
+            role,
             op: op.map(str::to_owned),
             views,
         })
@@ -248,18 +265,33 @@ mod tests {
             memory_mib: 240.0,
             class: TensorClass::Tensor,
             dtype: "torch.float32".into(),
+            role: None,
             op: Some("aten::convolution".into()),
             views: 0,
         };
         let line = g.render();
         assert!(is_group_line(&line));
         assert_eq!(GroupLine::parse(line.trim_end_matches('\n')), Ok(g.clone()));
-        for (op, views, tail) in [
-            (None, 2, "torch.float32 | (+2 views)\n"),
-            (Some("aten::convolution"), 2, "torch.float32 | aten::convolution | (+2 views)\n"),
-            (None, -1, "torch.float32 | (-1 views)\n"),
+        let internal = Some(TensorRole::Internal { op: "aten::max_pool2d".into() });
+        for (role, op, views, tail) in [
+            (None, None, 2, "torch.float32 | (+2 views)\n"),
+            (None, Some("aten::convolution"), 2, "torch.float32 | aten::convolution | (+2 views)\n"),
+            (None, None, -1, "torch.float32 | (-1 views)\n"),
+            (Some(TensorRole::Gradient), None, 0, "torch.float32 | gradient\n"),
+            (
+                Some(TensorRole::OptimizerState),
+                Some("aten::mul"),
+                0,
+                "torch.float32 | optimizer state | aten::mul\n",
+            ),
+            (
+                internal,
+                Some("aten::max_pool2d"),
+                1,
+                "torch.float32 | internal to aten::max_pool2d | aten::max_pool2d | (+1 views)\n",
+            ),
         ] {
-            let g = GroupLine { op: op.map(String::from), views, ..g.clone() };
+            let g = GroupLine { role, op: op.map(String::from), views, ..g.clone() };
             let line = g.render();
             assert!(line.ends_with(tail), "{line}");
             // The five fields first: a reader of the Python tool's format splits them off.
