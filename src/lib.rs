@@ -157,15 +157,21 @@ macro_rules! track {
     }};
 }
 
-/// The current [`Site`] as a `&'static Site`, computed once per call site.
+/// The current [`Site`] as a `&'static Site`, computed once per call site: the one way a call
+/// site is named, for `track!` and `#[track_memory]` (whose expansion calls this with the line of
+/// the function's name or closing brace, and its mark).
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __site {
-    () => {{
+    () => {
+        $crate::__site!(::core::line!(), ::core::option::Option::None)
+    };
+    ($line:expr, $mark:expr) => {{
+        // A local item's type name is the path of the function it is written in.
         fn __gmt_here() {}
         static SITE: ::std::sync::OnceLock<$crate::Site> = ::std::sync::OnceLock::new();
         SITE.get_or_init(|| {
-            $crate::Site::new(::core::file!(), ::core::line!(), ::std::any::type_name_of_val(&__gmt_here))
+            $crate::__private::site(::core::file!(), $line, ::std::any::type_name_of_val(&__gmt_here), $mark)
         })
     }};
 }
@@ -173,6 +179,15 @@ macro_rules! __site {
 #[doc(hidden)]
 pub mod __private {
     use crate::{Error, MemTracker, Site, TrackPoint};
+
+    /// The site `__site!` names: `mark` (`enter`, `exit`) after the function when given.
+    pub fn site(file: &'static str, line: u32, function_path: &str, mark: Option<&str>) -> Site {
+        let site = Site::new(file, line, function_path);
+        match mark {
+            Some(mark) => site.marked(mark),
+            None => site,
+        }
+    }
 
     /// What `track!()` expands to.
     pub fn track_or_warn(tracker: Result<&MemTracker, &Error>, site: &Site) -> Option<TrackPoint> {

@@ -122,11 +122,7 @@ fn write_report(
         device: device.to_string(),
         op: e.op.clone(),
         top_op: e.top_op.clone(),
-        last_site: state.last_site.map(|s| SourceLocation {
-            file: s.file.to_owned(),
-            line: s.line,
-            function: s.function.to_string(),
-        }),
+        last_site: state.last_site.map(SourceLocation::from),
         requested: e.requested,
         tensor_used: snap.tensor_bytes,
         allocated,

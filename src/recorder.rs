@@ -57,7 +57,14 @@ pub fn snapshot_at(event: i64) {
     ffi::recorder_snapshot_at(event)
 }
 
-/// The live tensors [`snapshot_at`] captured, grouped as the log groups them (parameters apart).
+/// Asks the next recording to snapshot the live tensors at the end of each op that raises its peak
+/// of live bytes: once it stops, [`peak_snapshot`] is the peak's, from that one run (the first
+/// event at the highest live bytes, as an estimate names its peak).
+pub fn snapshot_peaks(on: bool) {
+    ffi::recorder_snapshot_peaks(on)
+}
+
+/// The live tensors [`snapshot_at`] or [`snapshot_peaks`] captured, grouped as the log groups them (parameters apart).
 pub fn peak_snapshot() -> Snapshot {
     let (records, dims) = ffi::peak_snapshot_records();
     Snapshot::from_records(&records, &dims, true, false)

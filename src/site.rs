@@ -20,6 +20,17 @@ pub struct Site {
     pub function: Arc<str>,
 }
 
+/// The place a log line names: a site's file, line and function, owned.
+impl From<&Site> for gpu_mem_track_log::log::SourceLocation {
+    fn from(s: &Site) -> Self {
+        gpu_mem_track_log::log::SourceLocation {
+            file: s.file.to_owned(),
+            line: s.line,
+            function: s.function.to_string(),
+        }
+    }
+}
+
 impl Site {
     /// A site from its parts; `function_path` is a full Rust path such as `type_name` returns.
     pub fn new(file: &'static str, line: u32, function_path: &str) -> Self {

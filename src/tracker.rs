@@ -289,11 +289,7 @@ pub struct TrackPoint {
 impl TrackPoint {
     /// The `At` line this point printed.
     pub fn at_line(&self) -> AtLine {
-        let location = SourceLocation {
-            file: self.site.file.to_owned(),
-            line: self.site.line,
-            function: self.site.function.to_string(),
-        };
+        let location = SourceLocation::from(&self.site);
         AtLine::of_track(
             location,
             &TrackFigures {

@@ -5,7 +5,6 @@
 //!
 //! Exit codes: 0 success, 1 error (one line on stderr naming the file or option), 2 usage.
 use std::ffi::OsString;
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::Command as Process;
 use std::sync::atomic::AtomicBool;
@@ -27,6 +26,8 @@ const ESTIMATE_BINARY: &str = "gpu-mem-track-estimate";
 #[derive(Parser)]
 #[command(name = "gpu-mem-track", version, about = "Where does the GPU memory of a tch program go?")]
 struct Cli {
+    #[command(flatten)]
+    verbosity: crate::VerbosityArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -108,8 +109,8 @@ enum Command {
         #[arg(long, default_value = "")]
         prefix: String,
         /// Start a new file when the current one reaches this size (`64MiB`, `1GB`, or bytes).
-        #[arg(long, value_parser = gpu_mem_track_log::units::parse_memory_size)]
-        rotate_bytes: Option<u64>,
+        #[arg(long, alias = "rotate-bytes", value_parser = gpu_mem_track_log::units::parse_memory_size)]
+        rotate_size: Option<u64>,
         /// Watch a simulated GPU with this many processes instead of NVML (for tests and
         /// soak benchmarks of the watch loop on machines without a driver).
         #[arg(long, hide = true)]
@@ -136,6 +137,8 @@ const ESTIMATOR_HELP: [(&str, &str); 3] = [
 #[derive(Parser)]
 #[command(name = "gpu-mem-track timeline")]
 struct PickleTimeline {
+    #[command(flatten)]
+    verbosity: crate::VerbosityArgs,
     /// The snapshot pickle.
     snapshot: PathBuf,
     /// Output: `.svg`, `.png` or `.json`.
@@ -240,11 +243,9 @@ fn plot(log: &Path, output: &Path, title: Option<String>) -> Result<()> {
         .unwrap_or_else(|| log.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default());
     // Streams the log; the warnings come back summarised (the first few, then a count).
     for w in plot_log_file(log, &title, output)? {
-        eprintln!("warning: {w}");
+        crate::warn(w);
     }
-    if std::io::stderr().is_terminal() {
-        eprintln!("wrote {}", output.display());
-    }
+    crate::note(format_args!("wrote {}", output.display()));
     Ok(())
 }
 
@@ -256,8 +257,27 @@ fn timeline(args: &[OsString]) -> Result<()> {
     if !is_pickle {
         return run_estimate_binary("timeline", args);
     }
-    let t =
-        PickleTimeline::parse_from(std::iter::once(OsString::from("timeline")).chain(args.iter().cloned()));
+    // Not parse_from: a usage error must not end a host process (the Python package's).
+    let t = match PickleTimeline::try_parse_from(
+        std::iter::once(OsString::from("timeline")).chain(args.iter().cloned()),
+    ) {
+        Ok(t) => t,
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print(); // --help
+            return Ok(());
+        }
+        Err(e) => {
+            // clap's text up to its usage line, on one line.
+            let text = e.to_string();
+            let said: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .take_while(|l| !l.starts_with("Usage:"))
+                .filter(|l| !l.is_empty())
+                .collect();
+            bail!("timeline: {}", said.join(" ").trim_start_matches("error: "))
+        }
+    };
     let is_json = crate::timeline_is_json(&t.output)?;
     let trace = read_snapshot_trace(&t.snapshot)?;
     let title = t.snapshot.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
@@ -266,6 +286,7 @@ fn timeline(args: &[OsString]) -> Result<()> {
     } else {
         plot_timeline(&trace, &title, &t.output)?;
     }
+    crate::note(format_args!("wrote {}", t.output.display()));
     Ok(())
 }
 
@@ -279,36 +300,35 @@ fn watch(cfg: WatchConfig, simulate: Option<u32>) -> Result<()> {
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, Arc::clone(&stop)).context("cannot install signal handlers")?;
     }
-    if std::io::stderr().is_terminal() {
-        eprintln!(
-            "watching GPU {} every {:?} into {} (Ctrl-C to stop)",
-            cfg.device,
-            cfg.interval,
-            cfg.log_dir.display()
-        );
-    }
+    crate::note(format_args!(
+        "watching GPU {} every {:?} into {} (Ctrl-C to stop)",
+        cfg.device,
+        cfg.interval,
+        cfg.log_dir.display()
+    ));
     let summary = run_watch(source.as_mut(), &cfg, &stop)?;
-    if std::io::stderr().is_terminal() {
-        let why = match summary.stopped_by {
-            StopReason::Duration => "duration reached",
-            StopReason::Samples => "sample count reached",
-            StopReason::Stopped => "stopped",
-        };
-        eprintln!("{} samples ({why}); files:", summary.samples);
-        for f in &summary.files {
-            eprintln!("  {}", f.display());
-        }
+    let why = match summary.stopped_by {
+        StopReason::Duration => "duration reached",
+        StopReason::Samples => "sample count reached",
+        StopReason::Stopped => "stopped",
+    };
+    crate::note(format_args!("{} samples ({why}); files:", summary.samples));
+    for f in &summary.files {
+        crate::note(format_args!("  {}", f.display()));
     }
     Ok(())
 }
 
 fn run(cli: Cli) -> Result<()> {
+    cli.verbosity.apply();
+    // The binary that runs models gets the same -q/-v.
+    let handed = |args: Vec<OsString>| [cli.verbosity.as_args(), args].concat();
     match cli.command {
         Command::Report { logs, json, top } => report(&logs, json, top),
         Command::Plot { log, output, title } => plot(&log, &output, title),
-        Command::Estimate { args } => run_estimate_binary("estimate", &args),
-        Command::Fit { args } => run_estimate_binary("fit", &args),
-        Command::Timeline { args } => timeline(&args),
+        Command::Estimate { args } => run_estimate_binary("estimate", &handed(args)),
+        Command::Fit { args } => run_estimate_binary("fit", &handed(args)),
+        Command::Timeline { args } => timeline(&handed(args)),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(shell, &mut Cli::command(), "gpu-mem-track", &mut std::io::stdout());
@@ -323,7 +343,7 @@ fn run(cli: Cli) -> Result<()> {
             samples,
             log_dir,
             prefix,
-            rotate_bytes,
+            rotate_size,
             simulate_nvml,
         } => {
             let target = if all {
@@ -341,7 +361,7 @@ fn run(cli: Cli) -> Result<()> {
                 max_samples: samples,
                 log_dir,
                 prefix,
-                rotate_bytes,
+                rotate_bytes: rotate_size,
             };
             watch(cfg, simulate_nvml)
         }

@@ -1,13 +1,98 @@
 //! What both binaries of the gpu-mem-track command line share: exit codes and one-line errors,
 //! and how a timeline is written. The `gpu-mem-track` binary of this package links no libtorch;
 //! `gpu-mem-track-estimate` (package `gpu-mem-track-estimate`, feature `cli`) does, and uses this too.
+use std::fmt::Display;
+use std::io::IsTerminal;
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use anyhow::{bail, Context, Result};
 use gpu_mem_track_log::Trace;
 
 pub mod command;
+
+/// `-q` / `-v`, global to every subcommand of both binaries: how much is said on stderr besides
+/// the result (stdout) and errors, which are always printed.
+#[derive(clap::Args, Debug, Clone, Copy, Default)]
+pub struct VerbosityArgs {
+    /// Say nothing on stderr but errors: no progress, warnings or notes.
+    #[arg(short, long, global = true, conflicts_with = "verbose", display_order = 900)]
+    pub quiet: bool,
+    /// Also say what is done and where, even when stderr is not a terminal.
+    #[arg(short, long, global = true, display_order = 901)]
+    pub verbose: bool,
+}
+
+impl VerbosityArgs {
+    /// Makes these flags the process's ([`verbosity`]).
+    pub fn apply(self) {
+        let level = if self.quiet {
+            Verbosity::Quiet
+        } else if self.verbose {
+            Verbosity::Verbose
+        } else {
+            Verbosity::Normal
+        };
+        VERBOSITY.store(level as u8, Ordering::Relaxed);
+    }
+
+    /// The flags as arguments again, for the binary a subcommand is handed to.
+    pub fn as_args(self) -> Vec<std::ffi::OsString> {
+        let flag = if self.quiet {
+            Some("--quiet")
+        } else if self.verbose {
+            Some("--verbose")
+        } else {
+            None
+        };
+        flag.into_iter().map(Into::into).collect()
+    }
+}
+
+/// How much the command line says on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Verbosity {
+    /// Errors only.
+    Quiet = 0,
+    /// Warnings always; progress and notes when stderr is a terminal.
+    Normal = 1,
+    /// Warnings and notes always; progress when stderr is a terminal.
+    Verbose = 2,
+}
+
+static VERBOSITY: AtomicU8 = AtomicU8::new(Verbosity::Normal as u8);
+
+/// The process's verbosity ([`VerbosityArgs::apply`]).
+pub fn verbosity() -> Verbosity {
+    match VERBOSITY.load(Ordering::Relaxed) {
+        0 => Verbosity::Quiet,
+        2 => Verbosity::Verbose,
+        _ => Verbosity::Normal,
+    }
+}
+
+/// `warning: ...` on stderr, unless `--quiet`.
+pub fn warn(message: impl Display) {
+    if verbosity() > Verbosity::Quiet {
+        eprintln!("warning: {message}");
+    }
+}
+
+/// A note on what was done (`wrote plot.svg`): on a terminal, or anywhere with `--verbose`; never
+/// with `--quiet`.
+pub fn note(message: impl Display) {
+    match verbosity() {
+        Verbosity::Verbose => eprintln!("{message}"),
+        Verbosity::Normal if std::io::stderr().is_terminal() => eprintln!("{message}"),
+        _ => {}
+    }
+}
+
+/// Whether a progress bar may be drawn: stderr is a terminal and `--quiet` was not given.
+pub fn shows_progress() -> bool {
+    verbosity() > Verbosity::Quiet && std::io::stderr().is_terminal()
+}
 
 /// Exit 0, or 1 with one line on stderr naming the file or option (usage errors exit 2 in clap).
 pub fn exit_code(result: Result<()>) -> ExitCode {

@@ -56,10 +56,14 @@ fn usage_errors_exit_2_and_every_subcommand_has_help() {
     assert_eq!(run(&["frobnicate"]).status.code(), Some(2));
     assert_eq!(run(&["watch", "--interval", "fast"]).status.code(), Some(2));
     assert_eq!(run(&["watch", "--pid", "1", "--all"]).status.code(), Some(2));
-    for sub in ["report", "plot", "watch"] {
+    for sub in ["report", "plot", "watch", "completions"] {
         let o = run(&[sub, "--help"]);
         assert!(o.status.success());
-        assert!(String::from_utf8_lossy(&o.stdout).contains("Usage: gpu-mem-track"));
+        let help = String::from_utf8_lossy(&o.stdout);
+        assert!(help.contains("Usage: gpu-mem-track"), "{help}");
+        assert!(help.contains("-q, --quiet") && help.contains("-v, --verbose"), "{sub}: {help}");
+        // A subcommand that prints figures can print them as JSON; the others write files.
+        assert_eq!(help.contains("--json"), sub == "report", "{sub}: {help}");
     }
 }
 
@@ -143,8 +147,8 @@ fn durations_and_timeline_outputs_are_named_for_what_they_are() {
         assert_eq!(o.status.code(), Some(2), "a usage error, not a panic: {}", stderr(&o));
         assert!(stderr(&o).contains(args[0]), "{}", stderr(&o));
     }
-    // --rotate-bytes takes a size as --gpu-mem does; a bad one is a usage error naming it.
-    let o = run(&["watch", "--rotate-bytes", "64 parsecs", "--log-dir", d]);
+    // --rotate-size (also --rotate-bytes) takes a size as --gpu-mem does; a bad one is a usage error naming it.
+    let o = run(&["watch", "--rotate-size", "64 parsecs", "--log-dir", d]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("not a memory size like 24GiB"), "{}", stderr(&o));
     let o = run(&["watch", "--rotate-bytes", "1KiB", "--samples", "1", "--log-dir", d]);
@@ -184,8 +188,43 @@ fn estimate_fit_and_model_timelines_run_the_estimator_beside_it_or_on_path() {
     let alone = tempfile::tempdir().unwrap();
     let exe = installed_alone(alone.path());
     let path = format!("{}:/usr/bin:/bin", dir.path().display());
-    let o = Command::new(&exe).args(["fit", "m.pt"]).env("PATH", path).output().unwrap();
+    let o = Command::new(&exe).args(["fit", "m.pt"]).env("PATH", path.clone()).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&o.stdout), "estimator: fit m.pt\n");
+    // -q / -v given before the subcommand reach it too.
+    for (flag, handed) in [("-q", "--quiet"), ("--verbose", "--verbose")] {
+        let o = Command::new(&exe).args([flag, "fit", "m.pt"]).env("PATH", path.clone()).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&o.stdout), format!("estimator: fit {handed} m.pt\n"));
+    }
+}
+
+/// stderr, not a terminal here: warnings by default, nothing with -q, notes too with -v; stdout is
+/// the same in all three.
+#[test]
+fn quiet_and_verbose_set_what_stderr_says() {
+    let dir = tempfile::tempdir().unwrap();
+    // A log with a line no reader knows: plot warns about it.
+    let log = dir.path().join("odd.txt");
+    let text = std::fs::read_to_string(FIXTURE).unwrap();
+    std::fs::write(&log, format!("{text}this line is not a log line\n")).unwrap();
+    let svg = dir.path().join("odd.svg");
+    let plot = |flags: &[&str]| {
+        let mut args = flags.to_vec();
+        args.extend(["plot", log.to_str().unwrap(), "-o", svg.to_str().unwrap()]);
+        let o = run(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        stderr(&o)
+    };
+    let normal = plot(&[]);
+    assert!(normal.contains("warning:") && !normal.contains("wrote"), "{normal}");
+    assert_eq!(plot(&["-q"]), "");
+    let verbose = plot(&["-v"]);
+    assert!(
+        verbose.contains("warning:") && verbose.contains(&format!("wrote {}", svg.display())),
+        "{verbose}"
+    );
+    assert_eq!(run(&["-q", "-v", "report", FIXTURE]).status.code(), Some(2), "one or the other");
+    let o = run(&["report", "-q", FIXTURE]);
+    assert!(o.status.success() && !o.stdout.is_empty(), "the figures still print: {}", stderr(&o));
 }
 
 #[test]

@@ -24,10 +24,6 @@ pub enum Error {
         /// `model.py line 12`); empty when the graph could not be read.
         all: Vec<String>,
     },
-
-    /// A call into libtorch failed; the message is libtorch's.
-    #[error("libtorch call {call} failed: {message}")]
-    Libtorch { call: &'static str, message: String },
 }
 
 impl From<gpu_mem_track::LogError> for Error {

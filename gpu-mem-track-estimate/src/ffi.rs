@@ -17,30 +17,24 @@ use sys::copy_table;
 use crate::error::{Error, Result};
 use crate::figures::{CpuTensors, FallbackOp, ModelSizes, StaticEstimate};
 
-/// The shim's code of a device kind.
-fn device_code(kind: DeviceKind) -> i32 {
-    match kind {
-        DeviceKind::Cpu => sys::GMT_DEV_CPU,
-        DeviceKind::Cuda => sys::GMT_DEV_CUDA,
-        DeviceKind::Meta => sys::GMT_DEV_META,
-    }
-}
+use sys::safe::bytes;
 
-fn bytes(v: i64) -> u64 {
-    v.max(0) as u64
+/// A failed shim call is the tracker's [`Libtorch`](gpu_mem_track::Error::Libtorch) error: one
+/// error for libtorch's failures, whichever crate made the call.
+impl From<sys::safe::ShimError> for Error {
+    fn from(e: sys::safe::ShimError) -> Self {
+        Error::Tracker(e.into())
+    }
 }
 
 /// Turns a shim error (owned C string or null) into a typed error.
 fn check(call: &'static str, err: sys::gmt_error) -> Result<()> {
-    // SAFETY: `err` is what a shim call returned: null, or an error string we now own.
-    match unsafe { sys::take_string(err) } {
-        None => Ok(()),
-        Some(message) => Err(Error::Libtorch { call, message }),
-    }
+    // SAFETY: `err` is what a shim call returned (every caller passes a call's result).
+    Ok(unsafe { sys::safe::check(call, err) }?)
 }
 
 fn c_string(call: &'static str, s: &str) -> Result<CString> {
-    CString::new(s).map_err(|_| Error::Libtorch { call, message: format!("name {s:?} contains a NUL byte") })
+    Ok(sys::safe::c_string(call, s)?)
 }
 
 /// The optimizers the shim implements for tch-native estimates.
@@ -161,7 +155,7 @@ pub(crate) fn estimate_torchscript(
         train: call.train as i32,
         optimizer: call.optimizer.code(),
         iterations: call.iterations,
-        device_kind: device_code(call.device_kind),
+        device_kind: call.device_kind.code(),
         eager_lifetimes: call.eager_lifetimes as i32,
     };
     let reads_before = meta_scalar_reads();
@@ -292,7 +286,7 @@ pub(crate) fn tensor_to_device_in_place(
     // SAFETY: `as_ptr` is tch's live at::Tensor*; set_data mutates the TensorImpl behind it, which
     // is what every handle on this variable shares (the intent: the VarStore sees the new data).
     check("move to device", unsafe {
-        sys::gmt_tensor_to_device_in_place(t.as_ptr() as *mut c_void, device_code(device_kind), scalar_type)
+        sys::gmt_tensor_to_device_in_place(t.as_ptr() as *mut c_void, device_kind.code(), scalar_type)
     })
 }
 
@@ -306,7 +300,7 @@ pub(crate) fn tag_parameter_tensor(t: &tch::Tensor) -> Result<()> {
 #[cfg(feature = "tch")]
 /// A new tensor on the meta device or the CPU (random floats, zero integers).
 pub(crate) fn make_tensor(shape: &[i64], dtype: DType, device_kind: DeviceKind) -> Result<tch::Tensor> {
-    let (scalar_type, device_kind) = (dtype.scalar_type(), device_code(device_kind));
+    let (scalar_type, device_kind) = (dtype.scalar_type(), device_kind.code());
     let mut out: *mut c_void = std::ptr::null_mut();
     // SAFETY: `shape` lives for the call; `out` receives a new at::Tensor* we take ownership of.
     check("make tensor", unsafe {
@@ -324,9 +318,9 @@ pub(crate) struct ShimOptimizer(NonNull<c_void>);
 impl ShimOptimizer {
     pub(crate) fn new(kind: OptimizerKind) -> Result<Self> {
         // SAFETY: allocation; null on failure.
-        NonNull::new(unsafe { sys::gmt_optimizer_new(kind.code()) })
-            .map(ShimOptimizer)
-            .ok_or(Error::Libtorch { call: "optimizer", message: "out of memory".into() })
+        NonNull::new(unsafe { sys::gmt_optimizer_new(kind.code()) }).map(ShimOptimizer).ok_or_else(|| {
+            Error::from(sys::safe::ShimError { call: "optimizer", message: "out of memory".into() })
+        })
     }
 
     pub(crate) fn step(&mut self, params: &[tch::Tensor]) -> Result<()> {

@@ -72,6 +72,6 @@ pub use saved::{memory_for_backward, memory_for_backward_excluding, SavedByOp, S
 pub use size::varstore_size;
 pub use size::{optimizer_state_bytes, torchscript_size, Activations, ModelSize};
 pub use torchscript::{
-    check_meta_kernels, estimate_static, estimate_torchscript, estimate_torchscript_traced, peak_tensors,
-    MetaKernelCase,
+    check_meta_kernels, estimate_static, estimate_torchscript, estimate_torchscript_traced,
+    estimate_torchscript_with_peak_tensors, model_runs, MetaKernelCase,
 };

@@ -3,7 +3,6 @@
 //! subcommands; it can also be called directly.
 //!
 //! Exit codes: 0 success, 1 error (one line on stderr naming the file or option), 2 usage.
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -11,6 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use gpu_mem_track::history::read_snapshot_trace;
+use gpu_mem_track::log::GroupLine;
 use gpu_mem_track::plot::plot_timeline;
 use gpu_mem_track_estimate::fit::{budget, fit_torchscript, parse_memory_size, FitDimension, FitProbe};
 use gpu_mem_track_estimate::gpu_runtime::{place_runtime_allocations, with_workspaces, RuntimeSizes};
@@ -22,8 +22,8 @@ use gpu_mem_track_estimate::report::{
 use gpu_mem_track_estimate::sharding::{per_rank_trace, Parallelism, Shard, TrainingPrecision};
 use gpu_mem_track_estimate::Error;
 use gpu_mem_track_estimate::{
-    estimate_progress, estimate_static, estimate_torchscript_traced, peak_tensors, Estimate, EstimateDevice,
-    EstimateOptions, Lifetimes, Mode, Optimizer, Precision, Trace,
+    estimate_progress, estimate_static, estimate_torchscript_traced, estimate_torchscript_with_peak_tensors,
+    Estimate, EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Trace,
 };
 
 #[derive(Parser)]
@@ -34,6 +34,8 @@ use gpu_mem_track_estimate::{
     about = "Where does the GPU memory of a tch program go? (the commands that run models)"
 )]
 struct Cli {
+    #[command(flatten)]
+    verbosity: gpu_mem_track_cli::VerbosityArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -145,9 +147,6 @@ struct ModelArgs {
     /// The input is integer token ids (int64), e.g. for language models.
     #[arg(long)]
     ids: bool,
-    /// Precision of parameters and input: f32, f16 or bf16.
-    #[arg(long, value_enum, default_value_t = Precision::F32)]
-    dtype: Precision,
     /// Optimizer for --mode train: sgd, momentum, adam or adamw.
     #[arg(long, value_enum, default_value_t = Optimizer::Adam)]
     optimizer: Optimizer,
@@ -156,11 +155,12 @@ struct ModelArgs {
     /// inputs until the call returns).
     #[arg(long, value_enum, default_value_t = Lifetimes::TorchScript)]
     lifetimes: Lifetimes,
-    /// Training precision: fp32, bf16 (everything bf16), amp-bf16 or amp-fp16 (low-precision
-    /// weights and activations, fp32 master weights and optimizer state). Sets the dtype the
-    /// model runs in; figures are then given per rank.
-    #[arg(long, value_enum, conflicts_with = "dtype")]
-    precision: Option<TrainingPrecision>,
+    /// The dtype the model runs in: fp32, fp16 or bf16 (parameters, gradients, optimizer state,
+    /// float inputs and activations), or amp-bf16 / amp-fp16 (mixed precision: low-precision
+    /// weights and activations, fp32 master weights and optimizer state; figures per rank).
+    /// `--dtype` is another name for it.
+    #[arg(long, alias = "dtype", value_enum, default_value_t = TrainingPrecision::Fp32)]
+    precision: TrainingPrecision,
     /// Data-parallel ranks (GPUs) sharing the model states; figures are per rank.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     world_size: u64,
@@ -183,7 +183,7 @@ impl ModelArgs {
         EstimateOptions {
             input_shape: input.0.clone(),
             input_is_index: self.ids,
-            precision: self.precision.map_or(self.dtype, TrainingPrecision::working),
+            precision: self.precision.working(),
             mode: match mode {
                 ModeArg::Train => Mode::Train(self.optimizer),
                 ModeArg::Inference => Mode::Inference,
@@ -197,14 +197,11 @@ impl ModelArgs {
 impl ModelArgs {
     /// The data-parallel job, when one was described (else figures are for one process).
     fn parallelism(&self) -> Option<Parallelism> {
-        let asked = self.precision.is_some() || self.world_size > 1 || self.shard != Shard::None;
-        asked.then(|| Parallelism {
+        let asked = self.precision.mixed() || self.world_size > 1 || self.shard != Shard::None;
+        asked.then_some(Parallelism {
             world_size: self.world_size,
             shard: self.shard,
-            precision: self.precision.unwrap_or(match self.dtype {
-                Precision::F32 => TrainingPrecision::Fp32,
-                _ => TrainingPrecision::Bf16,
-            }),
+            precision: self.precision,
         })
     }
 }
@@ -225,7 +222,7 @@ fn parse_shape(s: &str) -> Result<Shape, String> {
 /// A bar (`len` steps) or a spinner on stderr with `prefix`, ticking on its own; `None` when
 /// stderr is not a terminal (a pipe or a log gets no progress lines).
 fn progress(prefix: String, len: Option<u64>) -> Option<indicatif::ProgressBar> {
-    if !std::io::stderr().is_terminal() {
+    if !gpu_mem_track_cli::shows_progress() {
         return None;
     }
     let (bar, style) = match len {
@@ -307,20 +304,33 @@ struct EstimateArgs {
     json: bool,
 }
 
-/// Runs the meta (or CPU) estimate with a progress bar, retrying on the CPU when asked to.
-fn run_model(args: &EstimateArgs, options: &mut EstimateOptions) -> Result<(Estimate, Trace)> {
+/// A run's estimate, its trace, and (when asked for) the live tensors at its peak, from that run.
+type Run = (Estimate, Trace, Option<Vec<GroupLine>>);
+
+/// Runs the meta (or CPU) estimate with a progress bar, retrying on the CPU when asked to; with the
+/// live tensors at the peak when `peak_tensors`.
+fn run_model(args: &EstimateArgs, options: &mut EstimateOptions, peak_tensors: bool) -> Result<Run> {
     let model = &args.model.model;
+    let run = |options: &EstimateOptions| -> gpu_mem_track_estimate::Result<Run> {
+        if peak_tensors {
+            let (e, trace, groups) = estimate_torchscript_with_peak_tensors(model, options)?;
+            Ok((e, trace, Some(groups)))
+        } else {
+            let (e, trace) = estimate_torchscript_traced(model, options)?;
+            Ok((e, trace, None))
+        }
+    };
     let label = format!("estimating {} on {:?}", model.display(), args.run_on).to_lowercase();
-    let mut result = with_progress(label, options.mode, || estimate_torchscript_traced(model, options));
+    let mut result = with_progress(label, options.mode, || run(options));
     // Ops with no CPU kernel either (`all` names them) cannot run on the CPU: no retry then.
     if let (Err(Error::MissingMetaKernel { op, all }), true) = (&result, args.allow_cpu) {
         if !all.is_empty() {
             return Ok(result?);
         }
-        eprintln!("warning: {op} has no meta kernel; estimating on the CPU instead");
+        gpu_mem_track_cli::warn(format_args!("{op} has no meta kernel; estimating on the CPU instead"));
         options.device = EstimateDevice::Cpu;
         result = with_progress(format!("estimating {} on the CPU", model.display()), options.mode, || {
-            estimate_torchscript_traced(model, options)
+            run(options)
         });
     }
     Ok(result?)
@@ -351,7 +361,7 @@ fn estimate(args: EstimateArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let (e, trace) = run_model(&args, &mut options)?;
+    let (e, trace, peak_groups) = run_model(&args, &mut options, !args.json)?;
     // A data-parallel job: the GPU figures are one rank's.
     let rank = args.model.parallelism().map(|p| per_rank_trace(&trace, args.model.optimizer, &p));
     let gpu_trace = rank.as_ref().map_or(&trace, |(t, _)| t);
@@ -360,6 +370,7 @@ fn estimate(args: EstimateArgs) -> Result<()> {
     let gpu = (args.device_profile != "all").then(|| gpus.first()).flatten();
     if let Some(path) = &args.snapshot {
         gpu_trace.dump_snapshot(path)?;
+        gpu_mem_track_cli::note(format_args!("wrote {}", path.display()));
     }
     if args.json {
         let v = estimate_json(&e, rank_report.as_ref(), &gpus, gpu.is_some(), static_estimate.as_ref())?;
@@ -368,8 +379,9 @@ fn estimate(args: EstimateArgs) -> Result<()> {
     }
     print!("{}", EstimateSummary { model: &model, estimate: &e, with_cuda: args.device_profile != "none" });
     print!("{}", PeakBreakdown { estimate: &e, trace: &trace });
-    if e.options.device == EstimateDevice::Meta {
-        print!("{}", PeakTensors { groups: &peak_tensors(&model, &e)?, estimate: &e });
+    // On the CPU, oneDNN's own allocations are in the peak but not in the registry.
+    if let (Some(groups), EstimateDevice::Meta) = (&peak_groups, e.options.device) {
+        print!("{}", PeakTensors { groups, estimate: &e });
     }
     if let Some(r) = &rank_report {
         print!("{r}");
@@ -431,10 +443,12 @@ fn timeline(args: ModelArgs, mode: ModeArg, device_profile: Option<&str>, output
     } else {
         plot_timeline(&trace, &title, output)?;
     }
+    gpu_mem_track_cli::note(format_args!("wrote {}", output.display()));
     Ok(())
 }
 
 fn run(cli: Cli) -> Result<()> {
+    cli.verbosity.apply();
     match cli.command {
         Command::Estimate(args) => estimate(args),
         Command::Timeline { model, mode, device_profile, output } => {

@@ -209,7 +209,7 @@ fn estimate_options(options: &NativeStepOptions, mode: Mode) -> EstimateOptions 
 /// done here (the same foreach updates as for TorchScript models).
 ///
 /// # Errors
-/// [`Error::Input`] when building or the step fails (its message); [`Error::Libtorch`]
+/// [`Error::Input`] when building or the step fails (its message); [`Libtorch`](gpu_mem_track::Error::Libtorch)
 /// from the shim.
 pub fn training_step<M>(
     build: impl FnOnce(&nn::Path) -> M,

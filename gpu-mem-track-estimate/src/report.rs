@@ -88,7 +88,7 @@ impl fmt::Display for PeakBreakdown<'_> {
 /// The live tensors at the peak, grouped as in the log (the largest 12), and what no live tensor
 /// holds any more.
 pub struct PeakTensors<'a> {
-    /// The groups, largest first (see [`peak_tensors`](crate::torchscript::peak_tensors)).
+    /// The groups, largest first (see [`estimate_torchscript_with_peak_tensors`](crate::torchscript::estimate_torchscript_with_peak_tensors)).
     pub groups: &'a [GroupLine],
     /// The estimate whose peak they are.
     pub estimate: &'a Estimate,

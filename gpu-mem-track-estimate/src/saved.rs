@@ -51,7 +51,7 @@ fn live_bytes() -> u64 {
 /// on this thread while `forward` runs; outside, autograd is untouched.
 ///
 /// # Errors
-/// [`Error::Libtorch`](crate::error::Error::Libtorch) if the hooks cannot be installed, or when called
+/// [`Libtorch`](gpu_mem_track::Error::Libtorch) if the hooks cannot be installed, or when called
 /// inside another capture.
 pub fn memory_for_backward<T>(forward: impl FnOnce() -> T) -> Result<(T, SavedReport)> {
     memory_for_backward_excluding(&[], forward)

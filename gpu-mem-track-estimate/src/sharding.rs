@@ -57,7 +57,11 @@ pub enum Shard {
 pub enum TrainingPrecision {
     /// Everything float32.
     #[default]
+    #[cfg_attr(feature = "cli", value(alias = "f32"))]
     Fp32,
+    /// Everything float16 (parameters, gradients, optimizer state, activations).
+    #[cfg_attr(feature = "cli", value(alias = "f16"))]
+    Fp16,
     /// Everything bfloat16 (parameters, gradients, optimizer state, activations).
     Bf16,
     /// Mixed precision: bfloat16 working weights, gradients and activations; fp32 master weights,
@@ -73,11 +77,13 @@ impl TrainingPrecision {
         match self {
             TrainingPrecision::Fp32 => Precision::F32,
             TrainingPrecision::Bf16 | TrainingPrecision::AmpBf16 => Precision::Bf16,
-            TrainingPrecision::AmpFp16 => Precision::F16,
+            TrainingPrecision::Fp16 | TrainingPrecision::AmpFp16 => Precision::F16,
         }
     }
 
-    fn mixed(self) -> bool {
+    /// Mixed precision: fp32 master weights beside the working ones, which a meta run of the
+    /// model does not hold.
+    pub fn mixed(self) -> bool {
         matches!(self, TrainingPrecision::AmpBf16 | TrainingPrecision::AmpFp16)
     }
 
@@ -90,9 +96,9 @@ impl TrainingPrecision {
         }
     }
 
-    /// Bytes of one optimizer-state element: fp32 except in pure bf16.
+    /// Bytes of one optimizer-state element: fp32 except in pure bf16 or fp16.
     fn state_bytes(self) -> u64 {
-        if self == TrainingPrecision::Bf16 {
+        if matches!(self, TrainingPrecision::Bf16 | TrainingPrecision::Fp16) {
             2
         } else {
             4

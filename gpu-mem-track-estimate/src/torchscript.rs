@@ -40,7 +40,7 @@ impl MetaKernelCase {
 /// names of the ops with a kernel of their own (each has at least one case).
 ///
 /// # Errors
-/// [`Error::Libtorch`] when the check cannot run.
+/// [`Libtorch`](gpu_mem_track::Error::Libtorch) when the check cannot run.
 pub fn check_meta_kernels() -> Result<(Vec<MetaKernelCase>, Vec<String>)> {
     gpu_mem_track::install()?;
     ffi::meta_allocator_install()?;
@@ -79,6 +79,14 @@ pub(crate) fn torchscript_trace(path: &Path, options: &EstimateOptions) -> Resul
     Ok(recorder::classify(&events, &names, &recorder::parameter_ids()))
 }
 
+/// How many TorchScript runs (each its load, input and iterations) this process has made:
+/// what a test counts to hold an estimate to one run.
+pub fn model_runs() -> u64 {
+    MODEL_RUNS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static MODEL_RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Runs a TorchScript model with the recorder on: its sizes, the recorded events and op names.
 fn run_torchscript(
     path: &Path,
@@ -89,6 +97,7 @@ fn run_torchscript(
         return Err(Error::Input(format!("input shape {:?} must have positive sizes", options.input_shape)));
     }
     gpu_mem_track::install()?;
+    MODEL_RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let (train, optimizer) = match options.mode {
         Mode::Inference => (false, OptimizerKind::None),
         Mode::Train(o) => (true, o.kind()),
@@ -108,7 +117,7 @@ fn run_torchscript(
         eager_lifetimes: options.lifetimes == Lifetimes::Eager,
     };
     ffi::estimate_torchscript(&call).map_err(|e| match e {
-        Error::Libtorch { message, .. } => classify_failure(path, message),
+        Error::Tracker(gpu_mem_track::Error::Libtorch { message, .. }) => classify_failure(path, message),
         other => other,
     })
 }
@@ -158,25 +167,31 @@ pub fn estimate_static(path: &Path, options: &EstimateOptions) -> Result<StaticE
     gpu_mem_track::install()?;
     ffi::estimate_static(path, &options.input_shape, options.precision.dtype(), options.input_is_index)
         .map_err(|e| match e {
-            Error::Libtorch { message, .. } => classify_failure(path, message),
+            Error::Tracker(gpu_mem_track::Error::Libtorch { message, .. }) => classify_failure(path, message),
             other => other,
         })
 }
 
-/// The live tensors at the peak of an estimate, grouped like the tracker's log (shape, dtype,
-/// class; bytes once per storage), largest first. Runs the estimate again, snapshotting the
-/// registry at the end of the op that reached the peak.
+/// [`estimate_torchscript_traced`], also returning the live tensors at its peak, grouped like the
+/// tracker's log (shape, dtype, class; bytes once per storage; views counted on their owner's
+/// line), largest first. From the same run: the registry is snapshotted at the end of each op
+/// that raises the peak, so the last snapshot is the peak's.
 ///
 /// # Errors
 /// As [`estimate_torchscript`].
-pub fn peak_tensors(path: &Path, estimate: &Estimate) -> Result<Vec<gpu_mem_track_log::log::GroupLine>> {
-    recorder::snapshot_at(estimate.peak.event as i64);
-    estimate_torchscript_traced(path, &estimate.options)?;
+pub fn estimate_torchscript_with_peak_tensors(
+    path: &Path,
+    options: &EstimateOptions,
+) -> Result<(Estimate, Trace, Vec<gpu_mem_track_log::log::GroupLine>)> {
+    recorder::snapshot_peaks(true);
+    let run = estimate_torchscript_traced(path, options);
+    recorder::snapshot_peaks(false); // a run that failed before recording leaves it asked for
+    let (estimate, trace) = run?;
     let snap = recorder::peak_snapshot();
     let mut groups: Vec<_> = snap.groups.into_iter().collect();
     groups.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(b.1.count.cmp(&a.1.count)).then(a.0.cmp(&b.0)));
     // Views hold no memory of their own: counted on their storage owner's line, as the log does.
-    Ok(groups
+    let groups = groups
         .into_iter()
         .filter(|(key, _)| !key.view)
         .map(|(key, totals)| gpu_mem_track_log::log::GroupLine {
@@ -190,5 +205,6 @@ pub fn peak_tensors(path: &Path, estimate: &Estimate) -> Result<Vec<gpu_mem_trac
             op: None,
             views: i64::try_from(totals.views).unwrap_or(i64::MAX),
         })
-        .collect())
+        .collect();
+    Ok((estimate, trace, groups))
 }

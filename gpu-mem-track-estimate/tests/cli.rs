@@ -265,6 +265,44 @@ fn fit_finds_the_boundary_and_ranks_divide_the_optimizer_state() {
     );
 }
 
+/// One precision flag: `--precision` (fp32, fp16, bf16, amp-*), `--dtype` another name for it, the
+/// dtype names `f32`/`f16` accepted as its values; only mixed precision (or ranks) brings per-rank
+/// figures.
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
+#[test]
+fn one_precision_flag_sets_the_dtype_the_model_runs_in() {
+    let (_dir, model) = exported_model("mlp");
+    let m = model.to_str().unwrap();
+    let estimate = |flags: &[&str]| {
+        let mut args = vec!["estimate", m, "--input", "4x256", "--device-profile", "none", "--json"];
+        args.extend_from_slice(flags);
+        let o = run(&args);
+        assert!(o.status.success(), "{flags:?}: {}", stderr(&o));
+        let mut v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["seconds"] = serde_json::Value::Null; // how long it took
+        v
+    };
+    let fp32 = estimate(&[]);
+    let bf16 = estimate(&["--precision", "bf16"]);
+    assert_eq!(bf16, estimate(&["--dtype", "bf16"]));
+    assert_eq!(estimate(&["--precision", "fp16"]), estimate(&["--dtype", "f16"]));
+    assert_eq!(fp32, estimate(&["--precision", "f32"]));
+    let params = |v: &serde_json::Value| v["param_bytes"].as_u64().unwrap();
+    assert_eq!(params(&bf16) * 2, params(&fp32), "bf16 parameters are half of fp32's");
+    assert!(bf16.get("rank").is_none_or(serde_json::Value::is_null), "one process, no ranks: {bf16}");
+    let amp = estimate(&["--precision", "amp-bf16"]);
+    // Adam's two fp32 states and the fp32 master weight and gradient: 16 bytes, 4 fp32 parameters.
+    let optimizer = amp["rank"]["model_states"]["optimizer"].as_u64();
+    assert_eq!(optimizer, Some(4 * params(&fp32)), "mixed precision keeps fp32 master weights: {amp}");
+    let o = run(&["estimate", m, "--input", "4x256", "--precision", "fp8"]);
+    assert!(o.status.code() == Some(2) && stderr(&o).contains("fp8"), "{}", stderr(&o));
+    let help = String::from_utf8(run(&["estimate", "--help"]).stdout).unwrap();
+    assert!(help.contains("--precision <PRECISION>") && !help.contains("--dtype <"), "{help}");
+}
+
 #[cfg_attr(
     not(gmt_python_torch),
     ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"

@@ -176,12 +176,30 @@ fn model_size_of_a_varstore_and_of_a_torchscript_model() {
 )]
 #[test]
 fn live_tensors_at_the_peak_are_grouped_like_the_log() {
+    use gpu_mem_track::recorder;
     use gpu_mem_track::TensorClass;
-    use gpu_mem_track_estimate::peak_tensors;
+    use gpu_mem_track_estimate::{
+        estimate_torchscript_traced, estimate_torchscript_with_peak_tensors, model_runs,
+    };
     let dir = tempfile::tempdir().unwrap();
     let models = export_models(dir.path(), &["cnn"]);
-    let e = run(&models[0], &[32, 3, 64, 64], false, Mode::Train(Optimizer::Adam), EstimateDevice::Meta);
-    let groups = peak_tensors(&models[0], &e).unwrap();
+    let options = EstimateOptions {
+        input_shape: vec![32, 3, 64, 64],
+        mode: Mode::Train(Optimizer::Adam),
+        ..EstimateOptions::default()
+    };
+    let runs = model_runs();
+    let (e, _, groups) = estimate_torchscript_with_peak_tensors(&models[0], &options).unwrap();
+    assert_eq!(model_runs() - runs, 1, "the peak's tensors come from the estimate's own run");
+    // What a second run snapshotting at the peak event the first one named finds: the same groups.
+    recorder::snapshot_at(e.peak.event as i64);
+    let (again, _) = estimate_torchscript_traced(&models[0], &options).unwrap();
+    assert_eq!(again.peak.event, e.peak.event);
+    let mut second: Vec<_> = recorder::peak_snapshot().groups.into_iter().filter(|(k, _)| !k.view).collect();
+    second.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(b.1.count.cmp(&a.1.count)).then(a.0.cmp(&b.0)));
+    let shapes: Vec<_> = groups.iter().map(|g| (g.shape.clone(), g.count)).collect();
+    let second_shapes: Vec<_> = second.iter().map(|(k, t)| (k.shape.to_vec(), t.count)).collect();
+    assert_eq!(shapes, second_shapes, "one run's peak tensors are the two-run method's");
     let bytes = |g: &gpu_mem_track::log::GroupLine| (g.memory_mib * 1048576.0).round() as u64;
     let total: u64 = groups.iter().map(bytes).sum();
     let params: u64 = groups.iter().filter(|g| g.class == TensorClass::Parameter).map(bytes).sum();

@@ -37,6 +37,12 @@ struct Recorder {
   std::vector<int64_t> parameter_ids;
   // Event number after which the live tensors are snapshotted (at the end of the running op).
   std::atomic<int64_t> snapshot_at{-1};
+  // Snapshot at the end of each op that raised the recording's peak of live bytes, so the last
+  // snapshot is the peak's, from one run (estimates): live bytes per allocation id, the running
+  // sum and the highest it reached.
+  std::atomic<bool> snapshot_peaks{false};
+  std::unordered_map<int64_t, int64_t> peak_sizes;
+  int64_t peak_live = 0, peak_best = 0;
   int64_t pushed = 0;
   std::unordered_map<int64_t, int64_t> open;  // live allocation id -> event number of its alloc
   std::vector<std::string> op_names;  // index = op id
@@ -159,6 +165,16 @@ void record_alloc(int32_t device_kind, int64_t id, int64_t size) {
   std::lock_guard<std::mutex> lock(r.mu);
   r.live += size;
   r.peak = std::max(r.peak, r.live);
+  if (r.snapshot_peaks.load(std::memory_order_relaxed)) {
+    r.peak_sizes[id] = size;
+    r.peak_live += size;
+    // Strictly higher: the first event at the highest live bytes is the peak, as the estimate's
+    // replay names it.
+    if (r.peak_live > r.peak_best) {
+      r.peak_best = r.peak_live;
+      t_snapshot_pending = true;
+    }
+  }
   push(r, gmt_alloc_event{id, size, GMT_EVENT_ALLOC, static_cast<uint8_t>(r.phase.load()), static_cast<uint8_t>(device_kind),
                           static_cast<uint8_t>(r.iteration.load()), current_op(r), 0, -1, 0, top_op(r), 0});
 }
@@ -169,6 +185,13 @@ void record_free_sized(int32_t device_kind, int64_t id, int64_t size) {
   Recorder& r = recorder();
   if (!recording(r, device_kind)) return;
   std::lock_guard<std::mutex> lock(r.mu);
+  if (r.snapshot_peaks.load(std::memory_order_relaxed)) {
+    const auto it = r.peak_sizes.find(id);
+    if (it != r.peak_sizes.end()) {
+      r.peak_live -= it->second;
+      r.peak_sizes.erase(it);
+    }
+  }
   push(r, gmt_alloc_event{id, size, GMT_EVENT_FREE, static_cast<uint8_t>(r.phase.load()),
                           static_cast<uint8_t>(device_kind), static_cast<uint8_t>(r.iteration.load()), current_op(r),
                           0, -1, 0, top_op(r), 0});
@@ -310,6 +333,8 @@ gmt_error start_recording(int32_t device_kind, size_t max_events, int with_stack
         if (r.with_stacks) r.stacks.reserve(max_events);
       }
       r.live = r.peak = 0;
+      r.peak_sizes.clear();
+      r.peak_live = r.peak_best = 0;
       r.pushed = 0;
       r.phase.store(phase);
       r.iteration.store(0);
@@ -342,6 +367,8 @@ void gmt_recorder_set_site(int32_t site) { recorder().site.store(site, std::memo
 
 void gmt_recorder_snapshot_at(int64_t event) { recorder().snapshot_at.store(event); }
 
+void gmt_recorder_snapshot_peaks(int on) { recorder().snapshot_peaks.store(on != 0); }
+
 size_t gmt_recorder_copy(gmt_alloc_event* out, uint64_t* stacks, size_t cap, uint64_t* dropped) {
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mu);
@@ -366,6 +393,8 @@ gmt_error gmt_recorder_stop(void) {
       if (!r.active.load()) return nullptr;
       r.active.store(false);
       r.snapshot_at.store(-1);
+      r.snapshot_peaks.store(false);
+      r.peak_sizes.clear();
     }
     gmt::op_names_release();
   })

@@ -271,6 +271,9 @@ void gmt_recorder_set_site(int32_t site);
 // Before a recording: snapshot the live tensors at the end of the op during which event number
 // `event` (0-based) is recorded; read with gmt_peak_snapshot(). Reset when the recording stops.
 void gmt_recorder_snapshot_at(int64_t event);
+// Before a recording: snapshot the live tensors at the end of each op that raised the recording's
+// peak of live bytes, so that gmt_peak_snapshot() ends as the peak's. Reset when it stops.
+void gmt_recorder_snapshot_peaks(int on);
 gmt_snapshot* gmt_peak_snapshot(void);
 // Copies the stored events in order (and, when `stacks` is not null, GMT_STACK_FRAMES addresses
 // per event); returns how many were copied. `dropped` (optional) gets the count overwritten.

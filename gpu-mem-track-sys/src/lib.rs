@@ -1,6 +1,7 @@
 //! Raw FFI to the gpu-mem-track C++ shim (`csrc/`). This is the only crate that knows libtorch's
 //! C++ side; the safe API lives in the `gpu-mem-track` crate (the tracker) and the
-//! `gpu-mem-track-estimate` crate (the estimator), each in its `ffi` module.
+//! `gpu-mem-track-estimate` crate (the estimator), each in its `ffi` module, both on the helpers
+//! of [`safe`] (errors, device codes, C strings).
 //!
 //! Conventions: functions returning [`gmt_error`] return null on success or a message allocated
 //! with `malloc` that the caller frees with [`gmt_free_string`]. No C++ exception crosses the
@@ -8,6 +9,8 @@
 #![allow(non_camel_case_types)]
 
 use std::os::raw::{c_char, c_int, c_void};
+
+pub mod safe;
 
 // Keep torch-sys linked: it provides libtorch's link flags (without it, build.rs links libtorch).
 #[cfg(feature = "tch")]
@@ -359,6 +362,7 @@ extern "C" {
     pub fn gmt_recorder_progress(phase: *mut i32, iteration: *mut i32);
     pub fn gmt_recorder_set_site(site: i32);
     pub fn gmt_recorder_snapshot_at(event: i64);
+    pub fn gmt_recorder_snapshot_peaks(on: c_int);
     pub fn gmt_peak_snapshot() -> *mut gmt_snapshot;
     pub fn gmt_recorder_copy(
         out: *mut gmt_alloc_event,

@@ -32,26 +32,8 @@ use gpu_mem_track_log::{Category, Phase};
 
 use crate::error::{Error, Result};
 
-/// A kind of device, without an index: what the shim lists tensors of, records allocations on and
-/// makes tensors on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DeviceKind {
-    /// Host memory.
-    Cpu,
-    /// Any CUDA device.
-    Cuda,
-    /// The meta device: shapes and dtypes, no data (what estimates run on).
-    Meta,
-}
-
-/// The shim's code of a device kind.
-pub(crate) fn device_code(kind: DeviceKind) -> i32 {
-    match kind {
-        DeviceKind::Cpu => sys::GMT_DEV_CPU,
-        DeviceKind::Cuda => sys::GMT_DEV_CUDA,
-        DeviceKind::Meta => sys::GMT_DEV_META,
-    }
-}
+pub(crate) use sys::safe::bytes;
+pub use sys::safe::DeviceKind;
 
 pub(crate) fn phase_code(phase: Option<Phase>) -> u8 {
     match phase {
@@ -100,21 +82,20 @@ pub(crate) fn category_from_code(code: i32) -> Option<Category> {
     })
 }
 
-pub(crate) fn bytes(v: i64) -> u64 {
-    v.max(0) as u64
+impl From<sys::safe::ShimError> for Error {
+    fn from(e: sys::safe::ShimError) -> Self {
+        Error::Libtorch { call: e.call, message: e.message }
+    }
 }
 
 /// Turns a shim error (owned C string or null) into a typed error.
 pub(crate) fn check(call: &'static str, err: sys::gmt_error) -> Result<()> {
-    // SAFETY: `err` is what a shim call returned: null, or an error string we now own.
-    match unsafe { sys::take_string(err) } {
-        None => Ok(()),
-        Some(message) => Err(Error::Libtorch { call, message }),
-    }
+    // SAFETY: `err` is what a shim call returned (every caller passes a call's result).
+    Ok(unsafe { sys::safe::check(call, err) }?)
 }
 
 pub(crate) fn c_string(call: &'static str, s: &str) -> Result<CString> {
-    CString::new(s).map_err(|_| Error::Libtorch { call, message: format!("name {s:?} contains a NUL byte") })
+    Ok(sys::safe::c_string(call, s)?)
 }
 
 /// Installs the live-tensor registry and the wrapped CPU allocator (idempotent).

@@ -6,7 +6,7 @@ use gpu_mem_track_log::{Category, Phase};
 use gpu_mem_track_sys as sys;
 
 use super::DeviceKind;
-use super::{category_code, category_from_code, check, device_code, phase_code, phase_from_code};
+use super::{category_code, category_from_code, check, phase_code, phase_from_code};
 use crate::error::Result;
 
 /// What a recorded event is.
@@ -178,7 +178,7 @@ pub(crate) fn recorded_parameter_ids() -> Vec<i64> {
 pub(crate) fn history_start(device_kind: DeviceKind, max_events: usize, with_stacks: bool) -> Result<()> {
     // SAFETY: starts the recorder; fails cleanly if one is running.
     check("record history", unsafe {
-        sys::gmt_recorder_start_history(device_code(device_kind), max_events, with_stacks as i32)
+        sys::gmt_recorder_start_history(device_kind.code(), max_events, with_stacks as i32)
     })
 }
 
@@ -238,7 +238,7 @@ pub(crate) fn history_set_site(site: i32) {
 /// Starts the estimate recorder on a device kind (phase tags via `set_phase`).
 pub(crate) fn recorder_start(device_kind: DeviceKind) -> Result<()> {
     // SAFETY: starts the recorder; fails cleanly if one runs.
-    check("record", unsafe { sys::gmt_recorder_start(device_code(device_kind)) })
+    check("record", unsafe { sys::gmt_recorder_start(device_kind.code()) })
 }
 
 /// Tags the events recorded from now on with a phase (`None`: outside any) and an iteration.
@@ -252,4 +252,9 @@ pub(crate) fn recorder_set_phase(phase: Option<Phase>, iteration: u32) {
 pub(crate) fn recorder_snapshot_at(event: i64) {
     // SAFETY: stores an integer.
     unsafe { sys::gmt_recorder_snapshot_at(event) }
+}
+
+pub(crate) fn recorder_snapshot_peaks(on: bool) {
+    // SAFETY: stores a flag.
+    unsafe { sys::gmt_recorder_snapshot_peaks(i32::from(on)) }
 }

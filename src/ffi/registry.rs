@@ -8,7 +8,7 @@ use std::ffi::{c_void, CStr};
 use std::ptr::NonNull;
 
 use super::DeviceKind;
-use super::{bytes, c_string, category_from_code, check, device_code};
+use super::{bytes, c_string, category_from_code, check};
 use crate::error::{Error, Result};
 
 /// One live tensor as the registry lists it: the C record, read only through these accessors.
@@ -364,7 +364,7 @@ impl RegistryWalk {
     ) -> Result<(&[TensorRecord], &[i64])> {
         let take = if categorized { sys::gmt_snapshot_take_categorized } else { sys::gmt_snapshot_take };
         // SAFETY: `self.ptr` is a live snapshot we own exclusively (&mut self).
-        check("snapshot", unsafe { take(self.ptr.as_ptr(), device_code(device_kind), device_index) })?;
+        check("snapshot", unsafe { take(self.ptr.as_ptr(), device_kind.code(), device_index) })?;
         // SAFETY: the returned arrays stay valid until the next `take` or drop, both of which
         // need `&mut self`, so the borrow checker enforces their lifetime.
         unsafe {
@@ -394,7 +394,7 @@ impl RegistryWalk {
         check("snapshot", unsafe {
             sys::gmt_snapshot_take_grouped(
                 self.ptr.as_ptr(),
-                device_code(device_kind),
+                device_kind.code(),
                 device_index,
                 i32::from(detail),
             )

@@ -5,19 +5,12 @@ use syn::ItemFn;
 
 use crate::TrackMemoryArgs;
 
-/// `&'static Site` for the line of `span`, function name from a local item's type name, then
-/// ` (mark)`: `enter` or `exit`.
+/// `&'static Site` for the line of `span`, marked ` (enter)` or ` (exit)`: the tracker's own
+/// `__site!`, so a call site is named one way.
 fn site_at(span: Span, mark: &str) -> TokenStream {
     // `line!()` takes the line of the span it is written with.
     let line = quote_spanned!(span=> ::core::line!());
-    quote! {{
-        fn __gmt_here() {}
-        static SITE: ::std::sync::OnceLock<::gpu_mem_track::Site> = ::std::sync::OnceLock::new();
-        SITE.get_or_init(|| {
-            ::gpu_mem_track::Site::new(::core::file!(), #line, ::std::any::type_name_of_val(&__gmt_here))
-                .marked(#mark)
-        })
-    }}
+    quote!(::gpu_mem_track::__site!(#line, ::core::option::Option::Some(#mark)))
 }
 
 pub(crate) fn track_memory(args: TrackMemoryArgs, func: ItemFn) -> TokenStream {

@@ -10,7 +10,7 @@
 //! ([`MemoryField`]).
 use std::fmt::Write as _;
 
-use super::format::MIB;
+use super::MIB;
 use super::{clip, parse_finite};
 
 /// A figure an `At` line may carry, by label: the first two are those of Pytorch-Memory-Utils, the

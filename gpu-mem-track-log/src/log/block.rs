@@ -3,7 +3,7 @@
 //! A block is its `+`/`-` lines (`group_line.rs`), a blank line, the `! ` lines of an
 //! out-of-memory block (`oom.rs`), its `At` line (`at_line.rs`) and a blank line. A log is its
 //! header (`header.rs`) then its blocks. Reading them back is in `reader.rs`.
-use super::oom::note_line;
+use super::note::note_line;
 use super::{AtLine, GroupLine, LogHeader, REQUESTED};
 
 /// A track point: the group lines printed for it, then its `At` line.

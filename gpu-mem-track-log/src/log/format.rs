@@ -3,16 +3,14 @@
 //! here.
 //!
 //! Each line is written (and parsed) in its own file of [`crate::log`]; this module re-exports
-//! those writers under the names they have always had, and defines [`MIB`]. The line functions
+//! those writers under the names they have always had, and [`MIB`]. The line functions
 //! here are the same as the `render` methods: [`header`] is [`LogHeader::render`], [`group_line`]
 //! is [`GroupLine::render`], [`at_line`] is [`AtLine::render`].
 pub use super::block::{block, block_with_notes};
 pub use super::group_line::{group_mib, python_tuple};
-pub use super::oom::note_line;
+pub use super::note::note_line;
+pub use super::MIB;
 use super::{AtLine, GroupLine, LogHeader};
-
-/// Bytes per MiB: the Python tool divides by 1024² although it prints `Mb`/`M`.
-pub const MIB: f64 = 1024.0 * 1024.0;
 
 /// The header line and the blank line after it ([`LogHeader::render`]).
 pub fn header(h: &LogHeader) -> String {

@@ -16,7 +16,7 @@
 //! here; its lines (whose `-` lines end in a space and whose numbers are truncated) read back.
 use std::fmt::Write as _;
 
-use super::format::MIB;
+use super::MIB;
 use super::{clip, parse_finite};
 use crate::diff::Sign;
 use crate::group::{TensorClass, TensorRole};

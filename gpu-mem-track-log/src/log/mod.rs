@@ -20,7 +20,8 @@
 //! | `GPU Memory Track \| ...` header | `header.rs` | [`LogHeader`], `render`, `parse` |
 //! | `+`/`-` group line | `group_line.rs` | [`GroupLine`], `render` (with [`format::python_tuple`], [`format::group_mib`]), `parse` |
 //! | `At ...` line and its `Label:value Mb` figures | `at_line.rs` | [`AtLine`], [`MemoryField`], [`SourceLocation`], [`AtField`] (which figure comes from where) and the labels ([`TENSOR_USED`], ...), `render`, `parse` |
-//! | out-of-memory block and its `! ` lines | `oom.rs` | [`oom::OomReport`], [`oom::note_line`], [`oom::OomSummary`] |
+//! | out-of-memory block | `oom.rs` | [`oom::OomReport`], [`oom::OomSummary`] |
+//! | a `! ` line (a sentence of an out-of-memory block) | `note.rs` | [`format::note_line`], `parse_note_line` |
 //! | a block, a whole log (blank lines, order) | `block.rs` | [`LogBlock`], [`ParsedLog`], [`format::block`], [`format::block_with_notes`] |
 //! | telling lines apart, reading a file or stream, limits | `reader.rs` | [`parse_log`], [`LogReader`], [`LogEvent`], [`MAX_LINE_BYTES`], ... |
 //! | file names, appending to a file | `writer.rs` | [`LogWriter`], [`writer::log_file_stem`], ... |
@@ -31,6 +32,7 @@ mod block;
 pub mod format;
 mod group_line;
 mod header;
+mod note;
 pub mod oom;
 mod reader;
 pub mod writer;
@@ -52,6 +54,9 @@ pub use writer::LogWriter;
 /// Quoted text in parse error reasons is cut to this many characters, so a message stays one
 /// short line whatever the input.
 const QUOTED_CHARS: usize = 60;
+
+/// Bytes per MiB: the Python tool divides by 1024² although it prints `Mb`/`M`.
+pub const MIB: f64 = 1024.0 * 1024.0;
 
 /// The start of `s` for a parse error message.
 fn clip(s: &str) -> String {

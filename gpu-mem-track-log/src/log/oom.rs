@@ -4,8 +4,8 @@
 //! `! ` lines in words (skipped by readers that do not know them), then an `At` line at the last
 //! track site whose function reads `... >> OUT OF MEMORY in <op>` and whose appended fields carry
 //! the figures ([`REQUESTED`] marks the block as an out-of-memory). [`OomReport`] writes it;
-//! [`OomSummary::of`] reads it back from a parsed [`LogBlock`]. This file also holds the `! ` line
-//! itself: [`note_line`] writes one, and the reader takes its text back here.
+//! [`OomSummary::of`] reads it back from a parsed [`LogBlock`]. The `! ` line itself is the `note`
+//! module's.
 //!
 //! ```text
 //! + | 2 * Size:(64, 256, 56, 56)      | Memory: 392.0 M | <class 'torch.Tensor'> | torch.float32
@@ -18,11 +18,11 @@
 use std::fmt::Write as _;
 
 use super::block::block_with_notes;
-use super::format::MIB;
 use super::group_line::python_tuple;
+use super::MIB;
 use super::{
-    clip_chars, AtLine, GroupLine, LogBlock, MemoryField, SourceLocation, ALLOCATED, DEVICE_FREE,
-    DEVICE_TOTAL, MEMORY_LIMIT, REQUESTED, RESERVED, TENSOR_USED,
+    AtLine, GroupLine, LogBlock, MemoryField, SourceLocation, ALLOCATED, DEVICE_FREE, DEVICE_TOTAL,
+    MEMORY_LIMIT, REQUESTED, RESERVED, TENSOR_USED,
 };
 use crate::group::TensorClass;
 
@@ -35,26 +35,6 @@ pub const MAX_HOLDERS: usize = 8;
 /// A share of reserved memory that is cached but unused, above which the block and `report` call
 /// the failure fragmentation.
 pub const FRAGMENTED_SHARE: f64 = 0.2;
-
-/// A `! ` line is cut to this many characters when read back.
-const MAX_NOTE_CHARS: usize = 2_000;
-
-/// One `! ` line (a sentence of an out-of-memory block) with its newline. Line breaks in `text`
-/// become spaces, so a note stays one line.
-pub fn note_line(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 3);
-    out.push_str("! ");
-    out.extend(text.chars().map(|c| if c == '\n' || c == '\r' { ' ' } else { c }));
-    out.push('\n');
-    out
-}
-
-/// The text of a `!` line (without its line ending): what follows the `!` and one optional space,
-/// cut to `MAX_NOTE_CHARS` characters; `None` when `l` is not a `!` line.
-pub(super) fn parse_note_line(l: &str) -> Option<String> {
-    let note = l.strip_prefix('!')?;
-    Some(clip_chars(note.strip_prefix(' ').unwrap_or(note), MAX_NOTE_CHARS))
-}
 
 /// Bytes as a person reads them: `512 B`, `20.0 KiB`, `392.0 MiB`, `14.6 GiB`.
 pub fn human_bytes(bytes: u64) -> String {
@@ -381,15 +361,6 @@ mod tests {
         assert!(r.remedy().unwrap().contains("expandable_segments:True"));
         r.reserved = Some((10 << 30) + (512 << 20)); // less cached than asked for: not fragmentation
         assert!(r.remedy().is_none(), "{:?}", r.remedy());
-    }
-
-    #[test]
-    fn a_note_stays_one_line_and_reads_back() {
-        let line = note_line("two\nlines");
-        assert_eq!(line, "! two lines\n");
-        assert_eq!(parse_note_line(line.trim_end_matches('\n')).as_deref(), Some("two lines"));
-        assert_eq!(parse_note_line("!bare").as_deref(), Some("bare"));
-        assert_eq!(parse_note_line("At a.rs line 1: f"), None);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::at_line::is_at_line;
 use super::group_line::is_group_line;
-use super::oom::parse_note_line;
+use super::note::parse_note_line;
 use super::{AtLine, GroupLine, LogBlock, LogHeader, ParsedLog};
 pub use crate::error::LogParseError;
 use crate::error::{Error, Result};
