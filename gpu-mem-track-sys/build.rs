@@ -332,6 +332,9 @@ fn main() {
     build
         .files([
             "csrc/registry.cpp",
+            "csrc/registry_callback.cpp",
+            "csrc/registry_snapshot.cpp",
+            "csrc/registry_walk.cpp",
             "csrc/allocator.cpp",
             "csrc/oom.cpp",
             "csrc/cuda.cpp",

@@ -5,6 +5,7 @@
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
+use std::path::Path;
 use std::process::{Command, Output};
 
 use common::{export_models, exported_model};
@@ -303,6 +304,20 @@ fn one_precision_flag_sets_the_dtype_the_model_runs_in() {
     assert!(help.contains("--precision <PRECISION>") && !help.contains("--dtype <"), "{help}");
 }
 
+/// The bytes of `category` at the peak of a JSON timeline of `model` (input 4x256, training),
+/// written in `dir` with `extra` options.
+fn timeline_peak_bytes(dir: &Path, model: &str, category: &str, extra: &[&str]) -> u64 {
+    let out = dir.join("t.json");
+    let mut args =
+        vec!["timeline", model, "--input", "4x256", "--mode", "train", "-o", out.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let o = run(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let peak = v["peak"]["bytes"].as_array().unwrap();
+    peak.iter().find(|c| c[0] == category).unwrap()[1].as_u64().unwrap()
+}
+
 #[cfg_attr(
     not(gmt_python_torch),
     ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
@@ -311,18 +326,7 @@ fn one_precision_flag_sets_the_dtype_the_model_runs_in() {
 fn timeline_draws_one_rank_when_ranks_share_the_model_states() {
     let (dir, model) = exported_model("mlp");
     let m = model.to_str().unwrap();
-    let parameter_bytes_at_peak = |extra: &[&str]| {
-        let out = dir.path().join("t.json");
-        let mut args =
-            vec!["timeline", m, "--input", "4x256", "--mode", "train", "-o", out.to_str().unwrap()];
-        args.extend_from_slice(extra);
-        let o = run(&args);
-        assert!(o.status.success(), "{}", stderr(&o));
-        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
-        let bytes =
-            v["peak"]["bytes"].as_array().unwrap().iter().find(|c| c[0] == "parameter").unwrap()[1].clone();
-        bytes.as_u64().unwrap()
-    };
+    let parameter_bytes_at_peak = |extra: &[&str]| timeline_peak_bytes(dir.path(), m, "parameter", extra);
     let whole = parameter_bytes_at_peak(&[]);
     let rank = parameter_bytes_at_peak(&["--world-size", "4", "--shard", "zero3"]);
     assert!(whole > 0 && rank * 3 < whole, "one of 4 ZeRO-3 ranks holds {rank} of {whole} parameter bytes");
@@ -336,18 +340,7 @@ fn timeline_draws_one_rank_when_ranks_share_the_model_states() {
 fn a_timeline_on_a_gpu_profile_shows_its_cublas_workspaces() {
     let (dir, model) = exported_model("mlp");
     let m = model.to_str().unwrap();
-    let workspace_at_peak = |extra: &[&str]| {
-        let out = dir.path().join("t.json");
-        let mut args =
-            vec!["timeline", m, "--input", "4x256", "--mode", "train", "-o", out.to_str().unwrap()];
-        args.extend_from_slice(extra);
-        let o = run(&args);
-        assert!(o.status.success(), "{}", stderr(&o));
-        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
-        v["peak"]["bytes"].as_array().unwrap().iter().find(|c| c[0] == "workspace").unwrap()[1]
-            .as_u64()
-            .unwrap()
-    };
+    let workspace_at_peak = |extra: &[&str]| timeline_peak_bytes(dir.path(), m, "workspace", extra);
     assert_eq!(workspace_at_peak(&["--device-profile", "none"]), 0, "a meta run has no cuBLAS");
     // The default, `auto`, is the GPU libtorch sees, else an RTX 4090 (sm 8.9: 8.1 MiB + 1 MiB).
     let auto = workspace_at_peak(&[]);
