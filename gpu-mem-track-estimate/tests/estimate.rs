@@ -205,6 +205,13 @@ fn live_tensors_at_the_peak_are_grouped_like_the_log() {
     let params: u64 = groups.iter().filter(|g| g.class == TensorClass::Parameter).map(bytes).sum();
     println!("peak {} B, grouped live tensors {} B in {} groups", e.peak.bytes, total, groups.len());
     assert_eq!(params, e.sizes.param_bytes, "every parameter is named and counted once");
+    // The peak is in the second iteration: Adam's two moments are live, and the registry knows
+    // them as optimizer state, as MemTracker::optimizer_step marks a tch step's.
+    assert_eq!(e.peak.iteration, 2, "{:?}", e.peak);
+    let state: u64 =
+        groups.iter().filter(|g| g.role == Some(gpu_mem_track::TensorRole::OptimizerState)).map(bytes).sum();
+    assert_eq!(state, e.sizes.optimizer_state_bytes, "{groups:#?}");
+    assert_eq!(state, 2 * params, "Adam: two moments per parameter");
     // Storages autograd keeps through its own tensor handles (saved outputs) have no op-returned
     // tensor left: they are in the peak but not in the groups, and the CLI says how much.
     assert!(total <= e.peak.bytes, "{total} vs {}", e.peak.bytes);

@@ -177,6 +177,12 @@ struct OptimizerState {
 
   void update(const std::vector<at::Tensor>& params) {
     at::NoGradGuard no_grad;
+    // What the step makes is optimizer state to the registry, as in MemTracker::optimizer_step:
+    // the estimate's live tensors at a peak then say so.
+    struct StepMark {
+      StepMark() { gmt_registry_optimizer_step(1); }
+      ~StepMark() { gmt_registry_optimizer_step(0); }
+    } mark;
     std::vector<at::Tensor> ps, gs;
     for (const auto& p : params)
       if (p.grad().defined()) {
