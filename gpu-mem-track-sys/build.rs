@@ -277,11 +277,21 @@ fn main() {
         .or_else(|| python.map(|py| py.abi))
         .unwrap_or_else(|| "1".to_owned());
 
+    // What a dependent's C++ needs to build on the shim as this crate does (the estimator's,
+    // gpu-mem-track-estimate-sys): the shim's headers, libtorch's, and the same standard and ABI.
+    let std = cxx_standard(&include);
+    let shim_include =
+        PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR")).join("csrc");
+    println!("cargo:shim_include={}", shim_include.display());
+    println!("cargo:libtorch_include={}", include.display());
+    println!("cargo:cxx_std={std}");
+    println!("cargo:cxx11_abi={abi}");
+
     let mut build = cc::Build::new();
     build
         .cpp(true)
         .pic(true)
-        .std(cxx_standard(&include))
+        .std(std)
         .opt_level(2)
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
@@ -342,12 +352,6 @@ fn main() {
             "csrc/module.cpp",
             "csrc/saved.cpp",
             "csrc/torch_cuda_link.cpp",
-            // The estimator's (the gpu-mem-track-estimate crate wraps them).
-            "csrc/estimate/torchscript.cpp",
-            "csrc/estimate/meta_kernels.cpp",
-            "csrc/estimate/cudnn_rnn.cpp",
-            "csrc/estimate/cpu_means_meta.cpp",
-            "csrc/estimate/meta_kernel_check.cpp",
         ])
         .compile("gpu_mem_track_shim");
 

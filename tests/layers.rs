@@ -1,7 +1,8 @@
 //! The code's layering holds: no import cycle between the modules of any library crate, no module
 //! reaches up to its crate's root (the facade that re-exports them), the C boundary
-//! (`gpu_mem_track_sys::`, its `GMT_*` codes) is read in the tracker's `src/ffi/` and the
-//! estimator's `src/ffi.rs` only, and the crates stack one way: log < tracker < estimator.
+//! (`gpu_mem_track_sys::` and `gpu_mem_track_estimate_sys::`, their `GMT_*` codes) is read in the
+//! tracker's `src/ffi/` and the estimator's `src/ffi.rs` only, and the crates stack one way:
+//! log < tracker < estimator, and in C++ the tracker's shim < the estimator's native code.
 //!
 //! A module's imports are the `crate::` paths in its files outside `#[cfg(test)]` (tests may
 //! reach anywhere), grouped ones (`crate::{a, b::C}`) included; submodules count as their
@@ -366,18 +367,26 @@ fn only_ffi_reads_the_c_boundary() {
     let tracker_ffi = Path::new(ROOT).join("src/ffi");
     let estimator_ffi = Path::new(ROOT).join("gpu-mem-track-estimate/src/ffi.rs");
     let this = Path::new(ROOT).join("tests/layers.rs");
-    let reads_sys =
-        |f: &Path| std::fs::read_to_string(f).expect("readable source").contains("gpu_mem_track_sys");
+    // Either -sys crate: the tracker's shim or the estimator's native code.
+    let reads_sys = |f: &Path| {
+        let text = std::fs::read_to_string(f).expect("readable source");
+        text.contains("gpu_mem_track_sys") || text.contains("gpu_mem_track_estimate_sys")
+    };
     let offenders: Vec<String> = files
         .iter()
         .filter(|f| !f.starts_with(&tracker_ffi) && **f != estimator_ffi && **f != this)
         .filter(|f| reads_sys(f))
         .map(|f| f.display().to_string())
         .collect();
-    assert!(offenders.is_empty(), "gpu_mem_track_sys used outside the ffi modules: {offenders:?}");
-    for ffi in [tracker_ffi.join("mod.rs"), tracker_ffi.join("registry.rs"), estimator_ffi] {
-        assert!(reads_sys(&ffi), "{} no longer wraps gpu_mem_track_sys?", ffi.display());
+    assert!(offenders.is_empty(), "a -sys crate used outside the ffi modules: {offenders:?}");
+    for ffi in [tracker_ffi.join("mod.rs"), tracker_ffi.join("registry.rs"), estimator_ffi.clone()] {
+        assert!(reads_sys(&ffi), "{} no longer wraps a -sys crate?", ffi.display());
     }
+    let estimator_ffi = std::fs::read_to_string(&estimator_ffi).expect("the estimator's ffi.rs");
+    assert!(
+        estimator_ffi.contains("gpu_mem_track_estimate_sys"),
+        "the estimator's ffi no longer wraps its -sys crate"
+    );
 }
 
 /// The tracker crate is `track!`, `MemTracker`, the sampler, the memory history and snapshots: the
@@ -395,12 +404,99 @@ fn the_estimator_is_a_crate_above_the_tracker() {
         deps.lines().filter_map(|l| l.split(['=', '.']).next()).map(|n| n.trim().to_owned()).collect()
     };
     let tracker = deps(&manifest("Cargo.toml"));
+    let tracker_sys = deps(&manifest("gpu-mem-track-sys/Cargo.toml"));
     let estimator = deps(&manifest("gpu-mem-track-estimate/Cargo.toml"));
+    let estimator_sys = deps(&manifest("gpu-mem-track-estimate-sys/Cargo.toml"));
     let log = deps(&manifest("gpu-mem-track-log/Cargo.toml"));
-    assert!(
-        tracker.contains("gpu-mem-track-log") && !tracker.contains("gpu-mem-track-estimate"),
-        "{tracker:?}"
-    );
-    assert!(estimator.contains("gpu-mem-track") && estimator.contains("gpu-mem-track-sys"), "{estimator:?}");
+    // No estimator crate under the tracker (what `cargo tree -p gpu-mem-track` would show).
+    for (name, deps) in [("gpu-mem-track", &tracker), ("gpu-mem-track-sys", &tracker_sys)] {
+        assert!(!deps.iter().any(|d| d.starts_with("gpu-mem-track-estimate")), "{name}: {deps:?}");
+    }
+    assert!(tracker.contains("gpu-mem-track-log") && tracker.contains("gpu-mem-track-sys"), "{tracker:?}");
+    for dep in ["gpu-mem-track", "gpu-mem-track-sys", "gpu-mem-track-estimate-sys"] {
+        assert!(estimator.contains(dep), "the estimator does not depend on {dep}: {estimator:?}");
+    }
+    // The estimator's native code builds on the tracker's shim, never the other way round.
+    assert!(estimator_sys.contains("gpu-mem-track-sys"), "{estimator_sys:?}");
     assert!(!log.iter().any(|d| d.starts_with("gpu-mem-track") || d == "tch"), "{log:?}");
+}
+
+/// The C++ files of a -sys crate: every `.cpp` and `.h` under its `csrc/`.
+fn native_files(crate_dir: &str) -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.expect("directory entry").path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "cpp" || e == "h") {
+                out.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&Path::new(ROOT).join(crate_dir).join("csrc"), &mut out);
+    out.sort();
+    out
+}
+
+/// The tracker's shim compiles none of the estimator's C++ and calls none of it: no file of
+/// gpu-mem-track-sys includes an estimator header or names a function the estimator's header
+/// declares (where the estimator needs a point of the tracker, it installs a hook).
+#[test]
+fn the_tracker_shim_never_calls_the_estimator() {
+    let estimator_header =
+        std::fs::read_to_string(Path::new(ROOT).join("gpu-mem-track-estimate-sys/csrc/estimate.h"))
+            .expect("the estimator's C header");
+    // `gmt_...(` declared there: an identifier starting `gmt_` right before a parenthesis.
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let declared: BTreeSet<String> = estimator_header
+        .match_indices("gmt_")
+        .filter(|(at, _)| !estimator_header[..*at].ends_with(ident))
+        .filter_map(|(at, _)| {
+            let rest = &estimator_header[at..];
+            let end = rest.find(|c: char| !ident(c)).unwrap_or(rest.len());
+            rest[end..].starts_with('(').then(|| rest[..end].to_owned())
+        })
+        .collect();
+    assert!(declared.contains("gmt_estimate_torchscript") && declared.len() > 15, "{declared:?}");
+    let estimator_files: BTreeSet<String> = native_files("gpu-mem-track-estimate-sys")
+        .iter()
+        .map(|f| f.file_name().expect("a file name").to_string_lossy().into_owned())
+        .collect();
+    let build =
+        std::fs::read_to_string(Path::new(ROOT).join("gpu-mem-track-sys/build.rs")).expect("build.rs");
+    for file in native_files("gpu-mem-track-sys") {
+        let text = std::fs::read_to_string(&file).expect("readable C++");
+        let name = file.file_name().expect("a file name").to_string_lossy().into_owned();
+        assert!(!estimator_files.contains(&name), "{name} is in both -sys crates");
+        for estimator_file in &estimator_files {
+            assert!(
+                !text.contains(&format!("\"{estimator_file}\"")),
+                "{} includes {estimator_file}",
+                file.display()
+            );
+            assert!(
+                !build.contains(estimator_file.as_str()),
+                "gpu-mem-track-sys/build.rs compiles {estimator_file}"
+            );
+        }
+        for function in &declared {
+            assert!(
+                !text.contains(&format!("{function}(")),
+                "{} calls the estimator's {function}",
+                file.display()
+            );
+        }
+    }
+}
+
+/// Each C++ file does one job: none is over 700 lines.
+#[test]
+fn no_cpp_file_is_over_700_lines() {
+    for file in
+        native_files("gpu-mem-track-sys").into_iter().chain(native_files("gpu-mem-track-estimate-sys"))
+    {
+        let lines = std::fs::read_to_string(&file).expect("readable C++").lines().count();
+        assert!(lines <= 700, "{}: {lines} lines", file.display());
+    }
 }

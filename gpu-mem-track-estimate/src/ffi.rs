@@ -1,4 +1,5 @@
-//! Safe wrappers over the estimator's half of `gpu-mem-track-sys` (`csrc/estimate/`): TorchScript
+//! Safe wrappers over `gpu-mem-track-estimate-sys` (the estimator's C++) and what the estimator
+//! reads of the tracker's shim through `gpu-mem-track-sys` (its error and table helpers): TorchScript
 //! and static estimates, tch-native models moved to meta, the shim's optimizers, the meta
 //! allocator, hand-written meta kernels and the CPU-means-meta mode, saved-for-backward capture.
 //! The only module of this crate with `unsafe` code.
@@ -10,6 +11,7 @@ use std::{ffi::c_void, ptr::NonNull};
 
 use gpu_mem_track::recorder::{self, AllocEvent};
 use gpu_mem_track::DeviceKind;
+use gpu_mem_track_estimate_sys as esys;
 use gpu_mem_track_log::DType;
 use gpu_mem_track_sys as sys;
 use sys::copy_table;
@@ -50,11 +52,11 @@ pub(crate) enum OptimizerKind {
 impl OptimizerKind {
     fn code(self) -> i32 {
         match self {
-            OptimizerKind::None => sys::GMT_OPT_NONE,
-            OptimizerKind::Sgd => sys::GMT_OPT_SGD,
-            OptimizerKind::SgdMomentum => sys::GMT_OPT_SGD_MOMENTUM,
-            OptimizerKind::Adam => sys::GMT_OPT_ADAM,
-            OptimizerKind::AdamW => sys::GMT_OPT_ADAMW,
+            OptimizerKind::None => esys::GMT_OPT_NONE,
+            OptimizerKind::Sgd => esys::GMT_OPT_SGD,
+            OptimizerKind::SgdMomentum => esys::GMT_OPT_SGD_MOMENTUM,
+            OptimizerKind::Adam => esys::GMT_OPT_ADAM,
+            OptimizerKind::AdamW => esys::GMT_OPT_ADAMW,
         }
     }
 }
@@ -62,14 +64,14 @@ impl OptimizerKind {
 /// `.item()` calls on meta tensors since the process started (each returned 0).
 pub(crate) fn meta_scalar_reads() -> u64 {
     // SAFETY: reads an atomic counter.
-    bytes(unsafe { sys::gmt_meta_scalar_reads() })
+    bytes(unsafe { esys::gmt_meta_scalar_reads() })
 }
 
 /// Whether LSTM and GRU on meta take cuDNN's path, as on a CUDA device (the default), or
 /// PyTorch's own, as on the CPU.
 pub(crate) fn meta_rnn_follows_cudnn(on: bool) {
     // SAFETY: stores an atomic flag.
-    unsafe { sys::gmt_meta_rnn_follows_cudnn(c_int::from(on)) }
+    unsafe { esys::gmt_meta_rnn_follows_cudnn(c_int::from(on)) }
 }
 
 /// What the shim reports of a TorchScript (or tch-native) run besides its recording.
@@ -93,7 +95,7 @@ pub(crate) fn meta_fallback_counts() -> Vec<FallbackOp> {
         let mut sizes = vec![0i64; cap];
         // SAFETY: the three buffers hold `cap` elements; the shim fills at most `cap` under its lock.
         let n = unsafe {
-            sys::gmt_meta_fallback_counts(ops.as_mut_ptr(), calls.as_mut_ptr(), sizes.as_mut_ptr(), cap)
+            esys::gmt_meta_fallback_counts(ops.as_mut_ptr(), calls.as_mut_ptr(), sizes.as_mut_ptr(), cap)
         };
         let counts = (0..n.min(cap))
             .map(|i| FallbackOp {
@@ -146,7 +148,7 @@ pub(crate) fn estimate_torchscript(
     call: &EstimateCall<'_>,
 ) -> Result<(RunFigures, Vec<AllocEvent>, Vec<String>)> {
     let path = c_string("estimate", &call.path.to_string_lossy())?;
-    let opts = sys::gmt_estimate_options {
+    let opts = esys::gmt_estimate_options {
         path: path.as_ptr(),
         input_shape: call.input_shape.as_ptr(),
         input_ndim: call.input_shape.len() as i32,
@@ -161,10 +163,10 @@ pub(crate) fn estimate_torchscript(
     let reads_before = meta_scalar_reads();
     let fallback_before = meta_fallback_counts();
     let cpu_before = cpu_means_meta_counts();
-    let mut raw = sys::gmt_estimate_result::default();
+    let mut raw = esys::gmt_estimate_result::default();
     // SAFETY: `opts` points at live buffers (`path`, `input_shape`) for the call; `raw` is a
     // valid out-pointer.
-    check("estimate", unsafe { sys::gmt_estimate_torchscript(&opts, &mut raw) })?;
+    check("estimate", unsafe { esys::gmt_estimate_torchscript(&opts, &mut raw) })?;
     let run = RunFigures {
         sizes: ModelSizes {
             param_count: bytes(raw.param_count),
@@ -234,7 +236,7 @@ pub(crate) fn saved_entries() -> (Vec<(u64, String)>, u64) {
 /// Live bytes on the meta device (tracking meta allocator).
 pub(crate) fn meta_allocator_current() -> u64 {
     // SAFETY: reads an atomic counter.
-    bytes(unsafe { sys::gmt_meta_allocator_current() })
+    bytes(unsafe { esys::gmt_meta_allocator_current() })
 }
 
 /// Static TorchScript estimate (shape propagation + liveness).
@@ -246,10 +248,10 @@ pub(crate) fn estimate_static(
 ) -> Result<StaticEstimate> {
     let path = c_string("static estimate", &path.to_string_lossy())?;
     // SAFETY: all-zero is a valid value of this plain C struct.
-    let mut out: sys::gmt_static_result = unsafe { std::mem::zeroed() };
+    let mut out: esys::gmt_static_result = unsafe { std::mem::zeroed() };
     // SAFETY: `path` and `shape` are live for the call; `out` is a valid out-pointer.
     check("static estimate", unsafe {
-        sys::gmt_estimate_static(
+        esys::gmt_estimate_static(
             path.as_ptr(),
             shape.as_ptr(),
             shape.len() as i32,
@@ -286,7 +288,7 @@ pub(crate) fn tensor_to_device_in_place(
     // SAFETY: `as_ptr` is tch's live at::Tensor*; set_data mutates the TensorImpl behind it, which
     // is what every handle on this variable shares (the intent: the VarStore sees the new data).
     check("move to device", unsafe {
-        sys::gmt_tensor_to_device_in_place(t.as_ptr() as *mut c_void, device_kind.code(), scalar_type)
+        esys::gmt_tensor_to_device_in_place(t.as_ptr() as *mut c_void, device_kind.code(), scalar_type)
     })
 }
 
@@ -294,7 +296,7 @@ pub(crate) fn tensor_to_device_in_place(
 /// Tags a tensor's allocation as a parameter in the current recording.
 pub(crate) fn tag_parameter_tensor(t: &tch::Tensor) -> Result<()> {
     // SAFETY: a live at::Tensor* borrowed for the call.
-    check("tag parameter", unsafe { sys::gmt_tag_parameter_tensor(t.as_ptr() as *const c_void) })
+    check("tag parameter", unsafe { esys::gmt_tag_parameter_tensor(t.as_ptr() as *const c_void) })
 }
 
 #[cfg(feature = "tch")]
@@ -304,7 +306,7 @@ pub(crate) fn make_tensor(shape: &[i64], dtype: DType, device_kind: DeviceKind) 
     let mut out: *mut c_void = std::ptr::null_mut();
     // SAFETY: `shape` lives for the call; `out` receives a new at::Tensor* we take ownership of.
     check("make tensor", unsafe {
-        sys::gmt_make_tensor(shape.as_ptr(), shape.len() as i32, scalar_type, device_kind, &mut out)
+        esys::gmt_make_tensor(shape.as_ptr(), shape.len() as i32, scalar_type, device_kind, &mut out)
     })?;
     // SAFETY: the shim allocated a fresh at::Tensor with `new`; tch frees it with delete.
     Ok(unsafe { tch::Tensor::from_ptr(out as *mut torch_sys::C_tensor) })
@@ -318,7 +320,7 @@ pub(crate) struct ShimOptimizer(NonNull<c_void>);
 impl ShimOptimizer {
     pub(crate) fn new(kind: OptimizerKind) -> Result<Self> {
         // SAFETY: allocation; null on failure.
-        NonNull::new(unsafe { sys::gmt_optimizer_new(kind.code()) }).map(ShimOptimizer).ok_or_else(|| {
+        NonNull::new(unsafe { esys::gmt_optimizer_new(kind.code()) }).map(ShimOptimizer).ok_or_else(|| {
             Error::from(sys::safe::ShimError { call: "optimizer", message: "out of memory".into() })
         })
     }
@@ -327,13 +329,13 @@ impl ShimOptimizer {
         let ptrs: Vec<*const c_void> = params.iter().map(|t| t.as_ptr() as *const c_void).collect();
         // SAFETY: `self.0` is a live optimizer we own; the tensor pointers are borrowed for the call.
         check("optimizer step", unsafe {
-            sys::gmt_optimizer_step(self.0.as_ptr(), ptrs.as_ptr(), ptrs.len())
+            esys::gmt_optimizer_step(self.0.as_ptr(), ptrs.as_ptr(), ptrs.len())
         })
     }
 
     pub(crate) fn state_bytes(&self) -> u64 {
         // SAFETY: reads the live optimizer's state sizes.
-        unsafe { sys::gmt_optimizer_state_bytes(self.0.as_ptr()) }.max(0) as u64
+        unsafe { esys::gmt_optimizer_state_bytes(self.0.as_ptr()) }.max(0) as u64
     }
 }
 
@@ -341,7 +343,7 @@ impl ShimOptimizer {
 impl Drop for ShimOptimizer {
     fn drop(&mut self) {
         // SAFETY: allocated by gmt_optimizer_new, freed once.
-        unsafe { sys::gmt_optimizer_free(self.0.as_ptr()) }
+        unsafe { esys::gmt_optimizer_free(self.0.as_ptr()) }
     }
 }
 
@@ -351,20 +353,20 @@ pub(crate) fn grads_set_to_none(params: &[tch::Tensor]) -> Result<u64> {
     let ptrs: Vec<*const c_void> = params.iter().map(|t| t.as_ptr() as *const c_void).collect();
     let mut bytes = 0i64;
     // SAFETY: tensor pointers borrowed for the call; `bytes` is a valid out-pointer.
-    check("zero_grad", unsafe { sys::gmt_grads_set_to_none(ptrs.as_ptr(), ptrs.len(), &mut bytes) })?;
+    check("zero_grad", unsafe { esys::gmt_grads_set_to_none(ptrs.as_ptr(), ptrs.len(), &mut bytes) })?;
     Ok(bytes.max(0) as u64)
 }
 
 pub(crate) fn meta_allocator_install() -> Result<()> {
     // SAFETY: idempotent installation.
-    check("meta allocator", unsafe { sys::gmt_meta_allocator_install() })
+    check("meta allocator", unsafe { esys::gmt_meta_allocator_install() })
 }
 
 /// The ops with a hand-written meta kernel in the shim.
 pub(crate) fn meta_kernels_registered() -> Vec<String> {
     let mut n = 0usize;
     // SAFETY: returns a static array of `n` static NUL-terminated names.
-    let names = unsafe { sys::gmt_meta_kernels_registered(&mut n) };
+    let names = unsafe { esys::gmt_meta_kernels_registered(&mut n) };
     (0..n)
         // SAFETY: `i < n`, and every entry is a static C string.
         .map(|i| unsafe { CStr::from_ptr(*names.add(i)) }.to_string_lossy().into_owned())
@@ -372,12 +374,12 @@ pub(crate) fn meta_kernels_registered() -> Vec<String> {
 }
 
 /// Runs every hand-written meta kernel against the CPU kernel of the same op
-/// (`csrc/estimate/meta_kernel_check.cpp`): one `(op, shapes, verdict)` a case, verdict `ok` or what
+/// (`gpu-mem-track-estimate-sys/csrc/meta_kernel_check.cpp`): one `(op, shapes, verdict)` a case, verdict `ok` or what
 /// differs.
 pub(crate) fn meta_kernels_check() -> Result<Vec<(String, String, String)>> {
     let mut report: *mut std::os::raw::c_char = std::ptr::null_mut();
     // SAFETY: a valid out-pointer; on success the shim stores a malloc'ed string we own.
-    check("meta kernel check", unsafe { sys::gmt_meta_kernels_check(&mut report) })?;
+    check("meta kernel check", unsafe { esys::gmt_meta_kernels_check(&mut report) })?;
     // SAFETY: set by the shim on success (or left null), owned by us.
     let text = unsafe { take_shim_string(report) };
     Ok(report_fields(&text)
@@ -390,7 +392,7 @@ pub(crate) fn meta_kernels_check() -> Result<Vec<(String, String, String)>> {
 
 #[cfg(feature = "tch")]
 /// "The CPU means meta" on this thread while the guard lives: factories asked for the CPU make
-/// meta tensors and CPU tensors that reach an op become meta twins (`csrc/estimate/cpu_means_meta.cpp`).
+/// meta tensors and CPU tensors that reach an op become meta twins (`gpu-mem-track-estimate-sys/csrc/cpu_means_meta.cpp`).
 /// Thread-local in libtorch, so the guard stays on the thread that made it.
 pub(crate) struct CpuMeansMeta {
     made_before: i64,
@@ -401,7 +403,7 @@ pub(crate) struct CpuMeansMeta {
 fn cpu_means_meta_counts() -> (i64, i64) {
     let (mut made, mut moved) = (0i64, 0i64);
     // SAFETY: two valid out-pointers; reads this thread's counters.
-    unsafe { sys::gmt_cpu_means_meta_counts(&mut made, &mut moved) };
+    unsafe { esys::gmt_cpu_means_meta_counts(&mut made, &mut moved) };
     (made, moved)
 }
 
@@ -411,7 +413,7 @@ impl CpuMeansMeta {
     pub(crate) fn begin(copies_too: bool) -> Result<Self> {
         let (made_before, moved_before) = cpu_means_meta_counts();
         // SAFETY: sets this thread's dispatch-key state; undone by `end` on drop, on this thread.
-        check("cpu means meta", unsafe { sys::gmt_cpu_means_meta_begin(i32::from(copies_too)) })?;
+        check("cpu means meta", unsafe { esys::gmt_cpu_means_meta_begin(i32::from(copies_too)) })?;
         // The examples of an earlier span are not this one's.
         let _ = take_cpu_means_meta_examples();
         Ok(Self { made_before, moved_before, _not_send: std::marker::PhantomData })
@@ -430,7 +432,7 @@ impl CpuMeansMeta {
 
 fn take_cpu_means_meta_examples() -> Vec<String> {
     // SAFETY: the shim returns a malloc'ed NUL-terminated string (or null), owned by us.
-    let text = unsafe { take_shim_string(sys::gmt_cpu_means_meta_examples()) };
+    let text = unsafe { take_shim_string(esys::gmt_cpu_means_meta_examples()) };
     text.lines().map(str::to_owned).collect()
 }
 
@@ -454,7 +456,7 @@ pub(crate) fn script_ops_without_meta(path: &std::path::Path) -> Result<Vec<(Str
     let path = c_string("ops without meta", &path.to_string_lossy())?;
     let mut report: *mut std::os::raw::c_char = std::ptr::null_mut();
     // SAFETY: `path` lives across the call; `report` is a valid out-pointer.
-    check("ops without meta", unsafe { sys::gmt_script_ops_without_meta(path.as_ptr(), &mut report) })?;
+    check("ops without meta", unsafe { esys::gmt_script_ops_without_meta(path.as_ptr(), &mut report) })?;
     // SAFETY: set by the shim on success (or left null), owned by us.
     let text = unsafe { take_shim_string(report) };
     Ok(report_fields(&text)
@@ -469,6 +471,6 @@ pub(crate) fn script_ops_without_meta(path: &std::path::Path) -> Result<Vec<(Str
 impl Drop for CpuMeansMeta {
     fn drop(&mut self) {
         // SAFETY: the matching end of `begin`, on the same thread (the guard is not Send).
-        unsafe { sys::gmt_cpu_means_meta_end() }
+        unsafe { esys::gmt_cpu_means_meta_end() }
     }
 }

@@ -37,7 +37,7 @@
 //!   backward data, backward weights), and its weight gradients are views of one flat buffer.
 //!   These are recorded by the meta run itself, which takes cuDNN's path
 //!   ([`meta_rnns_take_cudnn_path`],
-//!   `csrc/estimate/cudnn_rnn.cpp`), so nothing is placed here. Their sizes are cuDNN's
+//!   `gpu-mem-track-estimate-sys/csrc/cudnn_rnn.cpp`), so nothing is placed here. Their sizes are cuDNN's
 //!   (`cudnnGetRNNTempSpaceSizes`): the reserve is modelled as 11.5 (LSTM) or 13.5 (GRU) values
 //!   per layer, direction, step, batch row and hidden unit (the two in the ratio cuDNN reported
 //!   for one geometry, PyTorch issue 2895; the scale from tch's char-rnn on an H200, 105.8 MiB,

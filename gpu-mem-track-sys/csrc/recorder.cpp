@@ -1,7 +1,7 @@
 // Allocation recorder: every allocation and free on the recorded device, in order, tagged with the
 // estimation phase and the innermost op running on the allocating thread (from a RecordFunction
-// start/end callback that is only enabled while recording). Also the tracking Meta allocator: meta
-// tensors hold no data, so their sizes travel in the DataPtr context.
+// start/end callback that is only enabled while recording). Allocators report to it (allocator.cpp,
+// cuda_history.cpp, and the estimator's meta allocator through the same gmt:: functions).
 #include <ATen/core/Tensor.h>
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
@@ -130,32 +130,10 @@ bool recording(Recorder& r, int32_t device_kind) {
   return want == GMT_DEV_ANY || want == device_kind;
 }
 
-// ---- Meta allocator
-struct MetaBlock {
-  int64_t id;
-  int64_t size;
-};
-std::atomic<int64_t> g_meta_next_id{1};
-std::atomic<int64_t> g_meta_current{0};
-
-void meta_delete(void* ctx) {
-  auto* b = static_cast<MetaBlock*>(ctx);
-  g_meta_current.fetch_sub(b->size, std::memory_order_relaxed);
-  gmt::record_free(GMT_DEV_META, b->id);
-  delete b;
-}
-
-struct TrackingMetaAllocator final : c10::Allocator {
-  c10::DataPtr allocate(size_t n) override {
-    auto* b = new MetaBlock{g_meta_next_id.fetch_add(1, std::memory_order_relaxed), static_cast<int64_t>(n)};
-    g_meta_current.fetch_add(b->size, std::memory_order_relaxed);
-    gmt::record_alloc(GMT_DEV_META, b->id, b->size);
-    // The data pointer must stay null on meta; the context carries the size.
-    return c10::DataPtr(nullptr, b, &meta_delete, c10::Device(c10::DeviceType::Meta));
-  }
-  void copy_data(void*, const void*, std::size_t) const override {}
-};
-std::once_flag g_meta_once;
+// Another allocator's storages (the estimator's meta allocator: data pointers null, sizes in the
+// context): the deleter that marks them, and how their recorder id is read from the context.
+std::atomic<gmt::DataDeleter> g_foreign_deleter{nullptr};
+std::atomic<gmt::ForeignAllocationId> g_foreign_id{nullptr};
 }  // namespace
 
 namespace gmt {
@@ -266,7 +244,8 @@ int64_t allocation_id(const void* storage_impl) {
   const auto* s = static_cast<const c10::StorageImpl*>(storage_impl);
   if (!s) return -1;
   const c10::DataPtr& d = s->data_ptr();
-  if (d.get_deleter() == &meta_delete) return static_cast<const MetaBlock*>(d.get_context())->id;
+  const gmt::DataDeleter foreign = g_foreign_deleter.load(std::memory_order_acquire);
+  if (foreign && d.get_deleter() == foreign) return g_foreign_id.load(std::memory_order_acquire)(d.get_context());
   return d.get() ? reinterpret_cast<int64_t>(d.get()) : -1;
 }
 
@@ -285,6 +264,12 @@ void tag_allocation(int64_t id, int32_t category) {
   if (e && e->id == id && rank(category) > rank(e->category)) e->category = category;
 }
 
+void set_foreign_allocation_ids(DataDeleter deleter, ForeignAllocationId id_of) {
+  // The reader first: allocation_id reads the deleter, then the reader.
+  g_foreign_id.store(id_of, std::memory_order_release);
+  g_foreign_deleter.store(deleter, std::memory_order_release);
+}
+
 void tag_parameter(int64_t id) {
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mu);
@@ -298,19 +283,6 @@ void set_phase(int32_t phase, int32_t iteration) {
 }  // namespace gmt
 
 extern "C" {
-
-gmt_error gmt_meta_allocator_install(void) {
-  GMT_TRY({
-    std::call_once(g_meta_once, [] {
-      static TrackingMetaAllocator meta;
-      c10::SetAllocator(c10::DeviceType::Meta, &meta, /*priority=*/100);
-    });
-    // Ops without a Meta kernel then run their CPU kernel instead of failing the estimate.
-    gmt::meta_fallback_install();
-  })
-}
-
-int64_t gmt_meta_allocator_current(void) { return g_meta_current.load(); }
 
 namespace {
 // The phase is set before the recorder turns on, so no event of another thread gets a stale one.

@@ -1,5 +1,5 @@
-// Internal to the shim: the allocation recorder shared by the allocators (which report events)
-// and the estimators (which start/stop it and set phases).
+// Internal to the shim, and exported to the estimator's native code: the allocation recorder shared
+// by the allocators (which report events) and the estimators (which start/stop it and set phases).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -41,8 +41,12 @@ int64_t allocation_id(const void* storage_impl);
 void tag_allocation(int64_t id, int32_t category);
 // Marks allocations as parameters for the current recording.
 void tag_parameter(int64_t id);
-// Registers the meta-via-CPU kernel for every op without a Meta kernel (estimate/meta_kernels.cpp); once.
-void meta_fallback_install();
+// Storages of an allocator outside the shim whose data pointers say nothing (the estimator's meta
+// allocator: null, each allocation numbered in its DataPtr context): those with `deleter` get their
+// recorder id from `id_of(context)`. One such allocator; it registers itself when installed.
+using DataDeleter = void (*)(void*);
+using ForeignAllocationId = int64_t (*)(const void* context);
+void set_foreign_allocation_ids(DataDeleter deleter, ForeignAllocationId id_of);
 // Snapshots the registry's live tensors of a device into the peak snapshot (registry.cpp).
 void take_peak_snapshot(int32_t device_kind);
 // Reference-counted switch of the op-name callback (RecordFunction start/end).

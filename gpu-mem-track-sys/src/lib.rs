@@ -154,61 +154,12 @@ pub const GMT_EVENT_SEGMENT_FREE: u8 = 3;
 /// An allocation failed: `size` asked for, `id` the device's free bytes.
 pub const GMT_EVENT_OOM: u8 = 4;
 
-pub const GMT_OPT_NONE: i32 = 0;
-pub const GMT_OPT_SGD: i32 = 1;
-pub const GMT_OPT_SGD_MOMENTUM: i32 = 2;
-pub const GMT_OPT_ADAM: i32 = 3;
-pub const GMT_OPT_ADAMW: i32 = 4;
-
 pub const GMT_PHASE_LOAD: u8 = 0;
 pub const GMT_PHASE_INPUT: u8 = 1;
 pub const GMT_PHASE_FORWARD: u8 = 2;
 pub const GMT_PHASE_BACKWARD: u8 = 3;
 pub const GMT_PHASE_OPTIMIZER: u8 = 4;
 pub const GMT_PHASE_NONE: u8 = 5;
-
-/// Options of a TorchScript estimate (mirrors `gmt_estimate_options`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct gmt_estimate_options {
-    pub path: *const c_char,
-    pub input_shape: *const i64,
-    pub input_ndim: i32,
-    pub dtype: i32,
-    pub input_is_index: i32,
-    pub train: i32,
-    pub optimizer: i32,
-    pub iterations: i32,
-    pub device_kind: i32,
-    pub eager_lifetimes: i32,
-}
-
-/// Sizes found by a TorchScript estimate (mirrors `gmt_estimate_result`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct gmt_estimate_result {
-    pub param_count: i64,
-    pub param_bytes: i64,
-    pub buffer_bytes: i64,
-    pub input_bytes: i64,
-    pub grad_bytes: i64,
-    pub optimizer_state_bytes: i64,
-    pub output_numel: i64,
-}
-
-/// Static estimate result (mirrors `gmt_static_result`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct gmt_static_result {
-    pub activation_peak: i64,
-    pub param_bytes: i64,
-    pub nodes: i64,
-    pub tensor_values: i64,
-    pub unknown_shapes: i64,
-    pub peak_node: i32,
-    pub peak_op: [c_char; 64],
-    pub seconds: f64,
-}
 
 /// CUDA caching-allocator counters (mirrors `gmt_cuda_stats`).
 #[repr(C)]
@@ -262,10 +213,6 @@ extern "C" {
     /// into their binaries (`--as-needed` drops libraries nothing references); see
     /// `csrc/torch_cuda_link.cpp`.
     pub fn gmt_torch_cuda_linked() -> c_int;
-    /// `.item()` calls on meta tensors since the process started (each returned 0).
-    pub fn gmt_meta_scalar_reads() -> i64;
-    /// Whether LSTM and GRU on meta take cuDNN's path (the default) or PyTorch's own (the CPU's).
-    pub fn gmt_meta_rnn_follows_cudnn(on: c_int);
 
     pub fn gmt_registry_install() -> gmt_error;
     pub fn gmt_registry_installed() -> c_int;
@@ -330,25 +277,10 @@ extern "C" {
     pub fn gmt_cpu_allocator_limit() -> i64;
     pub fn gmt_cpu_allocator_live(addrs: *mut i64, sizes: *mut i64, cap: usize) -> usize;
     pub fn gmt_oom_set_callback(callback: gmt_oom_callback);
-    pub fn gmt_meta_fallback_ops() -> i64;
-    pub fn gmt_meta_kernels_registered(count: *mut usize) -> *const *const c_char;
-    pub fn gmt_meta_kernels_check(report: *mut *mut c_char) -> gmt_error;
-    pub fn gmt_meta_fallback_counts(
-        ops: *mut *const c_char,
-        calls: *mut i64,
-        bytes: *mut i64,
-        cap: usize,
-    ) -> usize;
     pub fn gmt_cuda_oom_observer_attach() -> gmt_error;
     pub fn gmt_cuda_blocks(device: i32, out: *mut gmt_cuda_block, cap: usize, count: *mut usize)
         -> gmt_error;
 
-    pub fn gmt_meta_allocator_install() -> gmt_error;
-    pub fn gmt_meta_allocator_current() -> i64;
-    pub fn gmt_cpu_means_meta_begin(copies_too: i32) -> gmt_error;
-    pub fn gmt_cpu_means_meta_end();
-    pub fn gmt_cpu_means_meta_counts(made_on_cpu: *mut i64, moved_to_meta: *mut i64);
-    pub fn gmt_cpu_means_meta_examples() -> *mut c_char;
     pub fn gmt_recorder_start(device_kind: i32) -> gmt_error;
     pub fn gmt_recorder_stop() -> gmt_error;
     pub fn gmt_recorder_set_phase(phase: i32, iteration: i32);
@@ -373,34 +305,7 @@ extern "C" {
     pub fn gmt_recorder_peak() -> i64;
     pub fn gmt_recorder_parameter_ids(out: *mut i64, cap: usize) -> usize;
     pub fn gmt_recorder_op_name(op: i32) -> *const c_char;
-    pub fn gmt_script_ops_without_meta(path: *const c_char, report: *mut *mut c_char) -> gmt_error;
-    pub fn gmt_estimate_torchscript(
-        options: *const gmt_estimate_options,
-        out: *mut gmt_estimate_result,
-    ) -> gmt_error;
 
-    pub fn gmt_estimate_static(
-        path: *const c_char,
-        shape: *const i64,
-        ndim: i32,
-        dtype: i32,
-        is_index: i32,
-        out: *mut gmt_static_result,
-    ) -> gmt_error;
-    pub fn gmt_tensor_to_device_in_place(tensor: *mut c_void, device_kind: i32, dtype: i32) -> gmt_error;
-    pub fn gmt_tag_parameter_tensor(tensor: *const c_void) -> gmt_error;
-    pub fn gmt_make_tensor(
-        shape: *const i64,
-        ndim: i32,
-        dtype: i32,
-        device_kind: i32,
-        out: *mut *mut c_void,
-    ) -> gmt_error;
-    pub fn gmt_optimizer_new(kind: i32) -> *mut c_void;
-    pub fn gmt_optimizer_step(optimizer: *mut c_void, params: *const *const c_void, n: usize) -> gmt_error;
-    pub fn gmt_optimizer_state_bytes(optimizer: *mut c_void) -> i64;
-    pub fn gmt_optimizer_free(optimizer: *mut c_void);
-    pub fn gmt_grads_set_to_none(params: *const *const c_void, n: usize, grad_bytes: *mut i64) -> gmt_error;
     pub fn gmt_saved_capture_begin(excluded: *const *const c_void, n_excluded: usize) -> gmt_error;
     pub fn gmt_saved_history(enabled: c_int) -> gmt_error;
     pub fn gmt_saved_capture_end();
@@ -426,9 +331,6 @@ const _: () = assert!(std::mem::size_of::<gmt_oom_event>() == 48);
 const _: () = assert!(std::mem::size_of::<gmt_cuda_block>() == 48);
 const _: () = assert!(std::mem::size_of::<gmt_alloc_stats>() == 40);
 const _: () = assert!(std::mem::size_of::<gmt_alloc_event>() == 48);
-const _: () = assert!(std::mem::size_of::<gmt_estimate_options>() == 48);
-const _: () = assert!(std::mem::size_of::<gmt_estimate_result>() == 56);
-const _: () = assert!(std::mem::size_of::<gmt_static_result>() == 120);
 const _: () = assert!(std::mem::size_of::<gmt_cuda_stats>() == 72);
 
 /// Copies out and frees a string the shim allocated (an error or a report); `None` for null.

@@ -17,7 +17,8 @@
 #include <tuple>
 #include <vector>
 
-#include "../common.h"
+#include "common.h"
+#include "estimator.h"
 
 namespace {
 using at::Tensor;

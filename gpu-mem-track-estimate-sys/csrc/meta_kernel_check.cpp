@@ -11,7 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "../common.h"
+#include "common.h"
+#include "estimator.h"
 
 namespace {
 using at::Tensor;

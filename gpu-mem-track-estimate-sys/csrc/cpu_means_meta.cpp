@@ -46,7 +46,8 @@
 #include <string>
 #include <vector>
 
-#include "../common.h"
+#include "common.h"
+#include "estimator.h"
 #include "cudnn_rnn.h"
 
 namespace {

@@ -33,8 +33,8 @@
 #include <tuple>
 #include <vector>
 
-#include "../recorder.h"
-#include "../shim.h"
+#include "recorder.h"
+#include "estimator.h"
 #include "cudnn_rnn.h"
 
 namespace {

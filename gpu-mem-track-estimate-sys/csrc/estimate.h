@@ -1,0 +1,110 @@
+// The C boundary of the estimator's native code (gpu-mem-track-estimate-sys): meta kernels and the
+// meta allocator, "the CPU means meta", TorchScript runs and the static graph estimate, tch-native
+// steps and optimizers. It stands on the tracker's shim (shim.h: errors, device kinds, the
+// allocation recorder), whose headers gpu-mem-track-sys exports; the tracker never calls into it.
+// As there, a function that can fail returns a malloc'd error message (gmt_free_string) or NULL.
+#pragma once
+#include "shim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- meta kernels (meta_kernels.cpp) ----
+// Whether LSTM and GRU on meta take cuDNN's path (cudnn_rnn.cpp; the default) or
+// PyTorch's own, the CPU's.
+void gmt_meta_rnn_follows_cudnn(int on);
+// How many times `.item()` (aten::_local_scalar_dense) ran on a meta tensor since the process
+// started: each returned 0, so data-dependent control flow may have taken another branch.
+int64_t gmt_meta_scalar_reads(void);
+// Ops that run their CPU kernel on CPU twins of their meta inputs (no Meta kernel of their own);
+// registered when the meta allocator is installed.
+int64_t gmt_meta_fallback_ops(void);
+// The ops with a hand-written meta kernel (static names, `*count` of them).
+const char* const* gmt_meta_kernels_registered(size_t* count);
+// Runs every hand-written meta kernel and the CPU kernel of the same op on inputs of several
+// shapes (meta_kernel_check.cpp); `*report` gets one line a case: "op\tshapes\tok" or what differs.
+gmt_error gmt_meta_kernels_check(char** report);
+// Per op that went through that fallback since the process started: its name (stable for the
+// process), calls and bytes of CPU twins materialised. Fills up to `cap`; returns how many ops.
+size_t gmt_meta_fallback_counts(const char** ops, int64_t* calls, int64_t* bytes, size_t cap);
+
+// ---- meta allocator (meta_allocator.cpp) ----
+// Meta tensors hold no data: this allocator gives each allocation a number and reports it to the
+// tracker's allocation recorder; it also registers the meta-via-CPU fallback (meta_kernels.cpp).
+gmt_error gmt_meta_allocator_install(void);  // idempotent
+int64_t gmt_meta_allocator_current(void);    // live meta bytes
+
+// ---- "the CPU means meta" on this thread (cpu_means_meta.cpp) ----
+// While on (calls nest; end on the thread that began), factories asked for the CPU make meta
+// tensors and CPU tensors that reach an op become meta twins; copies to the CPU stay on meta only
+// when `copies_too` (TorchScript). Other threads are never affected.
+gmt_error gmt_cpu_means_meta_begin(int32_t copies_too);
+void gmt_cpu_means_meta_end(void);
+// This thread's totals since it started: tensors ops returned on the CPU while on, and CPU
+// tensors moved to meta where an op met them.
+void gmt_cpu_means_meta_counts(int64_t* made_on_cpu, int64_t* moved_to_meta);
+// Up to 8 of them ("moved to meta at aten::add [4, 8] Float"), one a line; clears the list.
+char* gmt_cpu_means_meta_examples(void);
+// ---- TorchScript estimation (torchscript.cpp) ----
+// The optimizers the estimator runs (native_steps.cpp), for TorchScript and tch-native models.
+enum gmt_optimizer { GMT_OPT_NONE = 0, GMT_OPT_SGD = 1, GMT_OPT_SGD_MOMENTUM = 2, GMT_OPT_ADAM = 3, GMT_OPT_ADAMW = 4 };
+typedef struct {
+  const char* path;
+  const int64_t* input_shape;
+  int32_t input_ndim;
+  int32_t dtype;          // c10::ScalarType for parameters and float inputs (6 = float32)
+  int32_t input_is_index; // integer token ids (int64) instead of a float input
+  int32_t train;          // 0: inference (no grad); 1: training steps
+  int32_t optimizer;      // gmt_optimizer
+  int32_t iterations;     // training iterations (2 shows the steady state)
+  int32_t device_kind;    // GMT_DEV_META or GMT_DEV_CPU
+  int32_t eager_lifetimes; // hold values as eager Python would (locals until rebound/return, call inputs until the call returns)
+} gmt_estimate_options;
+static_assert(sizeof(gmt_estimate_options) == 48, "gmt_estimate_options is mirrored in gpu-mem-track-estimate-sys/src/lib.rs: change both");
+
+// Sizes of what the run created; timing and peaks come from the recorded events.
+typedef struct {
+  int64_t param_count, param_bytes, buffer_bytes, input_bytes, grad_bytes, optimizer_state_bytes;
+  int64_t output_numel;
+} gmt_estimate_result;
+static_assert(sizeof(gmt_estimate_result) == 56, "gmt_estimate_result is mirrored in gpu-mem-track-estimate-sys/src/lib.rs: change both");
+
+// Loads and runs the module on the device with the allocator recorder on; the recording stays
+// readable afterwards (gmt_recorder_*).
+gmt_error gmt_estimate_torchscript(const gmt_estimate_options* options, gmt_estimate_result* out);
+// Every aten op of the model's forward (inlined) with neither a Meta, composite nor CPU kernel:
+// `*report` gets "schema\tfile line N" a line (empty: none).
+gmt_error gmt_script_ops_without_meta(const char* path, char** report);
+
+// Static inference estimate from the TorchScript IR: shapes propagated from the input, tensors freed
+// after their last use. Activation bytes exclude parameters and the input.
+typedef struct {
+  int64_t activation_peak;  // highest live activation bytes
+  int64_t param_bytes;
+  int64_t nodes, tensor_values, unknown_shapes;
+  int32_t peak_node;
+  char peak_op[64];
+  double seconds;
+} gmt_static_result;
+static_assert(sizeof(gmt_static_result) == 120, "gmt_static_result is mirrored in gpu-mem-track-estimate-sys/src/lib.rs: change both");
+gmt_error gmt_estimate_static(const char* path, const int64_t* shape, int32_t ndim, int32_t dtype, int32_t is_index,
+                              gmt_static_result* out);
+
+// ---- tch-native models (native_steps.cpp) ----
+// Moves a variable's data to the device (GMT_DEV_META/CPU) in place, converting floating dtypes
+// to `dtype` (-1: keep). `tensor` is an at::Tensor*.
+gmt_error gmt_tensor_to_device_in_place(void* tensor, int32_t device_kind, int32_t dtype);
+gmt_error gmt_tag_parameter_tensor(const void* tensor);
+// A new at::Tensor* (random floats or zero integers) that the caller owns.
+gmt_error gmt_make_tensor(const int64_t* shape, int32_t ndim, int32_t dtype, int32_t device_kind, void** out);
+void* gmt_optimizer_new(int32_t kind);
+gmt_error gmt_optimizer_step(void* optimizer, const void* const* params, size_t n);
+int64_t gmt_optimizer_state_bytes(void* optimizer);
+void gmt_optimizer_free(void* optimizer);
+// Reports the gradients' bytes, then drops them (zero_grad(set_to_none=True)).
+gmt_error gmt_grads_set_to_none(const void* const* params, size_t n, int64_t* grad_bytes);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,34 @@
+// Internal to the estimator's native code: what its translation units share. The tracker's
+// internals it builds on (the recorder, registration) come from gpu-mem-track-sys's headers.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "estimate.h"
+
+namespace gmt {
+// Registers the meta-via-CPU kernel for every op without a Meta kernel (meta_kernels.cpp); once.
+void meta_fallback_install();
+// Called by whatever runs on meta, so that the linker keeps meta_kernels.cpp's object (and its
+// kernel registrations) when the library is linked statically.
+int meta_kernels_linked();
+
+// Bytes of the distinct storages among `ts` (native_steps.cpp).
+int64_t unique_storage_bytes(const std::vector<at::Tensor>& ts);
+
+// One optimizer's state, updated with the multi-tensor (foreach) kernels PyTorch uses by default
+// on CUDA, so the temporaries (one parameter-sized set for Adam's denominator) are the same
+// (native_steps.cpp). For TorchScript runs and tch-native steps alike.
+struct OptimizerState {
+  int32_t kind = GMT_OPT_NONE;
+  int64_t step = 0;
+  std::vector<at::Tensor> a, b;  // momentum buffers / exp_avg, exp_avg_sq
+
+  // One step over the parameters that have a gradient.
+  void update(const std::vector<at::Tensor>& params);
+  // Bytes of the state (the moments; not the parameters).
+  int64_t bytes() const;
+};
+}  // namespace gmt

@@ -1,0 +1,61 @@
+// The tracking Meta allocator: meta tensors hold no data, so each allocation is numbered and its
+// size travels in the DataPtr context; allocations and frees go to the tracker's recorder, which
+// reads a meta storage's number through the hook installed here (gmt::set_foreign_allocation_ids).
+#include <c10/core/Allocator.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+
+#include "common.h"
+#include "estimator.h"
+#include "recorder.h"
+
+namespace {
+struct MetaBlock {
+  int64_t id;
+  int64_t size;
+};
+std::atomic<int64_t> g_meta_next_id{1};
+std::atomic<int64_t> g_meta_current{0};
+
+void meta_delete(void* ctx) {
+  auto* b = static_cast<MetaBlock*>(ctx);
+  g_meta_current.fetch_sub(b->size, std::memory_order_relaxed);
+  gmt::record_free(GMT_DEV_META, b->id);
+  delete b;
+}
+
+int64_t meta_id(const void* ctx) { return static_cast<const MetaBlock*>(ctx)->id; }
+
+struct TrackingMetaAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    auto* b = new MetaBlock{g_meta_next_id.fetch_add(1, std::memory_order_relaxed), static_cast<int64_t>(n)};
+    g_meta_current.fetch_add(b->size, std::memory_order_relaxed);
+    gmt::record_alloc(GMT_DEV_META, b->id, b->size);
+    // The data pointer must stay null on meta; the context carries the size.
+    return c10::DataPtr(nullptr, b, &meta_delete, c10::Device(c10::DeviceType::Meta));
+  }
+  void copy_data(void*, const void*, std::size_t) const override {}
+};
+std::once_flag g_meta_once;
+}  // namespace
+
+extern "C" {
+
+gmt_error gmt_meta_allocator_install(void) {
+  GMT_TRY({
+    std::call_once(g_meta_once, [] {
+      // The recorder learns to read meta storages' numbers before the first one exists.
+      gmt::set_foreign_allocation_ids(&meta_delete, &meta_id);
+      static TrackingMetaAllocator meta;
+      c10::SetAllocator(c10::DeviceType::Meta, &meta, /*priority=*/100);
+    });
+    // Ops without a Meta kernel then run their CPU kernel instead of failing the estimate.
+    gmt::meta_fallback_install();
+  })
+}
+
+int64_t gmt_meta_allocator_current(void) { return g_meta_current.load(); }
+
+}  // extern "C"

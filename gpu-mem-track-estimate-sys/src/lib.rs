@@ -1,0 +1,117 @@
+//! Raw FFI to the gpu-mem-track estimator's C++ (`csrc/`, declared in `csrc/estimate.h`):
+//! TorchScript runs and the static graph estimate, tch-native steps and the optimizers, the meta
+//! allocator, hand-written meta kernels and "the CPU means meta". The safe API is the
+//! `gpu-mem-track-estimate` crate's `ffi` module.
+//!
+//! This C++ builds on the tracker's shim (`gpu-mem-track-sys`): its errors ([`gmt_error`], freed
+//! with `gpu_mem_track_sys::gmt_free_string`), device kinds and allocation recorder. The tracker's
+//! C++ never calls into this crate's.
+#![allow(non_camel_case_types)]
+
+use std::os::raw::{c_char, c_int, c_void};
+
+pub use gpu_mem_track_sys::gmt_error;
+
+/// The optimizers the estimator runs (`gmt_optimizer`).
+pub const GMT_OPT_NONE: i32 = 0;
+pub const GMT_OPT_SGD: i32 = 1;
+pub const GMT_OPT_SGD_MOMENTUM: i32 = 2;
+pub const GMT_OPT_ADAM: i32 = 3;
+pub const GMT_OPT_ADAMW: i32 = 4;
+
+/// Options of a TorchScript estimate (mirrors `gmt_estimate_options`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct gmt_estimate_options {
+    pub path: *const c_char,
+    pub input_shape: *const i64,
+    pub input_ndim: i32,
+    pub dtype: i32,
+    pub input_is_index: i32,
+    pub train: i32,
+    pub optimizer: i32,
+    pub iterations: i32,
+    pub device_kind: i32,
+    pub eager_lifetimes: i32,
+}
+
+/// Sizes found by a TorchScript estimate (mirrors `gmt_estimate_result`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct gmt_estimate_result {
+    pub param_count: i64,
+    pub param_bytes: i64,
+    pub buffer_bytes: i64,
+    pub input_bytes: i64,
+    pub grad_bytes: i64,
+    pub optimizer_state_bytes: i64,
+    pub output_numel: i64,
+}
+
+/// Static estimate result (mirrors `gmt_static_result`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct gmt_static_result {
+    pub activation_peak: i64,
+    pub param_bytes: i64,
+    pub nodes: i64,
+    pub tensor_values: i64,
+    pub unknown_shapes: i64,
+    pub peak_node: i32,
+    pub peak_op: [c_char; 64],
+    pub seconds: f64,
+}
+
+extern "C" {
+    /// `.item()` calls on meta tensors since the process started (each returned 0).
+    pub fn gmt_meta_scalar_reads() -> i64;
+    /// Whether LSTM and GRU on meta take cuDNN's path (the default) or PyTorch's own (the CPU's).
+    pub fn gmt_meta_rnn_follows_cudnn(on: c_int);
+    pub fn gmt_meta_fallback_ops() -> i64;
+    pub fn gmt_meta_kernels_registered(count: *mut usize) -> *const *const c_char;
+    pub fn gmt_meta_kernels_check(report: *mut *mut c_char) -> gmt_error;
+    pub fn gmt_meta_fallback_counts(
+        ops: *mut *const c_char,
+        calls: *mut i64,
+        bytes: *mut i64,
+        cap: usize,
+    ) -> usize;
+    pub fn gmt_meta_allocator_install() -> gmt_error;
+    pub fn gmt_meta_allocator_current() -> i64;
+    pub fn gmt_cpu_means_meta_begin(copies_too: i32) -> gmt_error;
+    pub fn gmt_cpu_means_meta_end();
+    pub fn gmt_cpu_means_meta_counts(made_on_cpu: *mut i64, moved_to_meta: *mut i64);
+    pub fn gmt_cpu_means_meta_examples() -> *mut c_char;
+    pub fn gmt_script_ops_without_meta(path: *const c_char, report: *mut *mut c_char) -> gmt_error;
+    pub fn gmt_estimate_torchscript(
+        options: *const gmt_estimate_options,
+        out: *mut gmt_estimate_result,
+    ) -> gmt_error;
+    pub fn gmt_estimate_static(
+        path: *const c_char,
+        shape: *const i64,
+        ndim: i32,
+        dtype: i32,
+        is_index: i32,
+        out: *mut gmt_static_result,
+    ) -> gmt_error;
+    pub fn gmt_tensor_to_device_in_place(tensor: *mut c_void, device_kind: i32, dtype: i32) -> gmt_error;
+    pub fn gmt_tag_parameter_tensor(tensor: *const c_void) -> gmt_error;
+    pub fn gmt_make_tensor(
+        shape: *const i64,
+        ndim: i32,
+        dtype: i32,
+        device_kind: i32,
+        out: *mut *mut c_void,
+    ) -> gmt_error;
+    pub fn gmt_optimizer_new(kind: i32) -> *mut c_void;
+    pub fn gmt_optimizer_step(optimizer: *mut c_void, params: *const *const c_void, n: usize) -> gmt_error;
+    pub fn gmt_optimizer_state_bytes(optimizer: *mut c_void) -> i64;
+    pub fn gmt_optimizer_free(optimizer: *mut c_void);
+    pub fn gmt_grads_set_to_none(params: *const *const c_void, n: usize, grad_bytes: *mut i64) -> gmt_error;
+}
+
+// The C layouts this crate mirrors (`csrc/estimate.h` asserts the same sizes on its side).
+const _: () = assert!(std::mem::size_of::<gmt_estimate_options>() == 48);
+const _: () = assert!(std::mem::size_of::<gmt_estimate_result>() == 56);
+const _: () = assert!(std::mem::size_of::<gmt_static_result>() == 120);
