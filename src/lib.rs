@@ -114,9 +114,9 @@ mod tracker;
 
 /// SVG/PNG charts of logs and timelines (feature `plot`).
 #[cfg(feature = "plot")]
-pub use gpu_mem_track_log::plot;
+pub use gpu_mem_track_core::plot;
 /// The libtorch-free layer, re-exported: the log format, reports, NVML, traces, snapshots.
-pub use gpu_mem_track_log::{diff, log, memviz, nvml, report, watch};
+pub use gpu_mem_track_core::{diff, log, memviz, nvml, report, watch};
 
 pub use capabilities::{capabilities, Capabilities, BUILD_MARKER, LIBTORCH_VERSION};
 pub use device::{
@@ -124,8 +124,8 @@ pub use device::{
 };
 pub use error::{Error, Result};
 /// The error of the libtorch-free layer, inside [`Error::Log`].
-pub use gpu_mem_track_log::Error as LogError;
-pub use gpu_mem_track_log::{GroupChange, Sign};
+pub use gpu_mem_track_core::Error as LogError;
+pub use gpu_mem_track_core::{GroupChange, Sign};
 /// Tracks on entry to a function and on every exit (`return`, `?`, end of body, unwinding).
 ///
 /// `#[track_memory]` uses the default tracker; `#[track_memory(tracker = expr)]` any expression

@@ -1,7 +1,7 @@
 //! Out of memory: when the allocator of a tracked device refuses an allocation (CUDA's caching
 //! allocator, or the wrapped CPU allocator past
 //! `MemTrackerBuilder::cpu_memory_limit`), every tracker of that device
-//! appends an out-of-memory block to its log (see `gpu_mem_track_log::log::oom`) and writes a
+//! appends an out-of-memory block to its log (see `gpu_mem_track_core::log::oom`) and writes a
 //! snapshot pickle beside it, on the failing thread, before the program gets its error.
 //!
 //! The report never allocates on the failing device (it reads the registry and the allocator's
@@ -21,10 +21,10 @@ use crate::ffi::{self, OomEvent};
 use crate::history;
 use crate::site::Site;
 use crate::snapshot::{largest_holders, GroupKey, GroupTotals, Snapshot};
-use gpu_mem_track_log::diff::{diff_groups, ViewLines};
-use gpu_mem_track_log::log::oom::{OomReport, MAX_HOLDERS};
-use gpu_mem_track_log::log::{GroupLine, LogWriter, SourceLocation};
-use gpu_mem_track_log::memviz::{self, Block, MemorySnapshot, Segment, TraceEntry};
+use gpu_mem_track_core::diff::{diff_groups, ViewLines};
+use gpu_mem_track_core::log::oom::{OomReport, MAX_HOLDERS};
+use gpu_mem_track_core::log::{GroupLine, LogWriter, SourceLocation};
+use gpu_mem_track_core::memviz::{self, Block, MemorySnapshot, Segment, TraceEntry};
 use rustc_hash::FxHashMap;
 
 /// How long a report waits for a tracker that another thread is using.

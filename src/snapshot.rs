@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-pub use gpu_mem_track_log::group::{DType, GroupKey, GroupTotals, TensorClass, TensorRole};
+pub use gpu_mem_track_core::group::{DType, GroupKey, GroupTotals, TensorClass, TensorRole};
 use rustc_hash::FxHashMap;
 
 use crate::ffi::{self, GroupTotal, RegistryGroup, RoleCode, SnapshotTotals, TensorRecord};
@@ -280,9 +280,9 @@ pub(crate) fn largest_holders(
     records: &[TensorRecord],
     dims: &[i64],
     n: usize,
-) -> (Vec<gpu_mem_track_log::log::oom::Holder>, (u64, u64)) {
+) -> (Vec<gpu_mem_track_core::log::oom::Holder>, (u64, u64)) {
     let owners = shared_storage_owners(records);
-    type Key<'a> = (&'a [i64], i32, i32, Option<gpu_mem_track_log::Category>, Option<u32>);
+    type Key<'a> = (&'a [i64], i32, i32, Option<gpu_mem_track_core::Category>, Option<u32>);
     let mut grouped: FxHashMap<Key<'_>, GroupTotals> = FxHashMap::default();
     for (i, r) in records.iter().enumerate() {
         if !owns_storage(records, &owners, i) {
@@ -300,7 +300,7 @@ pub(crate) fn largest_holders(
     let holders = groups
         .into_iter()
         .take(n)
-        .map(|((shape, dtype, class_id, category, op), totals)| gpu_mem_track_log::log::oom::Holder {
+        .map(|((shape, dtype, class_id, category, op), totals)| gpu_mem_track_core::log::oom::Holder {
             count: totals.count,
             shape: shape.to_vec(),
             dtype: DType::from_scalar_type(dtype).torch_name(),
@@ -314,8 +314,8 @@ pub(crate) fn largest_holders(
 }
 
 /// How an out-of-memory block names what a group of tensors is.
-fn holder_label(c: gpu_mem_track_log::Category) -> &'static str {
-    use gpu_mem_track_log::Category as C;
+fn holder_label(c: gpu_mem_track_core::Category) -> &'static str {
+    use gpu_mem_track_core::Category as C;
     match c {
         C::Parameter => "parameters",
         C::Buffer => "buffers",

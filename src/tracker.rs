@@ -16,14 +16,14 @@ use crate::oom::{OomParts, OomSink, OomWatch};
 use crate::sampler::{DeviceSource, SampledPeak, Sampler};
 use crate::site::Site;
 use crate::snapshot::{self, GroupKey, GroupTotals, Snapshot, TensorInfo};
-use gpu_mem_track_log::diff::{diff_groups, GroupChange, ViewLines};
-use gpu_mem_track_log::log::format::{self, MIB};
-use gpu_mem_track_log::log::writer::{launcher_rank, log_file_stem, validate_prefix, TIMESTAMP_FORMAT};
-use gpu_mem_track_log::log::{
+use gpu_mem_track_core::diff::{diff_groups, GroupChange, ViewLines};
+use gpu_mem_track_core::log::format::{self, MIB};
+use gpu_mem_track_core::log::writer::{launcher_rank, log_file_stem, validate_prefix, TIMESTAMP_FORMAT};
+use gpu_mem_track_core::log::{
     AtLine, GroupLine, LogHeader, LogWriter, MemoryField, SourceLocation, TrackFigures, ALLOCATED,
     TENSOR_USED,
 };
-use gpu_mem_track_log::nvml::{self, NvmlCache, NvmlReader, NvmlReading};
+use gpu_mem_track_core::nvml::{self, NvmlCache, NvmlReader, NvmlReading};
 
 /// How long a `track!()` reuses an NVML reading while the caching allocator's reserved memory
 /// stays put (see [`NvmlCache`]).
@@ -134,9 +134,9 @@ impl MemTrackerBuilder {
     /// `RANK`, `SLURM_PROCID` or `LOCAL_RANK` when a launcher set them.
     ///
     /// # Errors
-    /// [`LogError::InvalidPrefix`](gpu_mem_track_log::Error::InvalidPrefix) (inside [`Error::Log`]);
+    /// [`LogError::InvalidPrefix`](gpu_mem_track_core::Error::InvalidPrefix) (inside [`Error::Log`]);
     /// [`Error::CudaUnavailable`] / [`Error::NoSuchCudaDevice`] for a CUDA device this process
-    /// cannot use; [`LogError::LogDirMissing`](gpu_mem_track_log::Error::LogDirMissing),
+    /// cannot use; [`LogError::LogDirMissing`](gpu_mem_track_core::Error::LogDirMissing),
     /// `LogDirNotADirectory`, `LogDirUnwritable` for the log folder;
     /// [`Error::Libtorch`] if the hooks cannot be installed; [`Error::InvalidOption`] for a
     /// `cpu_memory_limit` on a CUDA tracker.
@@ -155,9 +155,8 @@ impl MemTrackerBuilder {
             Some(d) => d,
             None => {
                 let d = PathBuf::from(DEFAULT_LOG_DIR);
-                std::fs::create_dir_all(&d).map_err(|source| gpu_mem_track_log::Error::LogDirUnwritable {
-                    path: d.clone(),
-                    source,
+                std::fs::create_dir_all(&d).map_err(|source| {
+                    gpu_mem_track_core::Error::LogDirUnwritable { path: d.clone(), source }
                 })?;
                 d
             }
@@ -373,7 +372,7 @@ impl MemTracker {
     /// Prefer `track!`, which knows the function at compile time.
     ///
     /// # Errors
-    /// [`LogError::LogWrite`](gpu_mem_track_log::Error::LogWrite) when the block cannot be appended; [`Error::Libtorch`] when the
+    /// [`LogError::LogWrite`](gpu_mem_track_core::Error::LogWrite) when the block cannot be appended; [`Error::Libtorch`] when the
     /// snapshot or the allocator counters cannot be read.
     #[track_caller]
     pub fn track(&self) -> Result<TrackPoint> {
@@ -498,7 +497,7 @@ impl MemTracker {
     /// Marks `tensor` as the input batch in the recorded history (no-op when nothing records, or
     /// when its memory was allocated before the recording started).
     pub fn tag_input(&self, tensor: &tch::Tensor) {
-        ffi::history_tag_tensor(tensor, gpu_mem_track_log::Category::Input);
+        ffi::history_tag_tensor(tensor, gpu_mem_track_core::Category::Input);
     }
 
     /// [`tag_input`](Self::tag_input) for a tensor given by its `c10::TensorImpl*` (what Python's
@@ -509,7 +508,7 @@ impl MemTracker {
     #[allow(unsafe_code)]
     pub unsafe fn tag_input_impl(&self, impl_ptr: *const std::ffi::c_void) {
         // SAFETY: forwarded from the caller.
-        unsafe { ffi::history_tag_tensor_impl(impl_ptr, gpu_mem_track_log::Category::Input) }
+        unsafe { ffi::history_tag_tensor_impl(impl_ptr, gpu_mem_track_core::Category::Input) }
     }
 
     /// Runs an optimizer step (`|| opt.step()`): the tensors it makes and keeps are optimizer state,
@@ -531,7 +530,7 @@ impl MemTracker {
         // Gradients live now are tagged before the step can drop them.
         ffi::history_tag_registered();
         let n = self.optimizer_steps.fetch_add(1, Ordering::Relaxed) + 1;
-        ffi::recorder_set_phase(Some(gpu_mem_track_log::Phase::Optimizer), n);
+        ffi::recorder_set_phase(Some(gpu_mem_track_core::Phase::Optimizer), n);
         let out = step();
         ffi::recorder_set_phase(None, n);
         out
@@ -553,7 +552,7 @@ impl MemTracker {
     /// Writes the recorded history as a PyTorch memory snapshot pickle (open it in memory_viz).
     ///
     /// # Errors
-    /// [`LogError::LogWrite`](gpu_mem_track_log::Error::LogWrite) naming the file.
+    /// [`LogError::LogWrite`](gpu_mem_track_core::Error::LogWrite) naming the file.
     pub fn dump_snapshot(&self, path: impl AsRef<Path>) -> Result<()> {
         self.history().dump_snapshot(path.as_ref())
     }
@@ -593,7 +592,7 @@ impl MemTracker {
     /// I/O errors of `out`; [`Error::Libtorch`] when the registry cannot be read.
     pub fn print_all_tensors(&self, mut out: impl Write) -> Result<()> {
         let tensors = self.live_tensors()?;
-        let io = |source| gpu_mem_track_log::Error::LogWrite {
+        let io = |source| gpu_mem_track_core::Error::LogWrite {
             path: PathBuf::from("<print_all_tensors writer>"),
             source,
         };
@@ -770,7 +769,7 @@ pub fn registry_entries() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpu_mem_track_log::log::{ALLOC_RETRIES, DEVICE_FREE, RESERVED};
+    use gpu_mem_track_core::log::{ALLOC_RETRIES, DEVICE_FREE, RESERVED};
 
     #[test]
     fn cuda_at_lines_show_the_headroom_and_new_allocator_retries() {

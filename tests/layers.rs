@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
-/// The library crates' sources: the log layer, the tracker, the estimator.
-const LIBRARY_SOURCES: [&str; 3] = ["gpu-mem-track-log/src", "src", "gpu-mem-track-estimate/src"];
+/// The library crates' sources: the core layer, the tracker, the estimator.
+const LIBRARY_SOURCES: [&str; 3] = ["gpu-mem-track-core/src", "src", "gpu-mem-track-estimate/src"];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
@@ -265,7 +265,7 @@ fn no_import_cycle_between_module_files() {
     }
 }
 
-/// A test of the test: a `super::` circle planted between two files of a copy of the log crate is
+/// A test of the test: a `super::` circle planted between two files of a copy of the core crate is
 /// found, and so is one through `self::` in a `mod.rs`.
 #[test]
 fn a_planted_super_circle_is_found() {
@@ -286,7 +286,7 @@ fn a_planted_super_circle_is_found() {
     assert!(graph["log"].is_empty(), "a mod.rs re-exporting its own submodule is no edge: {graph:?}");
     let cycle = find_cycle(&graph).expect("log::a -> log::b -> log::a");
     assert!(cycle.contains(&"log::a".to_owned()) && cycle.contains(&"log::b".to_owned()), "{cycle:?}");
-    // Broken the way the log crate broke block <-> oom: what both need moves to a third file.
+    // Broken the way the core crate broke block <-> oom: what both need moves to a third file.
     write("log/b.rs", "use super::c::C;\npub struct B;\n");
     write("log/c.rs", "pub struct C;\n");
     write("log/mod.rs", "mod a;\nmod b;\nmod c;\n");
@@ -351,7 +351,7 @@ fn only_ffi_reads_the_c_boundary() {
     let mut files = Vec::new();
     for dir in [
         "src",
-        "gpu-mem-track-log/src",
+        "gpu-mem-track-core/src",
         "gpu-mem-track-cli/src",
         "gpu-mem-track-estimate/src",
         "gpu-mem-track-estimate/tests",
@@ -407,12 +407,12 @@ fn the_estimator_is_a_crate_above_the_tracker() {
     let tracker_sys = deps(&manifest("gpu-mem-track-sys/Cargo.toml"));
     let estimator = deps(&manifest("gpu-mem-track-estimate/Cargo.toml"));
     let estimator_sys = deps(&manifest("gpu-mem-track-estimate-sys/Cargo.toml"));
-    let log = deps(&manifest("gpu-mem-track-log/Cargo.toml"));
+    let log = deps(&manifest("gpu-mem-track-core/Cargo.toml"));
     // No estimator crate under the tracker (what `cargo tree -p gpu-mem-track` would show).
     for (name, deps) in [("gpu-mem-track", &tracker), ("gpu-mem-track-sys", &tracker_sys)] {
         assert!(!deps.iter().any(|d| d.starts_with("gpu-mem-track-estimate")), "{name}: {deps:?}");
     }
-    assert!(tracker.contains("gpu-mem-track-log") && tracker.contains("gpu-mem-track-sys"), "{tracker:?}");
+    assert!(tracker.contains("gpu-mem-track-core") && tracker.contains("gpu-mem-track-sys"), "{tracker:?}");
     for dep in ["gpu-mem-track", "gpu-mem-track-sys", "gpu-mem-track-estimate-sys"] {
         assert!(estimator.contains(dep), "the estimator does not depend on {dep}: {estimator:?}");
     }

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use anyhow::{bail, Context, Result};
-use gpu_mem_track_log::Trace;
+use gpu_mem_track_core::Trace;
 
 pub mod command;
 

@@ -64,10 +64,10 @@ use std::fmt;
 
 use serde::Serialize;
 
-use gpu_mem_track_log::caching_allocator::{BlockId, CachingAllocatorModel, CachingStats, OutOfMemory};
-use gpu_mem_track_log::cuda_libraries::{calls_cublas, is_op, MATMUL_BACKWARD_NODES};
-use gpu_mem_track_log::log::oom::human_bytes;
-use gpu_mem_track_log::{Category, Phase, Trace, TraceEvent};
+use gpu_mem_track_core::caching_allocator::{BlockId, CachingAllocatorModel, CachingStats, OutOfMemory};
+use gpu_mem_track_core::cuda_libraries::{calls_cublas, is_op, MATMUL_BACKWARD_NODES};
+use gpu_mem_track_core::log::oom::human_bytes;
+use gpu_mem_track_core::{Category, Phase, Trace, TraceEvent};
 
 /// An allocation made by the op named in `top_op` itself rather than by an op it calls: on meta
 /// a kernel's outputs are recorded under `aten::empty`/`aten::empty_strided`.

@@ -40,7 +40,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-pub use gpu_mem_track_log::caching_allocator;
+pub use gpu_mem_track_core::caching_allocator;
 mod error;
 mod estimate;
 mod ffi;
@@ -61,7 +61,7 @@ mod torchscript;
 pub use error::{Error, Result};
 pub use estimate::{estimate_progress, Estimate, PeakPlace, PhasePeak};
 pub use figures::{CpuTensors, FallbackOp, ModelSizes, StaticEstimate};
-pub use gpu_mem_track_log::{Category, Phase, TimelinePoint, Trace, TraceEvent};
+pub use gpu_mem_track_core::{Category, Phase, TimelinePoint, Trace, TraceEvent};
 pub use gpu_runtime::meta_rnns_take_cudnn_path;
 #[cfg(feature = "tch")]
 pub use native::{inference_step, training_step, NativeStepOptions};

@@ -14,7 +14,7 @@ use std::time::Instant;
 use tch::nn;
 use tch::{Device, Kind, Tensor};
 
-use gpu_mem_track_log::{Phase, Trace};
+use gpu_mem_track_core::{Phase, Trace};
 
 use crate::error::{Error, Result};
 use crate::estimate::{finish_estimate, Estimate};
@@ -24,7 +24,7 @@ use crate::options::{EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer
 use gpu_mem_track::recorder;
 use gpu_mem_track::snapshot::dtype_of;
 use gpu_mem_track::DeviceKind;
-use gpu_mem_track_log::DType;
+use gpu_mem_track_core::DType;
 
 /// What a tch-native training step is estimated with.
 #[derive(Debug, Clone, PartialEq)]

@@ -2,7 +2,7 @@
 //! optimizer, the device the run is made on, and how long values live.
 use serde::Serialize;
 
-use gpu_mem_track_log::DType;
+use gpu_mem_track_core::DType;
 
 use crate::ffi::OptimizerKind;
 

@@ -15,8 +15,8 @@ use crate::gpu_runtime::{
     place_runtime_allocations, replay_on_device, replay_with_runtime, FirstOom, GpuReplay, RuntimeAllocation,
     RuntimeKind, RuntimeSizes,
 };
-use gpu_mem_track_log::cuda_libraries;
-use gpu_mem_track_log::Trace;
+use gpu_mem_track_core::cuda_libraries;
+use gpu_mem_track_core::Trace;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -112,7 +112,7 @@ impl DeviceProfile {
         if gpu_mem_track::capabilities().cuda_devices == 0 {
             return fallback();
         }
-        let Ok(gpu) = gpu_mem_track_log::nvml::NvmlReader::open().and_then(|n| n.describe(0)) else {
+        let Ok(gpu) = gpu_mem_track_core::nvml::NvmlReader::open().and_then(|n| n.describe(0)) else {
             return fallback();
         };
         let context_bytes = Self::presets()
@@ -274,7 +274,7 @@ fn predict_from(profile: &DeviceProfile, trace: &Trace, replays: &Replays) -> Gp
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpu_mem_track_log::{Category, Phase, TraceEvent};
+    use gpu_mem_track_core::{Category, Phase, TraceEvent};
 
     fn profile(cc: (u32, u32)) -> DeviceProfile {
         DeviceProfile {
@@ -299,7 +299,7 @@ mod tests {
 
     #[test]
     fn cublas_workspace_config_overrides_the_profiles_default() {
-        // The rules themselves: gpu_mem_track_log::cuda_libraries.
+        // The rules themselves: gpu_mem_track_core::cuda_libraries.
         assert_eq!(profile((8, 0)).cublas_workspace_bytes(Some(":4096:8")), 32 * MIB);
         assert_eq!(profile((9, 0)).cublas_workspace_bytes(Some(":16:8")), 128 * 1024);
     }

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use gpu_mem_track::recorder::{self, AllocEvent};
 use gpu_mem_track::DeviceKind;
-use gpu_mem_track_log::Trace;
+use gpu_mem_track_core::Trace;
 
 use crate::error::{Error, Result};
 use crate::estimate::{finish_estimate, Estimate};
@@ -182,7 +182,7 @@ pub fn estimate_static(path: &Path, options: &EstimateOptions) -> Result<StaticE
 pub fn estimate_torchscript_with_peak_tensors(
     path: &Path,
     options: &EstimateOptions,
-) -> Result<(Estimate, Trace, Vec<gpu_mem_track_log::log::GroupLine>)> {
+) -> Result<(Estimate, Trace, Vec<gpu_mem_track_core::log::GroupLine>)> {
     recorder::snapshot_peaks(true);
     let run = estimate_torchscript_traced(path, options);
     recorder::snapshot_peaks(false); // a run that failed before recording leaves it asked for
@@ -194,11 +194,11 @@ pub fn estimate_torchscript_with_peak_tensors(
     let groups = groups
         .into_iter()
         .filter(|(key, _)| !key.view)
-        .map(|(key, totals)| gpu_mem_track_log::log::GroupLine {
-            sign: gpu_mem_track_log::Sign::Plus,
+        .map(|(key, totals)| gpu_mem_track_core::log::GroupLine {
+            sign: gpu_mem_track_core::Sign::Plus,
             count: totals.count,
             shape: key.shape.to_vec(),
-            memory_mib: totals.bytes as f64 / gpu_mem_track_log::log::format::MIB,
+            memory_mib: totals.bytes as f64 / gpu_mem_track_core::log::format::MIB,
             class: key.class,
             dtype: key.dtype.torch_name(),
             role: key.role.clone(),

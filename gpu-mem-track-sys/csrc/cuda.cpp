@@ -9,6 +9,7 @@
 #include <torch/version.h>
 
 #include "common.h"
+#include "cuda.h"
 
 namespace {
 int32_t device_count() noexcept {
@@ -20,24 +21,29 @@ int32_t device_count() noexcept {
   }
 }
 
-// The CUDA caching allocator, initialized. It creates its per-device state at CUDA's lazy init
-// (which a program's first CUDA op runs); before that it refuses every counter ("Invalid device
-// argument"), so a tracker built before the first CUDA tensor could not start. The lazy init is
-// what that first op would do: host-side state, no CUDA context.
-c10::DeviceAllocator* initialized_cuda_allocator() {
-  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+// The CUDA caching allocator, after CUDA's lazy init (gmt::require_cuda), for one device's figures.
+c10::DeviceAllocator* cuda_allocator(int32_t device) {
+  gmt::require_cuda(device);
   return c10::getDeviceAllocator(c10::DeviceType::CUDA);
 }
+}  // namespace
 
-c10::DeviceAllocator* cuda_allocator(int32_t device) {
+namespace gmt {
+namespace {
+// `any`: no device in particular.
+void require(int32_t device, bool any) {
   const int32_t n = device_count();
   if (n == 0) throw std::runtime_error("CUDA is not available (no GPU, driver or libtorch_cuda)");
-  if (device < 0 || device >= n)
-    throw std::out_of_range("CUDA device " + std::to_string(device) + " does not exist (" +
-                            std::to_string(n) + " visible)");
-  return initialized_cuda_allocator();
+  if (!any && (device < 0 || device >= n))
+    throw std::out_of_range("CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(n) +
+                            " visible)");
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
 }
 }  // namespace
+
+void require_cuda(int32_t device) { require(device, false); }
+void require_cuda_any() { require(0, true); }
+}  // namespace gmt
 
 extern "C" {
 
@@ -80,8 +86,8 @@ gmt_error gmt_cuda_stats_read(int32_t device, int reset_peak, gmt_cuda_stats* ou
 
 gmt_error gmt_cuda_empty_cache(void) {
   GMT_TRY({
-    if (device_count() == 0) throw std::runtime_error("CUDA is not available (no GPU, driver or libtorch_cuda)");
-    initialized_cuda_allocator()->emptyCache();
+    gmt::require_cuda_any();
+    c10::getDeviceAllocator(c10::DeviceType::CUDA)->emptyCache();
   })
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common.h"
+#include "cuda.h"
 #include "oom.h"
 #include "recorder.h"
 
@@ -74,15 +75,7 @@ int gmt_cuda_history_compiled(void) { return 1; }
 
 gmt_error gmt_cuda_history_attach(int32_t device) {
   GMT_TRY({
-    auto& hooks = at::detail::getCUDAHooks();
-    if (!hooks.hasCUDA()) throw std::runtime_error("CUDA is not available (no GPU, driver or libtorch_cuda)");
-    const auto n = static_cast<int32_t>(hooks.deviceCount());
-    if (device < 0 || device >= n)
-      throw std::out_of_range("CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(n) +
-                              " visible)");
-    // The allocator creates its per-device state at CUDA's lazy init; a hook attached before that
-    // would reach no device.
-    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+    gmt::require_cuda(device);
     std::call_once(g_attach_once, [] { c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(&on_trace); });
     g_device.store(device);
   })
@@ -116,9 +109,7 @@ gmt_error gmt_cuda_blocks(int32_t device, gmt_cuda_block* out, size_t cap, size_
 
 gmt_error gmt_cuda_oom_observer_attach(void) {
   GMT_TRY({
-    auto& hooks = at::detail::getCUDAHooks();
-    if (!hooks.hasCUDA()) throw std::runtime_error("CUDA is not available (no GPU, driver or libtorch_cuda)");
-    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+    gmt::require_cuda_any();
     std::call_once(g_oom_once, [] { c10::cuda::CUDACachingAllocator::attachOutOfMemoryObserver(&on_oom); });
   })
 }

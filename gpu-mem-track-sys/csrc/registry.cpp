@@ -54,7 +54,7 @@ gmt_error gmt_registry_register_impl(void* impl, const char* name) {
   })
 }
 
-void gmt_recorder_tag_registered(void) {
+void gmt_registry_tag_allocations(void) {
   if (!gmt_recorder_active()) return;
   std::vector<at::Tensor> named;
   {

@@ -57,19 +57,10 @@ gmt_error take_snapshot(gmt_snapshot* s, int32_t device_kind, int32_t device_ind
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mu);
     auto& entries = r.entries;
-    std::unordered_set<const void*> grads;  // storages of named parameters' .grad
-    if (categorize) {
-      for (size_t i = 0; i < entries.size(); ++i) {
-        if (r.origins[i].name_id < 0) continue;
-        auto impl = entries[i].weak.lock();
-        if (!impl) continue;
-        const at::Tensor t(std::move(impl));
-        if (t.requires_grad() && t.grad().defined() && t.grad().has_storage())
-          grads.insert(t.grad().storage().unsafeGetStorageImpl());
-      }
-    }
-    std::unordered_set<const void*> role_grads;  // as the grouped walk finds gradients
-    r.find_grads(role_grads);
+    // The storages of the named parameters' .grad: a record's role (as the grouped walk finds
+    // gradients) and, categorized, its category.
+    std::unordered_set<const void*> grads;
+    r.find_grads(grads);
     s->records.reserve(entries.size());
     for_each_live(r, [&](const Entry& e, const EntryOrigin& origin, const at::Tensor& t) {
       const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
@@ -101,7 +92,7 @@ gmt_error take_snapshot(gmt_snapshot* s, int32_t device_kind, int32_t device_ind
         rec.class_id = r.class_of(impl, rec.requires_grad && rec.is_leaf).first;
         rec.op_id = origin.op_id;
         rec.category = categorize ? category_of(t, rec.name_id, grads) : GMT_CAT_NONE;
-        rec.role = impl->has_storage() && role_grads.count(impl->unsafe_storage().unsafeGetStorageImpl())
+        rec.role = impl->has_storage() && grads.count(impl->unsafe_storage().unsafeGetStorageImpl())
                        ? GMT_ROLE_GRADIENT
                        : origin.role;
         s->records.push_back(rec);

@@ -103,6 +103,10 @@ void gmt_snapshot_totals_of(const gmt_snapshot* s, gmt_snapshot_totals* out);
 // memory history): the gradient of a named parameter, what an optimizer step made, or what an op
 // made inside a call that did not return it (max-pool's indices, a mask saved for backward).
 enum gmt_tensor_role { GMT_ROLE_NONE = 0, GMT_ROLE_GRADIENT = 1, GMT_ROLE_OPTIMIZER_STATE = 2, GMT_ROLE_INTERNAL = 3 };
+// While the allocation recorder records: tags the allocations holding every explicitly registered
+// tensor's storage, leaves that require grad as parameters (and their .grad as gradients), the
+// others as buffers (gmt_recorder_tag_tensor for each).
+void gmt_registry_tag_allocations(void);
 // Tensors ops return between an entering (1) and a leaving (0) call are optimizer state.
 void gmt_registry_optimizer_step(int32_t entering);
 // A log group of the registry (ids are stable for the process): copies up to `cap` sizes and
@@ -256,9 +260,6 @@ void gmt_recorder_set_phase(int32_t phase, int32_t iteration);
 void gmt_recorder_tag_tensor(const void* tensor, int32_t category);
 // The same for a tensor given by its c10::TensorImpl* (Python's Tensor._cdata).
 void gmt_recorder_tag_tensor_impl(const void* impl, int32_t category);
-// Tags the storages of every explicitly registered tensor: leaves that require grad as parameters
-// (and their .grad as gradients), the others as buffers (registry.cpp).
-void gmt_recorder_tag_registered(void);
 size_t gmt_recorder_len(void);
 int64_t gmt_recorder_peak(void);
 // Allocation ids tagged as parameters by the estimator; returns the count, fills up to `cap`.

@@ -257,6 +257,8 @@ extern "C" {
     ) -> i64;
     /// Tensors ops return between `entering` 1 and 0 are optimizer state (`gmt_tensor_role`).
     pub fn gmt_registry_optimizer_step(entering: i32);
+    /// While the recorder records: tags the allocations of the registered tensors' storages.
+    pub fn gmt_registry_tag_allocations();
     pub fn gmt_registry_class_name(id: i32) -> *const c_char;
     /// `type_` is a `PyTypeObject*` the caller keeps alive. Never call it holding the GIL.
     pub fn gmt_registry_name_class(type_: *const c_void, name: *const c_char) -> gmt_error;
@@ -287,7 +289,6 @@ extern "C" {
     pub fn gmt_recorder_tag_tensor(tensor: *const c_void, category: i32);
     /// `impl_` is a live `c10::TensorImpl*` (Python's `Tensor._cdata`).
     pub fn gmt_recorder_tag_tensor_impl(impl_: *const c_void, category: i32);
-    pub fn gmt_recorder_tag_registered();
     pub fn gmt_recorder_len() -> usize;
     pub fn gmt_recorder_start_history(device_kind: i32, max_events: usize, with_stacks: c_int) -> gmt_error;
     pub fn gmt_recorder_active() -> c_int;

@@ -2,7 +2,7 @@
 //! a device kind with its phase, op and site, beneath the memory history and the estimates.
 use std::ffi::{c_void, CStr};
 
-use gpu_mem_track_log::{Category, Phase};
+use gpu_mem_track_core::{Category, Phase};
 use gpu_mem_track_sys as sys;
 
 use super::DeviceKind;
@@ -196,12 +196,6 @@ pub(crate) unsafe fn history_tag_tensor_impl(impl_ptr: *const c_void, category: 
 pub(crate) fn history_tag_tensor(t: &tch::Tensor, category: Category) {
     // SAFETY: `t` is a live tensor; the shim reads its storage under the recorder lock.
     unsafe { sys::gmt_recorder_tag_tensor(t.as_ptr() as *const c_void, category_code(category)) }
-}
-
-/// Tags the storages of the explicitly registered tensors (parameters, their grads, buffers).
-pub(crate) fn history_tag_registered() {
-    // SAFETY: walks the registry under its lock; no arguments.
-    unsafe { sys::gmt_recorder_tag_registered() }
 }
 
 /// Tags tensors saved for backward as activations while a history records (or stops doing so).

@@ -2,7 +2,7 @@
 //! (per tensor or grouped as the log groups them), and the names and groups it interns.
 use std::sync::Arc;
 
-use gpu_mem_track_log::{Category, DType, TensorClass, TensorRole};
+use gpu_mem_track_core::{Category, DType, TensorClass, TensorRole};
 use gpu_mem_track_sys as sys;
 use std::ffi::{c_void, CStr};
 use std::ptr::NonNull;
@@ -84,6 +84,13 @@ pub(crate) fn registry_entries() -> usize {
 }
 
 /// Threads a grouped walk of a large registry uses, the caller's included.
+/// Tags, in a running recording, the storages of the explicitly registered tensors (parameters,
+/// their grads, buffers): the registry knows them, the recorder their allocations.
+pub(crate) fn history_tag_registered() {
+    // SAFETY: walks the registry under its lock, then tags outside it; no arguments.
+    unsafe { sys::gmt_registry_tag_allocations() }
+}
+
 #[cfg(test)]
 pub(crate) fn walk_threads() -> usize {
     // SAFETY: reads a count under the helpers' lock.
@@ -311,7 +318,7 @@ pub(crate) struct SnapshotTotals {
     pub storage_count: usize,
 }
 
-/// libtorch's name of a scalar type ("Float", "BFloat16", ...), to check gpu-mem-track-log's table.
+/// libtorch's name of a scalar type ("Float", "BFloat16", ...), to check gpu-mem-track-core's table.
 #[cfg(test)]
 pub(crate) fn scalar_type_name(scalar_type: i32) -> &'static str {
     // SAFETY: returns a pointer to a static string (c10::toString) or a literal.
@@ -448,9 +455,9 @@ pub(crate) fn peak_snapshot_records() -> (Vec<TensorRecord>, Vec<i64>) {
 
 #[cfg(test)]
 mod tests {
-    use gpu_mem_track_log::DType;
+    use gpu_mem_track_core::DType;
 
-    /// gpu-mem-track-log names dtypes without libtorch: its table must match libtorch's own.
+    /// gpu-mem-track-core names dtypes without libtorch: its table must match libtorch's own.
     #[test]
     fn dtype_table_matches_libtorch() {
         for n in 0..46 {
