@@ -13,17 +13,9 @@ use gpu_mem_track::{track, track_memory, MemTracker, TrackedDevice};
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 
-/// conv(1->16) - relu - pool - conv(16->32) - relu - pool - linear(32*7*7 -> 64) - relu - linear(64 -> 10)
-fn cnn(p: &nn::Path) -> impl Module {
-    nn::seq()
-        .add(nn::conv2d(p / "conv1", 1, 16, 3, nn::ConvConfig { padding: 1, ..Default::default() }))
-        .add_fn(|x| x.relu().max_pool2d_default(2))
-        .add(nn::conv2d(p / "conv2", 16, 32, 3, nn::ConvConfig { padding: 1, ..Default::default() }))
-        .add_fn(|x| x.relu().max_pool2d_default(2).flatten(1, -1))
-        .add(nn::linear(p / "fc1", 32 * 7 * 7, 64, Default::default()))
-        .add_fn(|x| x.relu())
-        .add(nn::linear(p / "fc2", 64, 10, Default::default()))
-}
+#[path = "demo/cnn.rs"]
+mod demo;
+use demo::cnn;
 
 /// Images whose class is the brightest of ten horizontal bands: learnable, and generated on the spot.
 fn batch(n: i64, device: Device) -> (Tensor, Tensor) {

@@ -1,8 +1,7 @@
-//! Compiles the estimator's C++ (`csrc/`) exactly as gpu-mem-track-sys compiles the tracker's: the
-//! same libtorch headers, C++ standard and ABI, which that crate's build script exports
-//! (`DEP_GPU_MEM_TRACK_SHIM_*`) with the folder of its own headers, which this C++ includes.
+//! Compiles the estimator's C++ (`csrc/`) exactly as gpu-mem-track-sys compiles the tracker's:
+//! that crate's build script exports its include folders (its own headers first, which this C++
+//! includes, then libtorch's), C++ standard and flags (`DEP_GPU_MEM_TRACK_SHIM_*`).
 use std::env;
-use std::path::PathBuf;
 
 /// What gpu-mem-track-sys's build script exported under `key`.
 fn from_shim(key: &str) -> String {
@@ -14,23 +13,17 @@ fn from_shim(key: &str) -> String {
 
 fn main() {
     println!("cargo:rerun-if-changed=csrc");
-    let shim_include = PathBuf::from(from_shim("SHIM_INCLUDE"));
-    // The tracker's headers are part of this build's input.
-    println!("cargo:rerun-if-changed={}", shim_include.display());
-    let include = PathBuf::from(from_shim("LIBTORCH_INCLUDE"));
-    let abi = from_shim("CXX11_ABI");
-    cc::Build::new()
-        .cpp(true)
-        .pic(true)
-        .std(&from_shim("CXX_STD"))
-        .opt_level(2)
-        .include(&shim_include)
-        .include(&include)
-        .include(include.join("torch/csrc/api/include"))
-        .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
-        .define("GLOG_USE_GLOG_EXPORT", None)
-        .flag_if_supported("-Wno-c++20-extensions")
-        .flag_if_supported("-Wno-unused-parameter")
+    let mut build = cc::Build::new();
+    build.cpp(true).pic(true).std(&from_shim("CXX_STD")).opt_level(2);
+    for dir in env::split_paths(&from_shim("CXX_INCLUDES")) {
+        // The tracker's headers are part of this build's input.
+        println!("cargo:rerun-if-changed={}", dir.display());
+        build.include(dir);
+    }
+    for flag in from_shim("CXX_FLAGS").split_whitespace() {
+        build.flag(flag);
+    }
+    build
         .files([
             "csrc/torchscript.cpp",
             "csrc/native_steps.cpp",
@@ -41,6 +34,4 @@ fn main() {
             "csrc/cpu_means_meta.cpp",
         ])
         .compile("gpu_mem_track_estimate_shim");
-    // For this crate's own tests (link arguments reach no dependent).
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", from_shim("LIBTORCH_LIB"));
 }

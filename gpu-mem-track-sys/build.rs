@@ -277,28 +277,30 @@ fn main() {
         .or_else(|| python.map(|py| py.abi))
         .unwrap_or_else(|| "1".to_owned());
 
-    // What a dependent's C++ needs to build on the shim as this crate does (the estimator's,
-    // gpu-mem-track-estimate-sys): the shim's headers, libtorch's, and the same standard and ABI.
+    // How the shim's C++ is compiled: libtorch's headers, its C++ standard and ABI, and the
+    // warnings libtorch's headers would raise turned off.
     let std = cxx_standard(&include);
+    let libtorch_includes = [include.clone(), include.join("torch/csrc/api/include")];
+    let mut build = cc::Build::new();
+    build.cpp(true).pic(true).std(std).opt_level(2).includes(&libtorch_includes);
+    let mut flags = vec![format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"), "-DGLOG_USE_GLOG_EXPORT".to_owned()];
+    for warning in ["-Wno-c++20-extensions", "-Wno-unused-parameter"] {
+        if build.is_flag_supported(warning).unwrap_or(false) {
+            flags.push(warning.to_owned());
+        }
+    }
+    for flag in &flags {
+        build.flag(flag);
+    }
+    // A dependent's C++ that builds on the shim (the estimator's, gpu-mem-track-estimate-sys) is
+    // compiled the same way, with the shim's headers first: exported rather than repeated there.
     let shim_include =
         PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR")).join("csrc");
-    println!("cargo:shim_include={}", shim_include.display());
-    println!("cargo:libtorch_include={}", include.display());
+    let includes = env::join_paths(std::iter::once(shim_include).chain(libtorch_includes))
+        .expect("include folders hold no path separator");
+    println!("cargo:cxx_includes={}", includes.to_string_lossy());
     println!("cargo:cxx_std={std}");
-    println!("cargo:cxx11_abi={abi}");
-
-    let mut build = cc::Build::new();
-    build
-        .cpp(true)
-        .pic(true)
-        .std(std)
-        .opt_level(2)
-        .include(&include)
-        .include(include.join("torch/csrc/api/include"))
-        .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
-        .define("GLOG_USE_GLOG_EXPORT", None)
-        .flag_if_supported("-Wno-c++20-extensions")
-        .flag_if_supported("-Wno-unused-parameter");
+    println!("cargo:cxx_flags={}", flags.join(" "));
     // CUDA history hooks the caching allocator, whose header needs the CUDA runtime headers; the
     // rest of the shim does not, so only cuda_history.cpp gets them. What is left out, and why,
     // reaches the library (`capabilities()`, the error of `record_history` on CUDA), not only a
@@ -343,7 +345,7 @@ fn main() {
         .files([
             "csrc/registry.cpp",
             "csrc/registry_callback.cpp",
-            "csrc/registry_snapshot.cpp",
+            "csrc/registry_records.cpp",
             "csrc/registry_walk.cpp",
             "csrc/allocator.cpp",
             "csrc/oom.cpp",

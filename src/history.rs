@@ -90,7 +90,7 @@ static RECORDING: Mutex<Option<DeviceKind>> = Mutex::new(None);
 
 /// The device kind a history is recording now, if one is.
 pub(crate) fn recording_device() -> Option<DeviceKind> {
-    if ffi::history_active() {
+    if ffi::recorder_active() {
         *RECORDING.lock()
     } else {
         None
@@ -105,7 +105,7 @@ pub fn cuda_hooks_compiled() -> bool {
 
 /// Tags events recorded from now on with `site` (called by each track while history records).
 pub(crate) fn note_site(site: &Site) {
-    if !ffi::history_active() {
+    if !ffi::recorder_active() {
         return;
     }
     let mut sites = SITES.lock();
@@ -116,25 +116,25 @@ pub(crate) fn note_site(site: &Site) {
             sites.len() - 1
         }
     };
-    ffi::history_set_site(id as i32);
+    ffi::recorder_set_site(id as i32);
 }
 
 /// Starts recording allocations on a device kind, outside any phase, tagging saved tensors.
 pub(crate) fn start(device_kind: DeviceKind, options: HistoryOptions) -> Result<()> {
     ffi::install()?;
-    ffi::history_start(device_kind, options.max_entries, options.with_stacks)?;
+    ffi::recorder_start_history(device_kind, options.max_entries, options.with_stacks)?;
     *RECORDING.lock() = Some(device_kind);
     ffi::history_tag_saved(true)
 }
 
 /// Stops recording; what was recorded stays readable.
 pub(crate) fn stop() -> Result<()> {
-    if ffi::history_active() {
-        ffi::history_tag_registered();
+    if ffi::recorder_active() {
+        ffi::registry_tag_allocations();
     }
     ffi::history_tag_saved(false)?;
     ffi::cuda_history_detach();
-    ffi::history_stop()
+    ffi::recorder_stop()
 }
 
 fn resolve_frame(ip: u64, cache: &mut FxHashMap<u64, Frame>) -> Frame {
@@ -189,7 +189,7 @@ fn name_cublas_workspaces(
 /// Reads the recorded history (while recording or after).
 pub(crate) fn read(with_stacks: bool) -> History {
     // Parameters, buffers and the gradients live now get their tags before the copy.
-    ffi::history_tag_registered();
+    ffi::registry_tag_allocations();
     let rec = ffi::copy_recording(with_stacks);
     let mut categories = categorize(&rec.events, &[]);
     if *RECORDING.lock() == Some(DeviceKind::Cuda) {

@@ -1,7 +1,7 @@
 //! # gpu-mem-track
 //!
 //! Line-by-line memory tracking for programs that train models with [`tch`] (libtorch): every
-//! [`track!`] call snapshots the live tensors on the tracked device, the allocator's counters and
+//! [`track!`] call walks the live tensors on the tracked device, the allocator's counters and
 //! NVML's view of the GPU, and appends what changed since the previous call to
 //! `logs/<timestamp>-gpu_mem_track.txt`, in the format of the Python tool Pytorch-Memory-Utils
 //! (with its bugs fixed), so `tail -f` shows where memory goes.
@@ -109,13 +109,13 @@ mod oom;
 pub mod recorder;
 pub mod sampler;
 pub mod site;
-pub mod snapshot;
 mod tracker;
+pub mod walk;
 
 /// SVG/PNG charts of logs and timelines (feature `plot`).
 #[cfg(feature = "plot")]
 pub use gpu_mem_track_core::plot;
-/// The libtorch-free layer, re-exported: the log format, reports, NVML, traces, snapshots.
+/// The libtorch-free layer, re-exported: the log format, reports, NVML, traces, PyTorch memory snapshots.
 pub use gpu_mem_track_core::{diff, log, memviz, nvml, report, watch};
 
 pub use capabilities::{capabilities, Capabilities, BUILD_MARKER, LIBTORCH_VERSION};
@@ -132,18 +132,18 @@ pub use gpu_mem_track_core::{GroupChange, Sign};
 /// that derefs to a `MemTracker` and outlives the call.
 pub use gpu_mem_track_macros::track_memory;
 pub use site::Site;
-pub use snapshot::{DType, GroupKey, TensorClass, TensorInfo, TensorRole};
 pub use tracker::{
     default_tracker, install, is_installed, name_python_class, reads_python_classes, register_tensor_impl,
     registry_callbacks, registry_entries, set_default_tracker, set_registry_enabled, MemTracker,
     MemTrackerBuilder, TrackPoint, DEFAULT_LOG_DIR,
 };
+pub use walk::{DType, GroupKey, TensorClass, TensorInfo, TensorRole};
 
 /// Takes a track point here: `track!()` uses the default tracker, `track!(tracker)` the given one
 /// (anything that derefs to a `MemTracker`: the tracker, a reference, an `Arc`, a `LazyLock`).
 ///
 /// File, line and the enclosing function's name are fixed at compile time and cached in a static,
-/// so the call costs only the snapshot. Returns `Option<TrackPoint>`: `None` when tracking failed,
+/// so the call costs only the registry walk. Returns `Option<TrackPoint>`: `None` when tracking failed,
 /// which is logged through `tracing` (a warning the first time) and never panics.
 #[macro_export]
 macro_rules! track {

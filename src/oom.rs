@@ -20,7 +20,7 @@ use crate::ffi::RegistryWalk;
 use crate::ffi::{self, OomEvent};
 use crate::history;
 use crate::site::Site;
-use crate::snapshot::{largest_holders, GroupKey, GroupTotals, Snapshot};
+use crate::walk::{largest_holders, GroupKey, GroupTotals, Walk};
 use gpu_mem_track_core::diff::{diff_groups, ViewLines};
 use gpu_mem_track_core::log::oom::{OomReport, MAX_HOLDERS};
 use gpu_mem_track_core::log::{GroupLine, LogWriter, SourceLocation};
@@ -104,7 +104,7 @@ fn write_report(
 ) -> crate::error::Result<()> {
     let (kind, index) = device.shim_filter();
     let (records, dims) = state.raw.take_categorized(kind, index)?;
-    let snap = Snapshot::from_records(records, dims, detail, op_names);
+    let snap = Walk::from_records(records, dims, detail, op_names);
     let (holders, others) = largest_holders(records, dims, MAX_HOLDERS);
     let (allocated, reserved) = match device {
         TrackedDevice::Cpu => (ffi::cpu_allocator_stats().current, None),

@@ -13,7 +13,7 @@ use crate::device::DeviceKind;
 use crate::error::Result;
 use crate::ffi;
 pub use crate::ffi::{op_name, AllocEvent, EventKind};
-use crate::snapshot::Snapshot;
+use crate::walk::Walk;
 
 /// Starts recording the allocations of a device kind (phases tagged with [`set_phase`]).
 ///
@@ -28,7 +28,7 @@ pub fn start(device: DeviceKind) -> Result<()> {
 /// # Errors
 /// [`Libtorch`](crate::error::Error::Libtorch) when the shim fails to stop it.
 pub fn stop() -> Result<()> {
-    ffi::history_stop()
+    ffi::recorder_stop()
 }
 
 /// Tags the events recorded from now on with a phase (`None`: outside any) and an iteration.
@@ -51,23 +51,23 @@ pub fn parameter_ids() -> Vec<i64> {
     ffi::recorded_parameter_ids()
 }
 
-/// Asks the next recording to snapshot the live tensors right after event number `event` (the
-/// peak of an earlier run of the same model), for [`peak_snapshot`].
-pub fn snapshot_at(event: i64) {
-    ffi::recorder_snapshot_at(event)
+/// Asks the next recording to walk the live tensors right after event number `event` (the
+/// peak of an earlier run of the same model), for [`peak_walk`].
+pub fn walk_at(event: i64) {
+    ffi::recorder_walk_at(event)
 }
 
-/// Asks the next recording to snapshot the live tensors at the end of each op that raises its peak
-/// of live bytes: once it stops, [`peak_snapshot`] is the peak's, from that one run (the first
+/// Asks the next recording to walk the live tensors at the end of each op that raises its peak
+/// of live bytes: once it stops, [`peak_walk`] is the peak's, from that one run (the first
 /// event at the highest live bytes, as an estimate names its peak).
-pub fn snapshot_peaks(on: bool) {
-    ffi::recorder_snapshot_peaks(on)
+pub fn walk_peaks(on: bool) {
+    ffi::recorder_walk_peaks(on)
 }
 
-/// The live tensors [`snapshot_at`] or [`snapshot_peaks`] captured, grouped as the log groups them (parameters apart).
-pub fn peak_snapshot() -> Snapshot {
-    let (records, dims) = ffi::peak_snapshot_records();
-    Snapshot::from_records(&records, &dims, true, false)
+/// The live tensors [`walk_at`] or [`walk_peaks`] captured, grouped as the log groups them (parameters apart).
+pub fn peak_walk() -> Walk {
+    let (records, dims) = ffi::peak_walk_records();
+    Walk::from_records(&records, &dims, true, false)
 }
 
 /// The category of each recorded allocation, and of its free; `None` for segment events and for

@@ -1,4 +1,4 @@
-//! [`MemTracker`]: snapshot, diff, log line, per track point.
+//! [`MemTracker`]: registry walk, diff, log line, per track point.
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -15,7 +15,7 @@ use crate::history::{self, History, HistoryOptions};
 use crate::oom::{OomParts, OomSink, OomWatch};
 use crate::sampler::{DeviceSource, SampledPeak, Sampler};
 use crate::site::Site;
-use crate::snapshot::{self, GroupKey, GroupTotals, Snapshot, TensorInfo};
+use crate::walk::{self, GroupKey, GroupTotals, TensorInfo, Walk};
 use gpu_mem_track_core::diff::{diff_groups, GroupChange, ViewLines};
 use gpu_mem_track_core::log::format::{self, MIB};
 use gpu_mem_track_core::log::writer::{launcher_rank, log_file_stem, validate_prefix, TIMESTAMP_FORMAT};
@@ -373,7 +373,7 @@ impl MemTracker {
     ///
     /// # Errors
     /// [`LogError::LogWrite`](gpu_mem_track_core::Error::LogWrite) when the block cannot be appended; [`Error::Libtorch`] when the
-    /// snapshot or the allocator counters cannot be read.
+    /// registry walk or the allocator counters cannot be read.
     #[track_caller]
     pub fn track(&self) -> Result<TrackPoint> {
         self.track_at(&Site::caller())
@@ -385,14 +385,14 @@ impl MemTracker {
     /// As [`track`](Self::track).
     pub fn track_at(&self, site: &Site) -> Result<TrackPoint> {
         crate::history::note_site(site);
-        if ffi::history_active() {
-            ffi::history_tag_registered();
+        if ffi::recorder_active() {
+            ffi::registry_tag_allocations();
         }
         let mut guard = self.state.lock();
         let state = &mut *guard;
         let (kind, index) = self.device.shim_filter();
         let (groups, totals) = state.raw.take_grouped(kind, index, self.detail)?;
-        let snap = Snapshot::from_groups(groups, totals, self.op_names);
+        let snap = Walk::from_groups(groups, totals, self.op_names);
         let allocator = state.allocator.read()?;
         let retries = allocator.alloc_retries.unwrap_or(0);
         let alloc_retries_since_previous = retries.saturating_sub(state.alloc_retries);
@@ -464,7 +464,7 @@ impl MemTracker {
     /// As [`record_history`](Self::record_history).
     pub fn record_history_with(&self, options: HistoryOptions) -> Result<()> {
         // Before touching the CUDA hook, which a running recording may be using.
-        if ffi::history_active() {
+        if ffi::recorder_active() {
             return Err(Error::Libtorch {
                 call: "record history",
                 message: "an allocation recording is already running".into(),
@@ -488,7 +488,7 @@ impl MemTracker {
                 }
             }
         }
-        ffi::history_tag_registered();
+        ffi::registry_tag_allocations();
         *self.history_stacks.lock() = options.with_stacks;
         Ok(())
     }
@@ -497,7 +497,7 @@ impl MemTracker {
     /// Marks `tensor` as the input batch in the recorded history (no-op when nothing records, or
     /// when its memory was allocated before the recording started).
     pub fn tag_input(&self, tensor: &tch::Tensor) {
-        ffi::history_tag_tensor(tensor, gpu_mem_track_core::Category::Input);
+        ffi::recorder_tag_tensor(tensor, gpu_mem_track_core::Category::Input);
     }
 
     /// [`tag_input`](Self::tag_input) for a tensor given by its `c10::TensorImpl*` (what Python's
@@ -508,7 +508,7 @@ impl MemTracker {
     #[allow(unsafe_code)]
     pub unsafe fn tag_input_impl(&self, impl_ptr: *const std::ffi::c_void) {
         // SAFETY: forwarded from the caller.
-        unsafe { ffi::history_tag_tensor_impl(impl_ptr, gpu_mem_track_core::Category::Input) }
+        unsafe { ffi::recorder_tag_tensor_impl(impl_ptr, gpu_mem_track_core::Category::Input) }
     }
 
     /// Runs an optimizer step (`|| opt.step()`): the tensors it makes and keeps are optimizer state,
@@ -524,11 +524,11 @@ impl MemTracker {
         }
         ffi::registry_optimizer_step(true);
         let _stepping = Stepping;
-        if !ffi::history_active() {
+        if !ffi::recorder_active() {
             return step();
         }
         // Gradients live now are tagged before the step can drop them.
-        ffi::history_tag_registered();
+        ffi::registry_tag_allocations();
         let n = self.optimizer_steps.fetch_add(1, Ordering::Relaxed) + 1;
         ffi::recorder_set_phase(Some(gpu_mem_track_core::Phase::Optimizer), n);
         let out = step();
@@ -582,7 +582,7 @@ impl MemTracker {
         let mut state = self.state.lock();
         let (kind, index) = self.device.shim_filter();
         let (records, dims) = state.raw.take(kind, index)?;
-        Ok(snapshot::tensor_infos(records, dims))
+        Ok(walk::tensor_infos(records, dims))
     }
 
     /// Writes one line per live tensor on the device (name, shape, dtype, class, bytes, storage)
@@ -630,7 +630,7 @@ impl MemTracker {
         for (name, t) in &vars {
             ffi::register_tensor(t, name)?;
         }
-        ffi::history_tag_registered();
+        ffi::registry_tag_allocations();
         Ok(vars.len())
     }
 
@@ -642,7 +642,7 @@ impl MemTracker {
     /// [`Error::Libtorch`] when the module cannot be walked.
     pub fn watch_module(&self, module: &tch::CModule) -> Result<usize> {
         let n = ffi::register_module(module, "")?;
-        ffi::history_tag_registered();
+        ffi::registry_tag_allocations();
         Ok(n)
     }
 
@@ -653,7 +653,7 @@ impl MemTracker {
     /// [`Error::Libtorch`] when registration fails (e.g. a NUL byte in `name`).
     pub fn register(&self, tensor: &tch::Tensor, name: &str) -> Result<()> {
         ffi::register_tensor(tensor, name)?;
-        ffi::history_tag_registered();
+        ffi::registry_tag_allocations();
         Ok(())
     }
 
@@ -710,7 +710,7 @@ pub fn install() -> Result<()> {
 pub unsafe fn register_tensor_impl(impl_ptr: *mut std::ffi::c_void, name: &str) -> Result<()> {
     // SAFETY: forwarded from the caller.
     unsafe { ffi::register_tensor_impl(impl_ptr, name) }?;
-    ffi::history_tag_registered();
+    ffi::registry_tag_allocations();
     Ok(())
 }
 
@@ -748,7 +748,7 @@ pub fn is_installed() -> bool {
 }
 
 /// Pauses (`false`) or resumes the registry's per-op callback. Tensors created while paused are
-/// invisible to snapshots; meant for measuring the registry's overhead.
+/// invisible to registry walks; meant for measuring the registry's overhead.
 ///
 /// # Errors
 /// [`Error::Libtorch`] when the registry is not installed.

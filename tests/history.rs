@@ -1,5 +1,7 @@
 //! Memory history and snapshots PyTorch's memory_viz tools read.
 mod common;
+#[path = "../examples/demo/cnn.rs"]
+mod demo;
 
 use common::{cpu_tracker, python_with_torch, MEMORY_VIZ_CHECK as CHECK};
 use gpu_mem_track::history::{EventKind, HistoryOptions};
@@ -300,16 +302,7 @@ fn the_demo_step_logs_the_same_lines_with_history_on_and_off() {
     use gpu_mem_track::MemTracker;
     use tch::nn::{self, Module, OptimizerConfig};
 
-    fn cnn(p: &nn::Path) -> impl Module {
-        nn::seq()
-            .add(nn::conv2d(p / "conv1", 1, 16, 3, nn::ConvConfig { padding: 1, ..Default::default() }))
-            .add_fn(|x| x.relu().max_pool2d_default(2))
-            .add(nn::conv2d(p / "conv2", 16, 32, 3, nn::ConvConfig { padding: 1, ..Default::default() }))
-            .add_fn(|x| x.relu().max_pool2d_default(2).flatten(1, -1))
-            .add(nn::linear(p / "fc1", 32 * 7 * 7, 64, Default::default()))
-            .add_fn(|x| x.relu())
-            .add(nn::linear(p / "fc2", 64, 10, Default::default()))
-    }
+    use demo::cnn;
     fn step(t: &MemTracker, model: &impl Module, opt: &mut nn::Optimizer) {
         let x = Tensor::rand([32, 1, 28, 28], (Kind::Float, Device::Cpu));
         let y = Tensor::randint(10, [32], (Kind::Int64, Device::Cpu));

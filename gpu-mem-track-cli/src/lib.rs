@@ -25,26 +25,28 @@ pub struct VerbosityArgs {
 }
 
 impl VerbosityArgs {
-    /// Makes these flags the process's ([`verbosity`]).
-    pub fn apply(self) {
-        let level = if self.quiet {
+    /// What the flags ask for (`--quiet` and `--verbose` conflict).
+    pub fn level(self) -> Verbosity {
+        if self.quiet {
             Verbosity::Quiet
         } else if self.verbose {
             Verbosity::Verbose
         } else {
             Verbosity::Normal
-        };
-        VERBOSITY.store(level as u8, Ordering::Relaxed);
+        }
+    }
+
+    /// Makes these flags the process's ([`verbosity`]).
+    pub fn apply(self) {
+        VERBOSITY.store(self.level() as u8, Ordering::Relaxed);
     }
 
     /// The flags as arguments again, for the binary a subcommand is handed to.
     pub fn as_args(self) -> Vec<std::ffi::OsString> {
-        let flag = if self.quiet {
-            Some("--quiet")
-        } else if self.verbose {
-            Some("--verbose")
-        } else {
-            None
+        let flag = match self.level() {
+            Verbosity::Quiet => Some("--quiet"),
+            Verbosity::Verbose => Some("--verbose"),
+            Verbosity::Normal => None,
         };
         flag.into_iter().map(Into::into).collect()
     }

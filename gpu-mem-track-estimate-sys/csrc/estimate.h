@@ -73,6 +73,9 @@ static_assert(sizeof(gmt_estimate_result) == 56, "gmt_estimate_result is mirrore
 // Loads and runs the module on the device with the allocator recorder on; the recording stays
 // readable afterwards (gmt_recorder_*).
 gmt_error gmt_estimate_torchscript(const gmt_estimate_options* options, gmt_estimate_result* out);
+// Forward passes of TorchScript models this process has run (each call of a model's forward, in
+// any gmt_estimate_torchscript): what a test counts to hold an estimate to one run.
+int64_t gmt_estimate_forward_passes(void);
 // Every aten op of the model's forward (inlined) with neither a Meta, composite nor CPU kernel:
 // `*report` gets "schema\tfile line N" a line (empty: none).
 gmt_error gmt_script_ops_without_meta(const char* path, char** report);

@@ -11,6 +11,7 @@
 #include <torch/script.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -327,6 +328,13 @@ extern "C" gmt_error gmt_script_ops_without_meta(const char* path, char** report
   })
 }
 
+namespace {
+// Every forward call of a TorchScript model this process has made.
+std::atomic<int64_t> g_forward_passes{0};
+}  // namespace
+
+extern "C" int64_t gmt_estimate_forward_passes(void) { return g_forward_passes.load(std::memory_order_relaxed); }
+
 extern "C" gmt_error gmt_estimate_torchscript(const gmt_estimate_options* o, gmt_estimate_result* out) {
   GMT_TRY({
     if (!o || !o->path || !out) throw std::invalid_argument("null estimate options");
@@ -400,6 +408,7 @@ extern "C" gmt_error gmt_estimate_torchscript(const gmt_estimate_options* o, gmt
         std::optional<at::NoGradGuard> no_grad;
         if (!o->train) no_grad.emplace();
         try {
+          g_forward_passes.fetch_add(1, std::memory_order_relaxed);
           result = module.forward({input});
         } catch (const std::exception& e) {
           std::string shape_text = "[";

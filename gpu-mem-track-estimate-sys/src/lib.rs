@@ -87,6 +87,7 @@ extern "C" {
         options: *const gmt_estimate_options,
         out: *mut gmt_estimate_result,
     ) -> gmt_error;
+    pub fn gmt_estimate_forward_passes() -> i64;
     pub fn gmt_estimate_static(
         path: *const c_char,
         shape: *const i64,

@@ -7,7 +7,7 @@
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The tracker's layer failed (installing the registry, the recorder, reading a snapshot).
+    /// The tracker's layer failed (installing the registry, the recorder, walking the registry).
     #[error(transparent)]
     Tracker(#[from] gpu_mem_track::Error),
     /// The model file or input is unusable (missing, not TorchScript, wrong input).
@@ -38,12 +38,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 fn missing_meta_message(op: &str, all: &[String]) -> String {
     let mut m = format!("operator {op} has no meta kernel, so the model cannot run on the meta device");
     if all.is_empty() {
-        m.push_str(" (--run-on cpu, or --allow-cpu, computes the same run for real on the CPU)");
+        m.push_str(" (a run on the CPU computes the same run for real)");
     } else {
         // Ops with a CPU kernel run through the meta-via-CPU fallback: these have none.
         m.push_str(&format!(
             "; the model calls {} op(s) with no meta, composite or CPU kernel in this libtorch (GPU-only): {}; \
-             a CPU run (--run-on cpu) cannot run them either",
+             a run on the CPU cannot run them either",
             all.len(),
             all.join("; ")
         ));

@@ -192,6 +192,12 @@ pub(crate) fn estimate_torchscript(
     Ok((run, events, names))
 }
 
+/// Forward passes of TorchScript models this process has run.
+pub(crate) fn forward_passes() -> u64 {
+    // SAFETY: reads an atomic counter.
+    bytes(unsafe { esys::gmt_estimate_forward_passes() })
+}
+
 #[cfg(feature = "tch")]
 /// Starts capturing saved-for-backward tensors on this thread, leaving out `excluded` storages.
 pub(crate) fn saved_capture_begin(excluded: &[&tch::Tensor]) -> Result<()> {

@@ -50,7 +50,7 @@ impl FitDimension {
             Some(d) => *d = value,
             None => {
                 return Err(Error::Input(format!(
-                    "input shape {shape:?} has no {} dimension (--vary seq needs [batch, seq, ...])",
+                    "input shape {shape:?} has no {} dimension (varying `seq` needs [batch, seq, ...])",
                     if self == FitDimension::Batch { "batch" } else { "sequence" }
                 )))
             }
@@ -180,7 +180,7 @@ pub fn budget(profile: &DeviceProfile, memory_bytes: Option<u64>) -> DeviceProfi
 fn beyond_the_model(e: Error, value: i64) -> Error {
     match e {
         Error::Input(m) if value > 1 => Error::Input(format!(
-            "{m} (the search tried {value}; --max, or the `max` argument, keeps it below what the model can take)"
+            "{m} (the search tried {value}; a maximum for the search keeps it below what the model can take)"
         )),
         e => e,
     }
@@ -353,6 +353,6 @@ mod tests {
     fn the_varied_dimension_must_exist() {
         assert_eq!(FitDimension::Seq.apply(&[4, 128], 512).unwrap(), vec![4, 512]);
         let e = FitDimension::Seq.apply(&[4], 512).unwrap_err().to_string();
-        assert!(e.contains("--vary seq"), "{e}");
+        assert!(e.contains("no sequence dimension (varying `seq`"), "{e}");
     }
 }

@@ -73,5 +73,5 @@ pub use size::varstore_size;
 pub use size::{optimizer_state_bytes, torchscript_size, Activations, ModelSize};
 pub use torchscript::{
     check_meta_kernels, estimate_static, estimate_torchscript, estimate_torchscript_traced,
-    estimate_torchscript_with_peak_tensors, model_runs, MetaKernelCase,
+    estimate_torchscript_with_peak_tensors, forward_passes, MetaKernelCase,
 };

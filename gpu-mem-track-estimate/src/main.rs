@@ -333,7 +333,19 @@ fn run_model(args: &EstimateArgs, options: &mut EstimateOptions, peak_tensors: b
             run(options)
         });
     }
-    Ok(result?)
+    result.map_err(with_flags)
+}
+
+/// A library error with the command line's own flags for what it suggests (the library's texts
+/// name none: Python and Rust callers have none).
+fn with_flags(e: Error) -> anyhow::Error {
+    match &e {
+        Error::MissingMetaKernel { all, .. } if all.is_empty() => {
+            let text = e.to_string();
+            anyhow::anyhow!("{}: --run-on cpu, or --allow-cpu)", text.strip_suffix(')').unwrap_or(&text))
+        }
+        _ => e.into(),
+    }
 }
 
 fn estimate(args: EstimateArgs) -> Result<()> {

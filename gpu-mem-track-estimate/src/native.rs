@@ -22,7 +22,7 @@ use crate::ffi;
 use crate::figures::{FallbackOp, ModelSizes};
 use crate::options::{EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Precision};
 use gpu_mem_track::recorder;
-use gpu_mem_track::snapshot::dtype_of;
+use gpu_mem_track::walk::dtype_of;
 use gpu_mem_track::DeviceKind;
 use gpu_mem_track_core::DType;
 

@@ -109,7 +109,7 @@ impl DeviceProfile {
     /// 500 MiB); without one, the [`FALLBACK`] preset.
     pub fn auto() -> DeviceProfile {
         let fallback = || Self::find(FALLBACK).expect("the fallback is a preset");
-        if gpu_mem_track::capabilities().cuda_devices == 0 {
+        if gpu_mem_track::cuda_device_count() == 0 {
             return fallback();
         }
         let Ok(gpu) = gpu_mem_track_core::nvml::NvmlReader::open().and_then(|n| n.describe(0)) else {

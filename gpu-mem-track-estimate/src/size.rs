@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::options::{EstimateOptions, Mode, Optimizer, Precision};
 use crate::torchscript::estimate_torchscript;
 #[cfg(feature = "tch")]
-use gpu_mem_track::snapshot::dtype_of;
+use gpu_mem_track::walk::dtype_of;
 
 /// Activation bytes of one forward pass of a given input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

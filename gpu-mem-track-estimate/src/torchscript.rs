@@ -79,13 +79,12 @@ pub(crate) fn torchscript_trace(path: &Path, options: &EstimateOptions) -> Resul
     Ok(recorder::classify(&events, &names, &recorder::parameter_ids()))
 }
 
-/// How many TorchScript runs (each its load, input and iterations) this process has made:
-/// what a test counts to hold an estimate to one run.
-pub fn model_runs() -> u64 {
-    MODEL_RUNS.load(std::sync::atomic::Ordering::Relaxed)
+/// How many forward passes of TorchScript models this process has run, counted where the
+/// estimator's native code calls a model's forward: a training estimate makes one per iteration
+/// (two), an inference estimate one. What a test counts to hold an estimate to one run.
+pub fn forward_passes() -> u64 {
+    ffi::forward_passes()
 }
-
-static MODEL_RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Runs a TorchScript model with the recorder on: its sizes, the recorded events and op names.
 fn run_torchscript(
@@ -97,7 +96,6 @@ fn run_torchscript(
         return Err(Error::Input(format!("input shape {:?} must have positive sizes", options.input_shape)));
     }
     gpu_mem_track::install()?;
-    MODEL_RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let (train, optimizer) = match options.mode {
         Mode::Inference => (false, OptimizerKind::None),
         Mode::Train(o) => (true, o.kind()),
@@ -174,8 +172,8 @@ pub fn estimate_static(path: &Path, options: &EstimateOptions) -> Result<StaticE
 
 /// [`estimate_torchscript_traced`], also returning the live tensors at its peak, grouped like the
 /// tracker's log (shape, dtype, class; bytes once per storage; views counted on their owner's
-/// line), largest first. From the same run: the registry is snapshotted at the end of each op
-/// that raises the peak, so the last snapshot is the peak's.
+/// line), largest first. From the same run: the registry is walked at the end of each op
+/// that raises the peak, so the last walk is the peak's.
 ///
 /// # Errors
 /// As [`estimate_torchscript`].
@@ -183,11 +181,11 @@ pub fn estimate_torchscript_with_peak_tensors(
     path: &Path,
     options: &EstimateOptions,
 ) -> Result<(Estimate, Trace, Vec<gpu_mem_track_core::log::GroupLine>)> {
-    recorder::snapshot_peaks(true);
+    recorder::walk_peaks(true);
     let run = estimate_torchscript_traced(path, options);
-    recorder::snapshot_peaks(false); // a run that failed before recording leaves it asked for
+    recorder::walk_peaks(false); // a run that failed before recording leaves it asked for
     let (estimate, trace) = run?;
-    let snap = recorder::peak_snapshot();
+    let snap = recorder::peak_walk();
     let mut groups: Vec<_> = snap.groups.into_iter().collect();
     groups.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(b.1.count.cmp(&a.1.count)).then(a.0.cmp(&b.0)));
     // Views hold no memory of their own: counted on their storage owner's line, as the log does.

@@ -238,7 +238,10 @@ fn fit_finds_the_boundary_and_ranks_divide_the_optimizer_state() {
         assert_eq!(p["fits"].as_bool().unwrap(), p["value"].as_i64().unwrap() <= largest, "{p}");
     }
     assert!(probes.iter().any(|p| p["value"] == largest + 1), "the size above was tried: {probes:?}");
-    one_line_error(&run(&["fit", m, "--input", "256", "--vary", "seq", "--gpu-mem", "1GiB"]), "--vary seq");
+    one_line_error(
+        &run(&["fit", m, "--input", "256", "--vary", "seq", "--gpu-mem", "1GiB"]),
+        "varying `seq` needs",
+    );
     assert_eq!(run(&["fit", m, "--input", "1x256", "--gpu-mem", "lots"]).status.code(), Some(2));
 
     let o = run(&[

@@ -179,7 +179,7 @@ fn live_tensors_at_the_peak_are_grouped_like_the_log() {
     use gpu_mem_track::recorder;
     use gpu_mem_track::TensorClass;
     use gpu_mem_track_estimate::{
-        estimate_torchscript_traced, estimate_torchscript_with_peak_tensors, model_runs,
+        estimate_torchscript_traced, estimate_torchscript_with_peak_tensors, forward_passes,
     };
     let dir = tempfile::tempdir().unwrap();
     let models = export_models(dir.path(), &["cnn"]);
@@ -188,14 +188,14 @@ fn live_tensors_at_the_peak_are_grouped_like_the_log() {
         mode: Mode::Train(Optimizer::Adam),
         ..EstimateOptions::default()
     };
-    let runs = model_runs();
+    let passes = forward_passes();
     let (e, _, groups) = estimate_torchscript_with_peak_tensors(&models[0], &options).unwrap();
-    assert_eq!(model_runs() - runs, 1, "the peak's tensors come from the estimate's own run");
+    assert_eq!(forward_passes() - passes, 2, "one run of two steps: the peak's tensors come from it");
     // What a second run snapshotting at the peak event the first one named finds: the same groups.
-    recorder::snapshot_at(e.peak.event as i64);
+    recorder::walk_at(e.peak.event as i64);
     let (again, _) = estimate_torchscript_traced(&models[0], &options).unwrap();
     assert_eq!(again.peak.event, e.peak.event);
-    let mut second: Vec<_> = recorder::peak_snapshot().groups.into_iter().filter(|(k, _)| !k.view).collect();
+    let mut second: Vec<_> = recorder::peak_walk().groups.into_iter().filter(|(k, _)| !k.view).collect();
     second.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(b.1.count.cmp(&a.1.count)).then(a.0.cmp(&b.0)));
     let shapes: Vec<_> = groups.iter().map(|g| (g.shape.clone(), g.count)).collect();
     let second_shapes: Vec<_> = second.iter().map(|(k, t)| (k.shape.to_vec(), t.count)).collect();
@@ -252,6 +252,34 @@ fn eager_lifetimes_match_eager_pytorch_and_torchscript_lifetimes_free_earlier() 
         assert_eq!(eager, measured, "{name}: eager lifetimes reproduce eager PyTorch's peak");
         assert!(script <= eager, "{name}: the interpreter never holds longer: {script} vs {eager}");
     }
+}
+
+#[cfg_attr(
+    not(gmt_torchvision),
+    ignore = "needs Python with torch and torchvision to export ResNet-50 (scripts/dev installs them)"
+)]
+#[test]
+fn estimating_resnet50_training_runs_its_forward_once_per_step() {
+    use gpu_mem_track_estimate::{estimate_torchscript_with_peak_tensors, forward_passes, Phase};
+    let dir = tempfile::tempdir().unwrap();
+    let model = export_models(dir.path(), &["resnet50"]).remove(0);
+    let options = EstimateOptions {
+        input_shape: vec![16, 3, 224, 224],
+        mode: Mode::Train(Optimizer::AdamW),
+        ..EstimateOptions::default()
+    };
+    // What `gpu-mem-track estimate --mode train` calls for its report: the estimate, its trace and
+    // the live tensors at the peak.
+    let before = forward_passes();
+    let (e, trace, groups) = estimate_torchscript_with_peak_tensors(&model, &options).unwrap();
+    let passes = forward_passes() - before;
+    assert_eq!(passes, 2, "two training steps of one run, and no second run for the peak's tensors");
+    // The trace is that run's: forward, backward and the optimizer of steps 1 and 2, once each.
+    let forwards: std::collections::BTreeSet<u32> =
+        trace.events.iter().filter(|ev| ev.phase == Phase::Forward).map(|ev| ev.iteration).collect();
+    assert_eq!(forwards, [1, 2].into(), "forward phases in the trace");
+    assert_eq!(e.peak.iteration, 2, "{:?}", e.peak);
+    assert!(groups.len() > 10, "ResNet-50's live tensors at the peak: {}", groups.len());
 }
 
 #[cfg_attr(

@@ -199,6 +199,63 @@ struct Rnn {
     head: nn::Linear,
 }
 
+/// An RNN's shape: LSTM or GRU, layers, batch first, bidirectional; features in, hidden size,
+/// classes out of the linear head.
+#[derive(Clone, Copy)]
+struct RnnShape {
+    lstm: bool,
+    num_layers: i64,
+    batch_first: bool,
+    bidirectional: bool,
+    features: i64,
+    hidden: i64,
+    classes: i64,
+}
+
+impl RnnShape {
+    fn directions(self) -> i64 {
+        if self.bidirectional {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Builds the LSTM or GRU with its linear head.
+    fn build(self) -> impl Fn(&nn::Path) -> Rnn + Copy {
+        move |p: &nn::Path| {
+            let config = nn::RNNConfig {
+                num_layers: self.num_layers,
+                batch_first: self.batch_first,
+                bidirectional: self.bidirectional,
+                ..Default::default()
+            };
+            let rnn = if self.lstm {
+                Recurrent::Lstm(nn::lstm(p / "rnn", self.features, self.hidden, config))
+            } else {
+                Recurrent::Gru(nn::gru(p / "rnn", self.features, self.hidden, config))
+            };
+            let head =
+                nn::linear(p / "head", self.directions() * self.hidden, self.classes, Default::default());
+            Rnn { rnn, head }
+        }
+    }
+
+    /// A step: the RNN over the whole sequence, the head on every step, cross-entropy.
+    fn step(self) -> impl Fn(&Rnn, &Tensor, &Tensor) -> Tensor + Copy {
+        move |m: &Rnn, x: &Tensor, y: &Tensor| {
+            // tch's `seq` takes the batch from dimension 0; sequence-first input
+            // needs its own zero state (made on the build device, as `seq`'s is).
+            let b = x.size()[if self.batch_first { 0 } else { 1 }];
+            let out = match &m.rnn {
+                Recurrent::Lstm(l) => l.seq_init(x, &l.zero_state(b)).0,
+                Recurrent::Gru(g) => g.seq_init(x, &g.zero_state(b)).0,
+            };
+            m.head.forward(&out).view([-1, self.classes]).cross_entropy_for_logits(y)
+        }
+    }
+}
+
 /// tch's LSTM and GRU make their zero state with the device the model was built on (the CPU of
 /// the estimate's VarStore): on meta, that state is made on meta.
 ///
@@ -211,27 +268,8 @@ struct Rnn {
 fn tch_lstm_and_gru_estimate_on_meta_like_the_cpu() {
     let (batch, seq, features, hidden, classes) = (32i64, 24i64, 32i64, 128i64, 10i64);
     for (lstm, num_layers, batch_first, bidirectional) in rnn_cases() {
-        let directions = if bidirectional { 2 } else { 1 };
-        let build = move |p: &nn::Path| {
-            let config = nn::RNNConfig { num_layers, batch_first, bidirectional, ..Default::default() };
-            let rnn = if lstm {
-                Recurrent::Lstm(nn::lstm(p / "rnn", features, hidden, config))
-            } else {
-                Recurrent::Gru(nn::gru(p / "rnn", features, hidden, config))
-            };
-            Rnn { rnn, head: nn::linear(p / "head", directions * hidden, classes, Default::default()) }
-        };
-        let step = move |m: &Rnn, x: &Tensor, y: &Tensor| {
-            // tch's `seq` takes the batch from dimension 0; sequence-first input
-            // needs its own zero state (made on the build device, as `seq`'s is).
-            let b = x.size()[if batch_first { 0 } else { 1 }];
-            let out = match &m.rnn {
-                Recurrent::Lstm(l) => l.seq_init(x, &l.zero_state(b)).0,
-                Recurrent::Gru(g) => g.seq_init(x, &g.zero_state(b)).0,
-            };
-            let logits = m.head.forward(&out).view([-1, classes]);
-            logits.cross_entropy_for_logits(y)
-        };
+        let rnn = RnnShape { lstm, num_layers, batch_first, bidirectional, features, hidden, classes };
+        let (directions, build, step) = (rnn.directions(), rnn.build(), rnn.step());
         let shape = if batch_first { [batch, seq, features] } else { [seq, batch, features] };
         let what = format!(
             "{} {num_layers} layer(s){}{}",
@@ -464,24 +502,8 @@ fn char_rnn_on_an_h100_profile_is_within_five_percent_of_the_h200() {
 fn rnns_on_meta_keep_cudnns_reserve_until_backward() {
     let (batch, seq, features, hidden, classes) = (8i64, 16i64, 24i64, 32i64, 5i64);
     for (lstm, num_layers, batch_first, bidirectional) in [(true, 2, true, true), (false, 1, false, false)] {
-        let directions = if bidirectional { 2 } else { 1 };
-        let build = move |p: &nn::Path| {
-            let config = nn::RNNConfig { num_layers, batch_first, bidirectional, ..Default::default() };
-            let rnn = if lstm {
-                Recurrent::Lstm(nn::lstm(p / "rnn", features, hidden, config))
-            } else {
-                Recurrent::Gru(nn::gru(p / "rnn", features, hidden, config))
-            };
-            Rnn { rnn, head: nn::linear(p / "head", directions * hidden, classes, Default::default()) }
-        };
-        let step = move |m: &Rnn, x: &Tensor, y: &Tensor| {
-            let b = x.size()[if batch_first { 0 } else { 1 }];
-            let out = match &m.rnn {
-                Recurrent::Lstm(l) => l.seq_init(x, &l.zero_state(b)).0,
-                Recurrent::Gru(g) => g.seq_init(x, &g.zero_state(b)).0,
-            };
-            m.head.forward(&out).view([-1, classes]).cross_entropy_for_logits(y)
-        };
+        let rnn = RnnShape { lstm, num_layers, batch_first, bidirectional, features, hidden, classes };
+        let (directions, build, step) = (rnn.directions(), rnn.build(), rnn.step());
         let shape = if batch_first { [batch, seq, features] } else { [seq, batch, features] };
         let (_, trace) =
             training_step(build, step, &adam(Precision::F32, &shape, false, &[batch * seq])).unwrap();

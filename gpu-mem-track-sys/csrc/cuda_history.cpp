@@ -85,6 +85,8 @@ void gmt_cuda_history_detach(void) { g_device.store(-1); }
 
 gmt_error gmt_cuda_blocks(int32_t device, gmt_cuda_block* out, size_t cap, size_t* count) {
   GMT_TRY({
+    // Not gmt::require_cuda: that initialises CUDA, and blocks exist only once CUDA has run (this
+    // is read on the way out of an out-of-memory error), so only whether CUDA is there is asked.
     if (!at::detail::getCUDAHooks().hasCUDA())
       throw std::runtime_error("CUDA is not available (no GPU, driver or libtorch_cuda)");
     // The allocator's own snapshot (what torch.cuda.memory_snapshot() reads); it takes the

@@ -35,23 +35,25 @@ struct Recorder {
   std::chrono::steady_clock::time_point start;
   std::atomic<int32_t> site{-1};
   std::vector<int64_t> parameter_ids;
-  // Event number after which the live tensors are snapshotted (at the end of the running op).
-  std::atomic<int64_t> snapshot_at{-1};
-  // Snapshot at the end of each op that raised the recording's peak of live bytes, so the last
-  // snapshot is the peak's, from one run (estimates): live bytes per allocation id, the running
-  // sum and the highest it reached.
-  std::atomic<bool> snapshot_peaks{false};
-  std::unordered_map<int64_t, int64_t> peak_sizes;
-  int64_t peak_live = 0, peak_best = 0;
+  // Event number after which the live tensors are walked (at the end of the running op).
+  std::atomic<int64_t> walk_at{-1};
+  // Walk the registry at the end of each op that raised the recording's peak of live bytes, so the last
+  // walk is the peak's, from one run (estimates).
+  std::atomic<bool> walk_peaks{false};
   int64_t pushed = 0;
-  std::unordered_map<int64_t, int64_t> open;  // live allocation id -> event number of its alloc
+  // The allocations made during the recording and not yet freed, by id: the event number of the
+  // alloc and its size. Their bytes, and the highest those reached.
+  struct Open {
+    int64_t seq, size;
+  };
+  std::unordered_map<int64_t, Open> open;
+  int64_t live = 0, peak = 0;
   std::vector<std::string> op_names;  // index = op id
   std::unordered_map<std::string, int32_t> op_ids;
   std::atomic<int32_t> device_kind{GMT_DEV_ANY};
   std::atomic<bool> active{false};
   std::atomic<int32_t> phase{0};
   std::atomic<int32_t> iteration{0};
-  int64_t live = 0, peak = 0;
   at::CallbackHandle op_callback = 0;
   std::mutex op_mu;
   int op_users = 0;  // recordings and captures that need op names
@@ -65,7 +67,7 @@ Recorder& recorder() {
 // The ops running on this thread, outermost first. Kept by the registry's callback once it is
 // installed (one callback per op instead of two), else by this file's.
 thread_local std::vector<const char*> t_op_stack;
-thread_local bool t_snapshot_pending = false;
+thread_local bool t_walk_pending = false;
 std::atomic<bool> g_registry_keeps_stack{false};
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
@@ -91,9 +93,23 @@ int32_t top_op(Recorder& r) { return op_id(r, t_op_stack.empty() ? "<no op>" : t
 // Caller holds r.mu. Returns the event number.
 int64_t push(Recorder& r, gmt_alloc_event e) {
   const int64_t seq = r.pushed++;
-  if (seq == r.snapshot_at.load(std::memory_order_relaxed)) t_snapshot_pending = true;
-  if (e.is_free == GMT_EVENT_ALLOC) r.open[e.id] = seq;
-  if (e.is_free == GMT_EVENT_FREE) r.open.erase(e.id);
+  if (seq == r.walk_at.load(std::memory_order_relaxed)) t_walk_pending = true;
+  if (e.is_free == GMT_EVENT_ALLOC) {
+    r.open[e.id] = Recorder::Open{seq, e.size};
+    r.live += e.size;
+    // Strictly higher: the first event at the highest live bytes is the peak, as the estimate's
+    // replay names it.
+    if (r.live > r.peak) {
+      r.peak = r.live;
+      if (r.walk_peaks.load(std::memory_order_relaxed)) t_walk_pending = true;
+    }
+  } else if (e.is_free == GMT_EVENT_FREE) {
+    const auto it = r.open.find(e.id);
+    if (it != r.open.end()) {  // not made before the recording started
+      r.live -= it->second.size;
+      r.open.erase(it);
+    }
+  }
   e.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - r.start).count();
   e.site = r.site.load(std::memory_order_relaxed);
   Stack stack{};
@@ -141,18 +157,6 @@ void record_alloc(int32_t device_kind, int64_t id, int64_t size) {
   Recorder& r = recorder();
   if (!recording(r, device_kind)) return;
   std::lock_guard<std::mutex> lock(r.mu);
-  r.live += size;
-  r.peak = std::max(r.peak, r.live);
-  if (r.snapshot_peaks.load(std::memory_order_relaxed)) {
-    r.peak_sizes[id] = size;
-    r.peak_live += size;
-    // Strictly higher: the first event at the highest live bytes is the peak, as the estimate's
-    // replay names it.
-    if (r.peak_live > r.peak_best) {
-      r.peak_best = r.peak_live;
-      t_snapshot_pending = true;
-    }
-  }
   push(r, gmt_alloc_event{id, size, GMT_EVENT_ALLOC, static_cast<uint8_t>(r.phase.load()), static_cast<uint8_t>(device_kind),
                           static_cast<uint8_t>(r.iteration.load()), current_op(r), 0, -1, 0, top_op(r), 0});
 }
@@ -163,13 +167,6 @@ void record_free_sized(int32_t device_kind, int64_t id, int64_t size) {
   Recorder& r = recorder();
   if (!recording(r, device_kind)) return;
   std::lock_guard<std::mutex> lock(r.mu);
-  if (r.snapshot_peaks.load(std::memory_order_relaxed)) {
-    const auto it = r.peak_sizes.find(id);
-    if (it != r.peak_sizes.end()) {
-      r.peak_live -= it->second;
-      r.peak_sizes.erase(it);
-    }
-  }
   push(r, gmt_alloc_event{id, size, GMT_EVENT_FREE, static_cast<uint8_t>(r.phase.load()),
                           static_cast<uint8_t>(device_kind), static_cast<uint8_t>(r.iteration.load()), current_op(r),
                           0, -1, 0, top_op(r), 0});
@@ -194,10 +191,10 @@ void op_stack_push(const char* name) { t_op_stack.push_back(name); }
 
 void op_stack_pop() {
   if (!t_op_stack.empty()) t_op_stack.pop_back();
-  if (t_snapshot_pending) {
+  if (t_walk_pending) {
     // Outside the allocator and the recorder lock: the registry walk may free tensors.
-    t_snapshot_pending = false;
-    take_peak_snapshot(recorder().device_kind.load());
+    t_walk_pending = false;
+    take_peak_walk(recorder().device_kind.load());
   }
 }
 
@@ -218,7 +215,7 @@ int32_t allocation_category(int64_t id) {
   std::lock_guard<std::mutex> lock(r.mu);
   auto it = r.open.find(id);
   if (it == r.open.end()) return GMT_CAT_NONE;
-  const gmt_alloc_event* e = event_at(r, it->second);
+  const gmt_alloc_event* e = event_at(r, it->second.seq);
   return e && e->id == id ? e->category : GMT_CAT_NONE;
 }
 
@@ -260,7 +257,7 @@ void tag_allocation(int64_t id, int32_t category) {
   const auto rank = [](int32_t c) {
     return c == GMT_CAT_NONE ? 0 : c == GMT_CAT_ACTIVATION ? 1 : c == GMT_CAT_INPUT ? 2 : 3;
   };
-  gmt_alloc_event* e = event_at(r, it->second);
+  gmt_alloc_event* e = event_at(r, it->second.seq);
   if (e && e->id == id && rank(category) > rank(e->category)) e->category = category;
 }
 
@@ -305,8 +302,6 @@ gmt_error start_recording(int32_t device_kind, size_t max_events, int with_stack
         if (r.with_stacks) r.stacks.reserve(max_events);
       }
       r.live = r.peak = 0;
-      r.peak_sizes.clear();
-      r.peak_live = r.peak_best = 0;
       r.pushed = 0;
       r.phase.store(phase);
       r.iteration.store(0);
@@ -337,9 +332,9 @@ void gmt_recorder_progress(int32_t* phase, int32_t* iteration) {
 
 void gmt_recorder_set_site(int32_t site) { recorder().site.store(site, std::memory_order_relaxed); }
 
-void gmt_recorder_snapshot_at(int64_t event) { recorder().snapshot_at.store(event); }
+void gmt_recorder_walk_at(int64_t event) { recorder().walk_at.store(event); }
 
-void gmt_recorder_snapshot_peaks(int on) { recorder().snapshot_peaks.store(on != 0); }
+void gmt_recorder_walk_peaks(int on) { recorder().walk_peaks.store(on != 0); }
 
 size_t gmt_recorder_copy(gmt_alloc_event* out, uint64_t* stacks, size_t cap, uint64_t* dropped) {
   Recorder& r = recorder();
@@ -364,9 +359,8 @@ gmt_error gmt_recorder_stop(void) {
       std::lock_guard<std::mutex> lock(r.mu);
       if (!r.active.load()) return nullptr;
       r.active.store(false);
-      r.snapshot_at.store(-1);
-      r.snapshot_peaks.store(false);
-      r.peak_sizes.clear();
+      r.walk_at.store(-1);
+      r.walk_peaks.store(false);
     }
     gmt::op_names_release();
   })
@@ -396,12 +390,6 @@ size_t gmt_recorder_parameter_ids(int64_t* out, size_t cap) {
   std::lock_guard<std::mutex> lock(r.mu);
   for (size_t i = 0; i < std::min(cap, r.parameter_ids.size()); ++i) out[i] = r.parameter_ids[i];
   return r.parameter_ids.size();
-}
-
-int64_t gmt_recorder_peak(void) {
-  Recorder& r = recorder();
-  std::lock_guard<std::mutex> lock(r.mu);
-  return r.peak;
 }
 
 const char* gmt_recorder_op_name(int32_t op) {

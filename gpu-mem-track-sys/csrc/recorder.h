@@ -30,7 +30,7 @@ size_t op_stack_depth();
 // long as that op runs (a dispatcher op's for the process; an autograd node's only while it runs).
 const char* outermost_op_or(const char* fallback);
 // The op stack of this thread: an op's start callback pushes its name, its end callback pops it
-// (and takes a pending peak snapshot).
+// (and takes a pending peak walk).
 void op_stack_push(const char* name);
 void op_stack_pop();
 // From now on the registry's callback keeps the op stack (its start/end run for every op anyway).
@@ -47,8 +47,8 @@ void tag_parameter(int64_t id);
 using DataDeleter = void (*)(void*);
 using ForeignAllocationId = int64_t (*)(const void* context);
 void set_foreign_allocation_ids(DataDeleter deleter, ForeignAllocationId id_of);
-// Snapshots the registry's live tensors of a device into the peak snapshot (registry.cpp).
-void take_peak_snapshot(int32_t device_kind);
+// Walks the registry's live tensors of a device into the peak walk (registry.cpp).
+void take_peak_walk(int32_t device_kind);
 // Reference-counted switch of the op-name callback (RecordFunction start/end).
 void op_names_acquire();
 void op_names_release();

@@ -1,9 +1,9 @@
 // The live-tensor registry: a global RecordFunction callback remembers every tensor an op returns
-// through a weak reference, so a snapshot can list the tensors still alive without a garbage
+// through a weak reference, so a walk can list the tensors still alive without a garbage
 // collector walk. Explicit registration covers what ops never return (module parameters). This
 // file: the registry itself, registration and the C interface to its names, groups and classes.
 // Its store is registry_store.h; its jobs are registry_callback.cpp (filling it),
-// registry_walk.cpp (the grouped walk) and registry_snapshot.cpp (full snapshots).
+// registry_walk.cpp (the grouped walk) and registry_records.cpp (the walk that lists each tensor).
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 

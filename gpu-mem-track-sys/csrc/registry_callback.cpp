@@ -5,7 +5,6 @@
 #include <ATen/record_function.h>
 
 #include <atomic>
-#include <cstring>
 #include <mutex>
 
 #include "recorder.h"
@@ -45,9 +44,10 @@ void record_outputs(const at::RecordFunction& fn) {
   // (the backward pass) the ops' results are gradients flowing between nodes, not internal to a
   // call; what the AccumulateGrad node makes is a parameter's gradient.
   bool returned = gmt::op_stack_depth() <= 1, gradient = false;
-  if (!returned) {  // the common case, the program's own call, compares no names
-    returned = std::strstr(outermost, "autograd::") != nullptr || std::strstr(outermost, "Backward") != nullptr;
-    gradient = returned && std::strstr(outermost, "AccumulateGrad") != nullptr;
+  if (!returned) {  // the common case, the program's own call, reads no traits
+    const uint8_t traits = r.op_traits[op];
+    returned = traits & kOpIsAutogradNode;
+    gradient = traits & kOpIsAccumulateGrad;
   }
   for (const auto& v : outputs) record_ivalue(r, v, op, returned, gradient);
 }

@@ -1,7 +1,7 @@
 // The live-tensor registry's store, internal to the shim: the registered tensors (a weak
 // reference each), their origins, the interned log groups, op names and classes, and the device
 // helpers every walk reads tensors with. The registry's jobs are in their own files: the op
-// callback that fills it (registry_callback.cpp), the full snapshot (registry_snapshot.cpp), the
+// callback that fills it (registry_callback.cpp), the full walk (registry_records.cpp), the
 // grouped walk with its helper threads (registry_walk.cpp), and the rest of its C interface
 // (registry.cpp).
 #pragma once
@@ -36,17 +36,17 @@ using WeakStorage = c10::weak_intrusive_ptr<c10::StorageImpl>;
 inline bool is_plain(const c10::TensorImpl* impl) { return typeid(*impl) == typeid(c10::TensorImpl); }
 
 // A registered tensor as the walks read it: 32 bytes, two to a cache line (the walks stream the
-// entries; what only registration and full snapshots read is in EntryOrigin, beside it).
+// entries; what only registration and full walks read is in EntryOrigin, beside it).
 struct Entry {
   WeakImpl weak;  // the tensor; its target is the TensorImpl
-  // The StorageImpl the tensor held when a snapshot last pinned it (null before), by a weak
+  // The StorageImpl the tensor held when a walk last pinned it (null before), by a weak
   // reference: its memory (not its data) stays valid however the tensor or storage die, so a
-  // snapshot reads its byte count and use count without pinning the tensor (see take_grouped).
+  // walk reads its byte count and use count without pinning the tensor (see take_grouped).
   WeakStorage storage{c10::intrusive_ptr<c10::StorageImpl>()};
   uint64_t seq : 63;   // registration order
   uint64_t plain : 1;  // is_plain(tensor), set when recorded (a TensorImpl's class never changes)
   int32_t group = -1;  // its log group when last seen (see Registry::group_of); -1 before
-  // Where a grouped walk last found its storage among the shared ones (gmt_snapshot::shared), a
+  // Where a grouped walk last found its storage among the shared ones (gmt_walk::shared), a
   // hint checked before use: it spares a hash lookup per tensor that shares its storage.
   uint32_t shared_slot = UINT32_MAX;
 
@@ -96,7 +96,15 @@ constexpr size_t kMinPruneAt = 4096;
 // Op-name addresses remembered before the cache starts over.
 constexpr size_t kMaxOpAddresses = 4096;
 
-// Entries live in a vector so snapshots walk contiguous memory and can prefetch the TensorImpls
+// What an op's name says, for the op callback: an autograd node (its results are gradients
+// flowing between nodes, not internal to a call), and the node that makes a parameter's .grad.
+constexpr uint8_t kOpIsAutogradNode = 1, kOpIsAccumulateGrad = 2;
+inline uint8_t traits_of(const char* name) {
+  const bool node = std::strstr(name, "autograd::") != nullptr || std::strstr(name, "Backward") != nullptr;
+  return (node ? kOpIsAutogradNode : 0) | (node && std::strstr(name, "AccumulateGrad") ? kOpIsAccumulateGrad : 0);
+}
+
+// Entries live in a vector so walks read contiguous memory and can prefetch the TensorImpls
 // ahead; `index` finds an entry by TensorImpl for the per-op de-duplication.
 struct Registry {
   std::mutex mu;
@@ -109,10 +117,11 @@ struct Registry {
   std::unordered_map<const char*, int32_t> op_ids;     // address -> id cache
   std::unordered_map<std::string, int32_t> op_texts;  // text -> id
   std::deque<std::string> op_names;  // append-only, index = op id
+  std::vector<uint8_t> op_traits;    // by op id: what its name says (kOpIs*), read once per op
   const char* last_op = nullptr;     // the last op looked up and its id: ops come in runs
   int32_t last_op_id = -1;
   // Log groups, interned: a tensor's shape, dtype and class rarely change after an op returns
-  // it, so an entry keeps its group id and a snapshot only checks that it still holds. Like the
+  // it, so an entry keeps its group id and a walk only checks that it still holds. Like the
   // op names, the table only grows (one small entry per distinct shape, dtype, class and op ever
   // seen): an id must stay valid while any tracker still reads the groups of its last walk
   // (gmt_registry_group, after the walk and outside this lock), so none is reused.
@@ -133,6 +142,7 @@ struct Registry {
   // Storages of named parameters' gradients, found once per grouped walk when a new entry needs
   // its group (grads_walk: the walk they were found for).
   std::unordered_set<const void*> grads;
+  std::vector<WeakImpl> named;  // the tensors registered with a name (parameters, buffers)
   uint64_t grads_walk = 0;
   uint64_t walks = 0;
   size_t prune_at = kMinPruneAt;
@@ -147,13 +157,17 @@ struct Registry {
     c10::TensorImpl* impl = t.unsafeGetTensorImpl();
     auto [slot, inserted] = index.try_emplace(impl, static_cast<uint32_t>(entries.size()));
     if (returned && op_id >= 0) {
+      // The first time a tensor is returned (not only made by an inner op), a view's base is no
+      // longer internal either; later returns of the same tensor need no lookup of the base.
+      const bool first_return = inserted || origins[*slot].role == GMT_ROLE_INTERNAL;
       if (!inserted && origins[*slot].role == GMT_ROLE_INTERNAL) origins[*slot].role = GMT_ROLE_NONE;
-      if (t.is_view()) {
+      if (first_return && t.is_view()) {
         const uint32_t* base = index.find(t._base().unsafeGetTensorImpl());
         if (base && origins[*base].role == GMT_ROLE_INTERNAL) origins[*base].role = GMT_ROLE_NONE;
       }
     }
     if (!inserted) {
+      if (name_id >= 0 && origins[*slot].name_id < 0) named.emplace_back(t.getIntrusivePtr());
       if (name_id >= 0) origins[*slot].name_id = name_id;
       return;  // keep the first registration's order (and the innermost op that returned it)
     }
@@ -163,6 +177,7 @@ struct Registry {
                                                                           : GMT_ROLE_NONE;
     entries.emplace_back(WeakImpl(t.getIntrusivePtr()), next_seq++, is_plain(impl));
     origins.push_back(EntryOrigin{name_id, op_id, role});
+    if (name_id >= 0) named.emplace_back(t.getIntrusivePtr());
     if (entries.size() >= prune_at) {
       prune();
       prune_at = std::max(kMinPruneAt, entries.size() * 2);
@@ -186,6 +201,8 @@ struct Registry {
       if (entries[i].weak.expired()) remove_at(i);
       else ++i;
     }
+    named.erase(std::remove_if(named.begin(), named.end(), [](const WeakImpl& w) { return w.expired(); }),
+                named.end());
   }
 
   // Caller holds mu. Ops are interned by their text. A dispatcher op's name has one address for
@@ -200,7 +217,10 @@ struct Registry {
       id = hit->second;
     } else {
       auto [it, inserted] = op_texts.try_emplace(name, static_cast<int32_t>(op_names.size()));
-      if (inserted) op_names.emplace_back(name);
+      if (inserted) {
+        op_names.emplace_back(name);
+        op_traits.push_back(traits_of(name));
+      }
       id = it->second;
       if (op_ids.size() >= kMaxOpAddresses) op_ids.clear();  // addresses of per-call names pile up
       op_ids[name] = id;
@@ -248,16 +268,21 @@ struct Registry {
     return grads.count(impl->unsafe_storage().unsafeGetStorageImpl()) ? GMT_ROLE_GRADIENT : origin.role;
   }
 
-  // Caller holds mu. The storages of the named parameters' gradients.
+  // Caller holds mu. The storages of the named parameters' gradients, from the named entries
+  // alone (the dead ones dropped).
   void find_grads(std::unordered_set<const void*>& out) {
     out.clear();
-    for (size_t i = 0; i < entries.size(); ++i) {
-      if (origins[i].name_id < 0) continue;
-      auto impl = entries[i].weak.lock();
-      if (!impl) continue;
+    for (size_t i = 0; i < named.size();) {
+      auto impl = named[i].lock();
+      if (!impl) {
+        named[i] = std::move(named.back());
+        named.pop_back();
+        continue;
+      }
       const at::Tensor t(std::move(impl));
       if (t.requires_grad() && t.grad().defined() && t.grad().has_storage())
         out.insert(t.grad().storage().unsafeGetStorageImpl());
+      ++i;
     }
   }
 
@@ -339,7 +364,7 @@ inline __attribute__((always_inline)) int32_t device_index_of(const c10::TensorI
   return impl->device().has_index() ? impl->device().index() : (kind == GMT_DEV_CUDA ? 0 : -1);
 }
 
-// Whether the tensor is on the device a snapshot asked for (kind GMT_DEV_ANY: all; index -1: any).
+// Whether the tensor is on the device a walk asked for (kind GMT_DEV_ANY: all; index -1: any).
 inline __attribute__((always_inline)) bool on_device(const c10::TensorImpl* impl, int32_t device_kind,
                                                     int32_t device_index) {
   const int32_t kind = device_kind_of(impl->device_type());

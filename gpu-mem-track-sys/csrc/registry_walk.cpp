@@ -54,9 +54,9 @@ struct WalkFilter {
 
 // Walks entries [begin, end) as one thread of a grouped walk (the caller holds r.mu; other
 // threads walk other entries). Changes only these entries' storage references and `share`, and
-// for the calling thread (`helper` false) the snapshot's shared storages; a helper keeps its pins
+// for the calling thread (`helper` false) the walk's shared storages; a helper keeps its pins
 // and replaced references in `share`, and the shared storages it met.
-void walk_chunk(Registry& r, const WalkFilter& filter, gmt_snapshot& s, WalkShare& share, bool helper, uint32_t chunk,
+void walk_chunk(Registry& r, const WalkFilter& filter, gmt_walk& s, WalkShare& share, bool helper, uint32_t chunk,
                 size_t begin, size_t end) {
   auto& entries = r.entries;
   const auto later_begin = static_cast<uint32_t>(share.later.size());
@@ -294,7 +294,7 @@ class WalkHelpers {
         job.body(worker, static_cast<uint32_t>(chunk), begin, std::min(job.entries, begin + kChunk));
       } catch (...) {
         // Never out of a helper (that would terminate the program), nor out of the caller
-        // before the helpers are done with the snapshot: kept for run() to rethrow.
+        // before the helpers are done with the walk: kept for run() to rethrow.
         std::lock_guard<std::mutex> lock(job.error_mu);
         if (!job.error) job.error = std::current_exception();
       }
@@ -311,14 +311,14 @@ class WalkHelpers {
   pid_t pid_ = 0;
 };
 
-// What gmt_snapshot_take_grouped adds up: count and bytes per (group, owned or view), by the rule
+// What gmt_walk_run_grouped adds up: count and bytes per (group, owned or view), by the rule
 // of the records' grouping (a storage shared by several tensors is owned by its largest, then
 // oldest, tensor), without a record per tensor.
-gmt_error take_grouped(gmt_snapshot* s, int32_t device_kind, int32_t device_index, bool detail) {
+gmt_error take_grouped(gmt_walk* s, int32_t device_kind, int32_t device_index, bool detail) {
   GMT_TRY({
-    if (!s) throw std::invalid_argument("null snapshot");
+    if (!s) throw std::invalid_argument("null walk");
     s->groups.clear();
-    s->totals = gmt_snapshot_totals{};
+    s->totals = gmt_walk_totals{};
     ++s->walk;
     s->walk_slots.clear();
     const WalkFilter filter{device_kind, device_index, detail};
@@ -428,17 +428,17 @@ extern "C" {
 size_t gmt_registry_walk_threads(void) { return WalkHelpers::get().threads(); }
 void gmt_registry_set_walk_threads(size_t threads) { WalkHelpers::get().set_threads(threads); }
 
-gmt_error gmt_snapshot_take_grouped(gmt_snapshot* s, int32_t device_kind, int32_t device_index, int32_t detail) {
+gmt_error gmt_walk_run_grouped(gmt_walk* s, int32_t device_kind, int32_t device_index, int32_t detail) {
   return take_grouped(s, device_kind, device_index, detail != 0);
 }
 
-const gmt_group_total* gmt_snapshot_groups(const gmt_snapshot* s, size_t* len) {
+const gmt_group_total* gmt_walk_groups(const gmt_walk* s, size_t* len) {
   if (len) *len = s ? s->groups.size() : 0;
   return s ? s->groups.data() : nullptr;
 }
 
-void gmt_snapshot_totals_of(const gmt_snapshot* s, gmt_snapshot_totals* out) {
-  if (out) *out = s ? s->totals : gmt_snapshot_totals{};
+void gmt_walk_totals_of(const gmt_walk* s, gmt_walk_totals* out) {
+  if (out) *out = s ? s->totals : gmt_walk_totals{};
 }
 
 }  // extern "C"

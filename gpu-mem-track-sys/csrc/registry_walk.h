@@ -1,6 +1,6 @@
 // What walks of the registry add up, internal to the shim: the shared storages a grouped walk
-// meets, each thread's share of the totals, and the snapshot (gmt_snapshot) that keeps them between
-// walks. The full snapshot is registry_snapshot.cpp's, the grouped walk registry_walk.cpp's.
+// meets, each thread's share of the totals, and the buffer (gmt_walk) that keeps them between
+// walks. The full walk is registry_records.cpp's, the grouped walk registry_walk.cpp's.
 #pragma once
 #include <array>
 #include <vector>
@@ -23,7 +23,7 @@ struct SharedUse {
 };
 // What one thread of a grouped walk adds up.
 struct WalkShare {
-  gmt_snapshot_totals totals{};
+  gmt_walk_totals totals{};
   // by group id: owned count, owned bytes, views (in this group), views of storages it owns
   std::vector<std::array<int64_t, 4>> by_group;
   std::vector<int32_t> touched;                 // the group ids added to
@@ -48,7 +48,7 @@ struct WalkShare {
 
   // Empties this share for a walk (also after one that threw).
   void reset(size_t groups) {
-    totals = gmt_snapshot_totals{};
+    totals = gmt_walk_totals{};
     for (int32_t g : touched) by_group[g] = {0, 0, 0, 0};
     touched.clear();
     if (by_group.size() < groups) by_group.resize(groups, {0, 0, 0, 0});
@@ -122,13 +122,13 @@ struct WalkShare {
 };
 }  // namespace gmt_registry
 
-struct gmt_snapshot {
+struct gmt_walk {
   std::vector<gmt_tensor_record> records;
   std::vector<int64_t> dims;
-  // gmt_snapshot_take_grouped: the totals per (group, view) and overall.
+  // gmt_walk_run_grouped: the totals per (group, view) and overall.
   std::vector<gmt_group_total> groups;
-  gmt_snapshot_totals totals{};
-  // Scratch of the grouped walk, kept between snapshots: what each of its threads adds up (the
+  gmt_walk_totals totals{};
+  // Scratch of the grouped walk, kept between walks: what each of its threads adds up (the
   // calling thread's first, into which the others' are merged).
   std::vector<gmt_registry::WalkShare> shares;
   // The shared storages, kept from walk to walk so that a tensor finds its storage's slot by
@@ -201,5 +201,5 @@ struct gmt_snapshot {
 
 namespace gmt_registry {
 // Every live tensor on the device as a record (categorize: with its category), pruning the dead.
-gmt_error take_snapshot(gmt_snapshot* s, int32_t device_kind, int32_t device_index, bool categorize);
+gmt_error take_records(gmt_walk* s, int32_t device_kind, int32_t device_index, bool categorize);
 }  // namespace gmt_registry

@@ -26,7 +26,7 @@ typedef struct {
   int64_t storage_nbytes;  // bytes of the whole storage (shared by views)
   int64_t nbytes;          // numel * itemsize of this tensor
   uint64_t seq;            // registration order (older tensors own shared storages)
-  int64_t dims_offset;     // into the snapshot's dims array
+  int64_t dims_offset;     // into the walk's dims array
   int32_t ndim;
   int32_t scalar_type;     // c10::ScalarType value; name via gmt_scalar_type_name
   int32_t device_kind;     // gmt_device_kind
@@ -43,7 +43,7 @@ typedef struct {
 } gmt_tensor_record;
 static_assert(sizeof(gmt_tensor_record) == 88, "gmt_tensor_record is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
 
-typedef struct gmt_snapshot gmt_snapshot;
+typedef struct gmt_walk gmt_walk;
 
 gmt_error gmt_registry_install(void);          // idempotent, thread-safe
 int gmt_registry_installed(void);
@@ -72,14 +72,14 @@ int gmt_registry_python_classes(void);  // 1: this build reads tensors' Python c
 const char* gmt_scalar_type_name(int32_t scalar_type);  // c10 name: "Float", "BFloat16", ...
 int64_t gmt_scalar_type_itemsize(int32_t scalar_type);
 
-gmt_snapshot* gmt_snapshot_new(void);
-void gmt_snapshot_free(gmt_snapshot* s);
+gmt_walk* gmt_walk_new(void);
+void gmt_walk_free(gmt_walk* s);
 // Fills `s` with every live registered tensor on the device (kind GMT_DEV_ANY = all devices;
 // index -1 = any index of that kind). Prunes dead entries. `category` stays GMT_CAT_NONE.
-gmt_error gmt_snapshot_take(gmt_snapshot* s, int32_t device_kind, int32_t device_index);
-// As gmt_snapshot_take, and fills each record's `category` (slower: for the out-of-memory report).
-gmt_error gmt_snapshot_take_categorized(gmt_snapshot* s, int32_t device_kind, int32_t device_index);
-// The grouped form of a snapshot (what one track() needs): totals per log group, no record per
+gmt_error gmt_walk_run(gmt_walk* s, int32_t device_kind, int32_t device_index);
+// As gmt_walk_run, and fills each record's `category` (slower: for the out-of-memory report).
+gmt_error gmt_walk_run_categorized(gmt_walk* s, int32_t device_kind, int32_t device_index);
+// The grouped form of a walk (what one track() needs): totals per log group, no record per
 // tensor. `detail` 0: only the overall totals.
 typedef struct {
   int32_t group;  // gmt_registry_group id
@@ -94,11 +94,11 @@ typedef struct {
   int64_t tensor_bytes;   // bytes of unique storages
   int64_t tensor_count;   // live tensors on the device
   int64_t storage_count;  // unique storages
-} gmt_snapshot_totals;
-static_assert(sizeof(gmt_snapshot_totals) == 24, "gmt_snapshot_totals is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
-gmt_error gmt_snapshot_take_grouped(gmt_snapshot* s, int32_t device_kind, int32_t device_index, int32_t detail);
-const gmt_group_total* gmt_snapshot_groups(const gmt_snapshot* s, size_t* len);
-void gmt_snapshot_totals_of(const gmt_snapshot* s, gmt_snapshot_totals* out);
+} gmt_walk_totals;
+static_assert(sizeof(gmt_walk_totals) == 24, "gmt_walk_totals is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
+gmt_error gmt_walk_run_grouped(gmt_walk* s, int32_t device_kind, int32_t device_index, int32_t detail);
+const gmt_group_total* gmt_walk_groups(const gmt_walk* s, size_t* len);
+void gmt_walk_totals_of(const gmt_walk* s, gmt_walk_totals* out);
 // What the registry knows a tensor is, from the program's structure (the same with or without a
 // memory history): the gradient of a named parameter, what an optimizer step made, or what an op
 // made inside a call that did not return it (max-pool's indices, a mask saved for backward).
@@ -114,9 +114,9 @@ void gmt_registry_optimizer_step(int32_t entering);
 // `op_id`: the op that made its tensors.
 int64_t gmt_registry_group(int32_t id, int64_t* sizes, size_t cap, int32_t* scalar_type, int32_t* class_id,
                            int32_t* op_id, int32_t* role);
-size_t gmt_snapshot_len(const gmt_snapshot* s);
-const gmt_tensor_record* gmt_snapshot_records(const gmt_snapshot* s);
-const int64_t* gmt_snapshot_dims(const gmt_snapshot* s, size_t* len);
+size_t gmt_walk_len(const gmt_walk* s);
+const gmt_tensor_record* gmt_walk_records(const gmt_walk* s);
+const int64_t* gmt_walk_dims(const gmt_walk* s, size_t* len);
 
 // ---- TorchScript modules (module.cpp) ----
 // module: torch::jit::script::Module*. Registers named parameters and buffers (recursively),
@@ -243,13 +243,13 @@ gmt_error gmt_recorder_start_history(int32_t device_kind, size_t max_events, int
 int gmt_recorder_active(void);
 void gmt_recorder_progress(int32_t* phase, int32_t* iteration);  // current phase, for progress bars
 void gmt_recorder_set_site(int32_t site);
-// Before a recording: snapshot the live tensors at the end of the op during which event number
-// `event` (0-based) is recorded; read with gmt_peak_snapshot(). Reset when the recording stops.
-void gmt_recorder_snapshot_at(int64_t event);
-// Before a recording: snapshot the live tensors at the end of each op that raised the recording's
-// peak of live bytes, so that gmt_peak_snapshot() ends as the peak's. Reset when it stops.
-void gmt_recorder_snapshot_peaks(int on);
-gmt_snapshot* gmt_peak_snapshot(void);
+// Before a recording: walk the live tensors at the end of the op during which event number
+// `event` (0-based) is recorded; read with gmt_peak_walk(). Reset when the recording stops.
+void gmt_recorder_walk_at(int64_t event);
+// Before a recording: walk the live tensors at the end of each op that raised the recording's
+// peak of live bytes, so that gmt_peak_walk() ends as the peak's. Reset when it stops.
+void gmt_recorder_walk_peaks(int on);
+gmt_walk* gmt_peak_walk(void);
 // Copies the stored events in order (and, when `stacks` is not null, GMT_STACK_FRAMES addresses
 // per event); returns how many were copied. `dropped` (optional) gets the count overwritten.
 size_t gmt_recorder_copy(gmt_alloc_event* out, uint64_t* stacks, size_t cap, uint64_t* dropped);
@@ -261,7 +261,6 @@ void gmt_recorder_tag_tensor(const void* tensor, int32_t category);
 // The same for a tensor given by its c10::TensorImpl* (Python's Tensor._cdata).
 void gmt_recorder_tag_tensor_impl(const void* impl, int32_t category);
 size_t gmt_recorder_len(void);
-int64_t gmt_recorder_peak(void);
 // Allocation ids tagged as parameters by the estimator; returns the count, fills up to `cap`.
 size_t gmt_recorder_parameter_ids(int64_t* out, size_t cap);  // highest live bytes among recorded allocations
 const char* gmt_recorder_op_name(int32_t op);

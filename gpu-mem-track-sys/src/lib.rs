@@ -73,7 +73,7 @@ pub struct gmt_tensor_record {
     pub role: i32,
 }
 
-/// Totals of one log group in a grouped snapshot (mirrors `gmt_group_total` in `csrc/shim.h`).
+/// Totals of one log group in a grouped walk (mirrors `gmt_group_total` in `csrc/shim.h`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct gmt_group_total {
@@ -85,18 +85,18 @@ pub struct gmt_group_total {
     pub views: i64,
 }
 
-/// Overall totals of a grouped snapshot (mirrors `gmt_snapshot_totals` in `csrc/shim.h`).
+/// Overall totals of a grouped walk (mirrors `gmt_walk_totals` in `csrc/shim.h`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct gmt_snapshot_totals {
+pub struct gmt_walk_totals {
     pub tensor_bytes: i64,
     pub tensor_count: i64,
     pub storage_count: i64,
 }
 
-/// Opaque snapshot buffer owned by the shim.
+/// Opaque registry-walk buffer owned by the shim.
 #[repr(C)]
-pub struct gmt_snapshot {
+pub struct gmt_walk {
     _private: [u8; 0],
 }
 
@@ -230,22 +230,18 @@ extern "C" {
     pub fn gmt_scalar_type_name(scalar_type: i32) -> *const c_char;
     pub fn gmt_scalar_type_itemsize(scalar_type: i32) -> i64;
 
-    pub fn gmt_snapshot_new() -> *mut gmt_snapshot;
-    pub fn gmt_snapshot_free(s: *mut gmt_snapshot);
-    pub fn gmt_snapshot_take(s: *mut gmt_snapshot, device_kind: i32, device_index: i32) -> gmt_error;
-    pub fn gmt_snapshot_take_categorized(
-        s: *mut gmt_snapshot,
-        device_kind: i32,
-        device_index: i32,
-    ) -> gmt_error;
-    pub fn gmt_snapshot_take_grouped(
-        s: *mut gmt_snapshot,
+    pub fn gmt_walk_new() -> *mut gmt_walk;
+    pub fn gmt_walk_free(s: *mut gmt_walk);
+    pub fn gmt_walk_run(s: *mut gmt_walk, device_kind: i32, device_index: i32) -> gmt_error;
+    pub fn gmt_walk_run_categorized(s: *mut gmt_walk, device_kind: i32, device_index: i32) -> gmt_error;
+    pub fn gmt_walk_run_grouped(
+        s: *mut gmt_walk,
         device_kind: i32,
         device_index: i32,
         detail: i32,
     ) -> gmt_error;
-    pub fn gmt_snapshot_groups(s: *const gmt_snapshot, len: *mut usize) -> *const gmt_group_total;
-    pub fn gmt_snapshot_totals_of(s: *const gmt_snapshot, out: *mut gmt_snapshot_totals);
+    pub fn gmt_walk_groups(s: *const gmt_walk, len: *mut usize) -> *const gmt_group_total;
+    pub fn gmt_walk_totals_of(s: *const gmt_walk, out: *mut gmt_walk_totals);
     pub fn gmt_registry_group(
         id: i32,
         sizes: *mut i64,
@@ -263,9 +259,9 @@ extern "C" {
     /// `type_` is a `PyTypeObject*` the caller keeps alive. Never call it holding the GIL.
     pub fn gmt_registry_name_class(type_: *const c_void, name: *const c_char) -> gmt_error;
     pub fn gmt_registry_python_classes() -> c_int;
-    pub fn gmt_snapshot_len(s: *const gmt_snapshot) -> usize;
-    pub fn gmt_snapshot_records(s: *const gmt_snapshot) -> *const gmt_tensor_record;
-    pub fn gmt_snapshot_dims(s: *const gmt_snapshot, len: *mut usize) -> *const i64;
+    pub fn gmt_walk_len(s: *const gmt_walk) -> usize;
+    pub fn gmt_walk_records(s: *const gmt_walk) -> *const gmt_tensor_record;
+    pub fn gmt_walk_dims(s: *const gmt_walk, len: *mut usize) -> *const i64;
 
     /// `module` is a `torch::jit::script::Module*`.
     pub fn gmt_register_module(module: *mut c_void, prefix: *const c_char, count: *mut usize) -> gmt_error;
@@ -294,16 +290,15 @@ extern "C" {
     pub fn gmt_recorder_active() -> c_int;
     pub fn gmt_recorder_progress(phase: *mut i32, iteration: *mut i32);
     pub fn gmt_recorder_set_site(site: i32);
-    pub fn gmt_recorder_snapshot_at(event: i64);
-    pub fn gmt_recorder_snapshot_peaks(on: c_int);
-    pub fn gmt_peak_snapshot() -> *mut gmt_snapshot;
+    pub fn gmt_recorder_walk_at(event: i64);
+    pub fn gmt_recorder_walk_peaks(on: c_int);
+    pub fn gmt_peak_walk() -> *mut gmt_walk;
     pub fn gmt_recorder_copy(
         out: *mut gmt_alloc_event,
         stacks: *mut u64,
         cap: usize,
         dropped: *mut u64,
     ) -> usize;
-    pub fn gmt_recorder_peak() -> i64;
     pub fn gmt_recorder_parameter_ids(out: *mut i64, cap: usize) -> usize;
     pub fn gmt_recorder_op_name(op: i32) -> *const c_char;
 
@@ -327,7 +322,7 @@ extern "C" {
 // The C layouts this crate mirrors (`csrc/shim.h` asserts the same sizes on its side).
 const _: () = assert!(std::mem::size_of::<gmt_tensor_record>() == 88);
 const _: () = assert!(std::mem::size_of::<gmt_group_total>() == 32);
-const _: () = assert!(std::mem::size_of::<gmt_snapshot_totals>() == 24);
+const _: () = assert!(std::mem::size_of::<gmt_walk_totals>() == 24);
 const _: () = assert!(std::mem::size_of::<gmt_oom_event>() == 48);
 const _: () = assert!(std::mem::size_of::<gmt_cuda_block>() == 48);
 const _: () = assert!(std::mem::size_of::<gmt_alloc_stats>() == 40);

@@ -175,7 +175,11 @@ pub(crate) fn recorded_parameter_ids() -> Vec<i64> {
 }
 
 /// Starts recording allocations of a device kind into a ring of `max_events` (0: unbounded).
-pub(crate) fn history_start(device_kind: DeviceKind, max_events: usize, with_stacks: bool) -> Result<()> {
+pub(crate) fn recorder_start_history(
+    device_kind: DeviceKind,
+    max_events: usize,
+    with_stacks: bool,
+) -> Result<()> {
     // SAFETY: starts the recorder; fails cleanly if one is running.
     check("record history", unsafe {
         sys::gmt_recorder_start_history(device_kind.code(), max_events, with_stacks as i32)
@@ -186,14 +190,14 @@ pub(crate) fn history_start(device_kind: DeviceKind, max_events: usize, with_sta
 ///
 /// # Safety
 /// `impl_ptr` must point to a live `c10::TensorImpl` for the duration of the call.
-pub(crate) unsafe fn history_tag_tensor_impl(impl_ptr: *const c_void, category: Category) {
+pub(crate) unsafe fn recorder_tag_tensor_impl(impl_ptr: *const c_void, category: Category) {
     // SAFETY: the caller keeps the TensorImpl alive; the shim reads its storage under the lock.
     unsafe { sys::gmt_recorder_tag_tensor_impl(impl_ptr, category_code(category)) }
 }
 
 /// Tags the recorded allocation holding `t`'s storage with a `GMT_CAT_*` category.
 #[cfg(feature = "tch")]
-pub(crate) fn history_tag_tensor(t: &tch::Tensor, category: Category) {
+pub(crate) fn recorder_tag_tensor(t: &tch::Tensor, category: Category) {
     // SAFETY: `t` is a live tensor; the shim reads its storage under the recorder lock.
     unsafe { sys::gmt_recorder_tag_tensor(t.as_ptr() as *const c_void, category_code(category)) }
 }
@@ -205,12 +209,12 @@ pub(crate) fn history_tag_saved(enabled: bool) -> Result<()> {
 }
 
 /// Stops the recorder (its contents stay readable).
-pub(crate) fn history_stop() -> Result<()> {
+pub(crate) fn recorder_stop() -> Result<()> {
     // SAFETY: stops the recorder; a no-op when none runs.
-    check("stop history", unsafe { sys::gmt_recorder_stop() })
+    check("stop the recorder", unsafe { sys::gmt_recorder_stop() })
 }
 
-pub(crate) fn history_active() -> bool {
+pub(crate) fn recorder_active() -> bool {
     // SAFETY: reads a flag.
     unsafe { sys::gmt_recorder_active() != 0 }
 }
@@ -224,7 +228,7 @@ pub(crate) fn recorder_progress() -> (Phase, u32) {
 }
 
 /// Tags the next recorded events with a track site.
-pub(crate) fn history_set_site(site: i32) {
+pub(crate) fn recorder_set_site(site: i32) {
     // SAFETY: stores an integer.
     unsafe { sys::gmt_recorder_set_site(site) }
 }
@@ -242,13 +246,13 @@ pub(crate) fn recorder_set_phase(phase: Option<Phase>, iteration: u32) {
     unsafe { sys::gmt_recorder_set_phase(phase_code(phase).into(), iteration) }
 }
 
-/// Asks the next recording to snapshot the live tensors after event number `event`.
-pub(crate) fn recorder_snapshot_at(event: i64) {
+/// Asks the next recording to walk the live tensors after event number `event`.
+pub(crate) fn recorder_walk_at(event: i64) {
     // SAFETY: stores an integer.
-    unsafe { sys::gmt_recorder_snapshot_at(event) }
+    unsafe { sys::gmt_recorder_walk_at(event) }
 }
 
-pub(crate) fn recorder_snapshot_peaks(on: bool) {
+pub(crate) fn recorder_walk_peaks(on: bool) {
     // SAFETY: stores a flag.
-    unsafe { sys::gmt_recorder_snapshot_peaks(i32::from(on)) }
+    unsafe { sys::gmt_recorder_walk_peaks(i32::from(on)) }
 }

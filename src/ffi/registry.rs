@@ -1,4 +1,4 @@
-//! The live-tensor registry (`csrc/registry.cpp`): registration, snapshots of the live tensors
+//! The live-tensor registry (`csrc/registry.cpp`): registration, walks of the live tensors
 //! (per tensor or grouped as the log groups them), and the names and groups it interns.
 use std::sync::Arc;
 
@@ -59,7 +59,7 @@ impl TensorRecord {
     pub(crate) fn category(&self) -> Option<Category> {
         category_from_code(self.0.category)
     }
-    /// Sizes, from the snapshot's shared dims buffer.
+    /// Sizes, from the walk's shared dims buffer.
     pub(crate) fn shape<'a>(&self, dims: &'a [i64]) -> &'a [i64] {
         let start = usize::try_from(self.0.dims_offset).unwrap_or(0);
         let n = usize::try_from(self.0.ndim).unwrap_or(0);
@@ -83,14 +83,14 @@ pub(crate) fn registry_entries() -> usize {
     unsafe { sys::gmt_registry_entries() }
 }
 
-/// Threads a grouped walk of a large registry uses, the caller's included.
 /// Tags, in a running recording, the storages of the explicitly registered tensors (parameters,
 /// their grads, buffers): the registry knows them, the recorder their allocations.
-pub(crate) fn history_tag_registered() {
+pub(crate) fn registry_tag_allocations() {
     // SAFETY: walks the registry under its lock, then tags outside it; no arguments.
     unsafe { sys::gmt_registry_tag_allocations() }
 }
 
+/// Threads a grouped walk of a large registry uses, the caller's included.
 #[cfg(test)]
 pub(crate) fn walk_threads() -> usize {
     // SAFETY: reads a count under the helpers' lock.
@@ -280,7 +280,7 @@ pub(crate) fn registry_optimizer_step(entering: bool) {
     unsafe { sys::gmt_registry_optimizer_step(i32::from(entering)) }
 }
 
-/// Totals of one log group in a grouped snapshot: the C record, read through these accessors.
+/// Totals of one log group in a grouped walk: the C record, read through these accessors.
 #[repr(transparent)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct GroupTotal(sys::gmt_group_total);
@@ -307,9 +307,9 @@ impl GroupTotal {
     }
 }
 
-/// Overall totals of a grouped snapshot.
+/// Overall totals of a grouped walk.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct SnapshotTotals {
+pub(crate) struct WalkTotals {
     /// Bytes of unique storages.
     pub tensor_bytes: u64,
     /// Live tensors on the device.
@@ -330,7 +330,7 @@ pub(crate) fn scalar_type_name(scalar_type: i32) -> &'static str {
 /// What one walk of the live-tensor registry found (per tensor, or grouped as the log groups
 /// them), in a buffer kept from walk to walk (its capacity, and the grouped walk's scratch).
 pub(crate) struct RegistryWalk {
-    ptr: NonNull<sys::gmt_snapshot>,
+    ptr: NonNull<sys::gmt_walk>,
 }
 
 // SAFETY: the buffer is plain owned memory; the shim does not tie it to a thread.
@@ -339,10 +339,10 @@ unsafe impl Send for RegistryWalk {}
 impl RegistryWalk {
     pub(crate) fn new() -> Result<Self> {
         // SAFETY: allocation; null on failure.
-        let ptr = unsafe { sys::gmt_snapshot_new() };
+        let ptr = unsafe { sys::gmt_walk_new() };
         NonNull::new(ptr)
             .map(|ptr| RegistryWalk { ptr })
-            .ok_or(Error::Libtorch { call: "snapshot", message: "out of memory".into() })
+            .ok_or(Error::Libtorch { call: "registry walk", message: "out of memory".into() })
     }
 
     /// Lists live registered tensors on a device kind (`GMT_DEV_*`) and index (-1: any).
@@ -369,17 +369,17 @@ impl RegistryWalk {
         device_index: i32,
         categorized: bool,
     ) -> Result<(&[TensorRecord], &[i64])> {
-        let take = if categorized { sys::gmt_snapshot_take_categorized } else { sys::gmt_snapshot_take };
-        // SAFETY: `self.ptr` is a live snapshot we own exclusively (&mut self).
-        check("snapshot", unsafe { take(self.ptr.as_ptr(), device_kind.code(), device_index) })?;
+        let take = if categorized { sys::gmt_walk_run_categorized } else { sys::gmt_walk_run };
+        // SAFETY: `self.ptr` is a live walk we own exclusively (&mut self).
+        check("registry walk", unsafe { take(self.ptr.as_ptr(), device_kind.code(), device_index) })?;
         // SAFETY: the returned arrays stay valid until the next `take` or drop, both of which
         // need `&mut self`, so the borrow checker enforces their lifetime.
         unsafe {
-            let n = sys::gmt_snapshot_len(self.ptr.as_ptr());
+            let n = sys::gmt_walk_len(self.ptr.as_ptr());
             // TensorRecord is repr(transparent) over the C record.
-            let recs = sys::gmt_snapshot_records(self.ptr.as_ptr()).cast::<TensorRecord>();
+            let recs = sys::gmt_walk_records(self.ptr.as_ptr()).cast::<TensorRecord>();
             let mut dims_len = 0usize;
-            let dims = sys::gmt_snapshot_dims(self.ptr.as_ptr(), &mut dims_len);
+            let dims = sys::gmt_walk_dims(self.ptr.as_ptr(), &mut dims_len);
             let recs = if n == 0 { &[][..] } else { std::slice::from_raw_parts(recs, n) };
             let dims = if dims_len == 0 { &[][..] } else { std::slice::from_raw_parts(dims, dims_len) };
             Ok((recs, dims))
@@ -389,33 +389,28 @@ impl RegistryWalk {
 
 impl RegistryWalk {
     /// What one track needs, without a record per tensor: the totals per log group of the live
-    /// tensors on a device kind and index (-1: any), grouped as the snapshot module groups
+    /// tensors on a device kind and index (-1: any), grouped as the walk module groups
     /// records (`detail == false`: the overall totals only).
     pub(crate) fn take_grouped(
         &mut self,
         device_kind: DeviceKind,
         device_index: i32,
         detail: bool,
-    ) -> Result<(&[GroupTotal], SnapshotTotals)> {
-        // SAFETY: `self.ptr` is a live snapshot we own exclusively (&mut self).
-        check("snapshot", unsafe {
-            sys::gmt_snapshot_take_grouped(
-                self.ptr.as_ptr(),
-                device_kind.code(),
-                device_index,
-                i32::from(detail),
-            )
+    ) -> Result<(&[GroupTotal], WalkTotals)> {
+        // SAFETY: `self.ptr` is a live walk we own exclusively (&mut self).
+        check("registry walk", unsafe {
+            sys::gmt_walk_run_grouped(self.ptr.as_ptr(), device_kind.code(), device_index, i32::from(detail))
         })?;
-        let mut totals = sys::gmt_snapshot_totals::default();
+        let mut totals = sys::gmt_walk_totals::default();
         // SAFETY: as in `take_with`: the array lives until the next take or drop (&mut self).
         unsafe {
-            sys::gmt_snapshot_totals_of(self.ptr.as_ptr(), &mut totals);
+            sys::gmt_walk_totals_of(self.ptr.as_ptr(), &mut totals);
             let mut len = 0usize;
-            let groups = sys::gmt_snapshot_groups(self.ptr.as_ptr(), &mut len).cast::<GroupTotal>();
+            let groups = sys::gmt_walk_groups(self.ptr.as_ptr(), &mut len).cast::<GroupTotal>();
             // GroupTotal is repr(transparent) over the C record.
             let groups =
                 if len == 0 || groups.is_null() { &[][..] } else { std::slice::from_raw_parts(groups, len) };
-            let totals = SnapshotTotals {
+            let totals = WalkTotals {
                 tensor_bytes: bytes(totals.tensor_bytes),
                 tensor_count: usize::try_from(totals.tensor_count).unwrap_or(0),
                 storage_count: usize::try_from(totals.storage_count).unwrap_or(0),
@@ -427,21 +422,21 @@ impl RegistryWalk {
 
 impl Drop for RegistryWalk {
     fn drop(&mut self) {
-        // SAFETY: allocated by gmt_snapshot_new, freed once.
-        unsafe { sys::gmt_snapshot_free(self.ptr.as_ptr()) }
+        // SAFETY: allocated by gmt_walk_new, freed once.
+        unsafe { sys::gmt_walk_free(self.ptr.as_ptr()) }
     }
 }
 
-/// The live tensors captured by `recorder_snapshot_at` (copied out).
-pub(crate) fn peak_snapshot_records() -> (Vec<TensorRecord>, Vec<i64>) {
-    // SAFETY: the peak snapshot is a static buffer written only during a recording (stopped now);
+/// The live tensors captured by `recorder_walk_at` (copied out).
+pub(crate) fn peak_walk_records() -> (Vec<TensorRecord>, Vec<i64>) {
+    // SAFETY: the peak walk is a static buffer written only during a recording (stopped now);
     // we copy it.
     unsafe {
-        let s = sys::gmt_peak_snapshot();
-        let n = sys::gmt_snapshot_len(s);
-        let recs = sys::gmt_snapshot_records(s).cast::<TensorRecord>();
+        let s = sys::gmt_peak_walk();
+        let n = sys::gmt_walk_len(s);
+        let recs = sys::gmt_walk_records(s).cast::<TensorRecord>();
         let mut dims_len = 0usize;
-        let dims = sys::gmt_snapshot_dims(s, &mut dims_len);
+        let dims = sys::gmt_walk_dims(s, &mut dims_len);
         let recs =
             if n == 0 || recs.is_null() { Vec::new() } else { std::slice::from_raw_parts(recs, n).to_vec() };
         let dims = if dims_len == 0 || dims.is_null() {

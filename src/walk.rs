@@ -1,4 +1,4 @@
-//! A snapshot of the live tensors on one device, grouped the way the log prints them:
+//! A walk of the live tensors on one device, grouped the way the log prints them:
 //! by (shape, dtype, class), with each storage's bytes counted once.
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use parking_lot::Mutex;
 pub use gpu_mem_track_core::group::{DType, GroupKey, GroupTotals, TensorClass, TensorRole};
 use rustc_hash::FxHashMap;
 
-use crate::ffi::{self, GroupTotal, RegistryGroup, RoleCode, SnapshotTotals, TensorRecord};
+use crate::ffi::{self, GroupTotal, RegistryGroup, RoleCode, TensorRecord, WalkTotals};
 
 /// The dtype of a tch `Kind`, by its `c10::ScalarType` number (tch keeps its own mapping
 /// private).
@@ -41,7 +41,7 @@ pub fn dtype_of(kind: tch::Kind) -> DType {
 
 /// The grouped live tensors on a device at one moment.
 #[derive(Debug, Clone, Default)]
-pub struct Snapshot {
+pub struct Walk {
     /// Per-group totals (empty when the tracker runs without detail).
     pub groups: FxHashMap<GroupKey, GroupTotals>,
     /// Bytes of all unique storages (each counted once).
@@ -52,7 +52,7 @@ pub struct Snapshot {
     pub storage_count: usize,
 }
 
-/// A group key borrowing its shape from the snapshot buffer, so grouping allocates per group,
+/// A group key borrowing its shape from the walk buffer, so grouping allocates per group,
 /// not per tensor.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct BorrowedKey<'a> {
@@ -137,15 +137,10 @@ fn owns_storage(records: &[TensorRecord], owners: &FxHashMap<u64, usize>, i: usi
     r.storage_id() != 0 && (!r.storage_shared() || owners.get(&r.storage_id()) == Some(&i))
 }
 
-impl Snapshot {
+impl Walk {
     /// Groups raw registry records, by op too when `by_op`. With `detail == false` only the totals
     /// are computed.
-    pub(crate) fn from_records(
-        records: &[TensorRecord],
-        dims: &[i64],
-        detail: bool,
-        by_op: bool,
-    ) -> Snapshot {
+    pub(crate) fn from_records(records: &[TensorRecord], dims: &[i64], detail: bool, by_op: bool) -> Walk {
         let owners = shared_storage_owners(records);
         // Tensors holding each shared storage: its owner's line counts the others as views.
         let mut holders: FxHashMap<u64, u64> = FxHashMap::default();
@@ -154,7 +149,7 @@ impl Snapshot {
                 *holders.entry(r.storage_id()).or_default() += 1;
             }
         }
-        let mut snap = Snapshot { tensor_count: records.len(), ..Snapshot::default() };
+        let mut snap = Walk { tensor_count: records.len(), ..Walk::default() };
         let mut grouped: FxHashMap<BorrowedKey<'_>, GroupTotals> = FxHashMap::default();
         for (i, r) in records.iter().enumerate() {
             let owned = owns_storage(records, &owners, i);
@@ -194,15 +189,15 @@ impl Snapshot {
     }
 }
 
-impl Snapshot {
+impl Walk {
     /// The registry's grouped totals (what one track takes: no record per tensor), by op too
-    /// when `by_op`: the same snapshot [`from_records`](Self::from_records) makes of the records.
-    pub(crate) fn from_groups(groups: &[GroupTotal], totals: SnapshotTotals, by_op: bool) -> Snapshot {
-        let mut snap = Snapshot {
+    /// when `by_op`: the same walk [`from_records`](Self::from_records) makes of the records.
+    pub(crate) fn from_groups(groups: &[GroupTotal], totals: WalkTotals, by_op: bool) -> Walk {
+        let mut snap = Walk {
             tensor_bytes: totals.tensor_bytes,
             tensor_count: totals.tensor_count,
             storage_count: totals.storage_count,
-            ..Snapshot::default()
+            ..Walk::default()
         };
         snap.groups.reserve(groups.len());
         for g in groups {
@@ -275,7 +270,7 @@ pub(crate) fn tensor_infos(records: &[TensorRecord], dims: &[i64]) -> Vec<Tensor
 
 /// The largest groups of live tensors by what holds memory: (shape, dtype, class, what the
 /// tracker knows they are, the op that made them), largest first; the first `n` and the count and
-/// bytes of the rest. Records must come from a categorised snapshot to name categories.
+/// bytes of the rest. Records must come from a categorised walk to name categories.
 pub(crate) fn largest_holders(
     records: &[TensorRecord],
     dims: &[i64],
@@ -337,17 +332,17 @@ mod tests {
     use tch::{Device, Kind, Tensor};
 
     /// The grouped walk and the records' grouping of the same live tensors, by op or not.
-    fn both_ways(raw: &mut RegistryWalk, by_op: bool) -> (Snapshot, Snapshot) {
+    fn both_ways(raw: &mut RegistryWalk, by_op: bool) -> (Walk, Walk) {
         let (records, dims) = raw.take(DeviceKind::Cpu, -1).unwrap();
-        let from_records = Snapshot::from_records(records, dims, true, by_op);
+        let from_records = Walk::from_records(records, dims, true, by_op);
         let (groups, totals) = raw.take_grouped(DeviceKind::Cpu, -1, true).unwrap();
-        (from_records, Snapshot::from_groups(groups, totals, by_op))
+        (from_records, Walk::from_groups(groups, totals, by_op))
     }
 
     fn assert_same(raw: &mut RegistryWalk, what: &str) {
         for by_op in [false, true] {
             let (records, grouped) = both_ways(raw, by_op);
-            assert_same_snapshots(&grouped, &records, &format!("{what} (by op: {by_op})"));
+            assert_same_walks(&grouped, &records, &format!("{what} (by op: {by_op})"));
         }
     }
 
@@ -355,13 +350,13 @@ mod tests {
     /// (and removes them), and the records' walk after it sees what it left.
     fn assert_same_grouped_first(raw: &mut RegistryWalk, what: &str) {
         let (groups, totals) = raw.take_grouped(DeviceKind::Cpu, -1, true).unwrap();
-        let grouped = Snapshot::from_groups(groups, totals, false);
+        let grouped = Walk::from_groups(groups, totals, false);
         let (records, dims) = raw.take(DeviceKind::Cpu, -1).unwrap();
-        let records = Snapshot::from_records(records, dims, true, false);
-        assert_same_snapshots(&grouped, &records, what);
+        let records = Walk::from_records(records, dims, true, false);
+        assert_same_walks(&grouped, &records, what);
     }
 
-    fn assert_same_snapshots(grouped: &Snapshot, records: &Snapshot, what: &str) {
+    fn assert_same_walks(grouped: &Walk, records: &Walk, what: &str) {
         assert_eq!(grouped.groups, records.groups, "{what}");
         assert_eq!(
             (grouped.tensor_bytes, grouped.tensor_count, grouped.storage_count),
@@ -371,7 +366,7 @@ mod tests {
     }
 
     #[test]
-    fn grouped_snapshots_are_the_records_grouped() {
+    fn grouped_walks_are_the_records_grouped() {
         ffi::install().unwrap();
         let mut raw = RegistryWalk::new().unwrap();
         let base = Tensor::zeros([6, 4], (Kind::Float, Device::Cpu));
@@ -403,7 +398,7 @@ mod tests {
     /// walks: it must see storages, shapes and dtypes swapped behind the registry's back, and
     /// survive tensors dying on other threads while it walks.
     #[test]
-    fn grouped_snapshots_follow_swapped_storages_and_concurrent_drops() {
+    fn grouped_walks_follow_swapped_storages_and_concurrent_drops() {
         use std::sync::atomic::{AtomicBool, Ordering};
         ffi::install().unwrap();
         let mut raw = RegistryWalk::new().unwrap();

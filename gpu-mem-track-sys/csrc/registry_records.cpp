@@ -1,5 +1,5 @@
-// The full snapshot: every live registered tensor on a device as a record (shape, dtype, bytes,
-// name, op, category), for history snapshots, the estimator's peak tensors and the out-of-memory
+// The full walk: every live registered tensor on a device as a record (shape, dtype, bytes,
+// name, op, category), for tagging a history, the estimator's peak tensors and the out-of-memory
 // report's holders. The tracker's log reads the grouped walk (registry_walk.cpp) instead.
 #include <ATen/core/Tensor.h>
 
@@ -49,9 +49,9 @@ void for_each_live(Registry& r, F&& f) {
 
 }  // namespace
 
-gmt_error take_snapshot(gmt_snapshot* s, int32_t device_kind, int32_t device_index, bool categorize) {
+gmt_error take_records(gmt_walk* s, int32_t device_kind, int32_t device_index, bool categorize) {
   GMT_TRY({
-    if (!s) throw std::invalid_argument("null snapshot");
+    if (!s) throw std::invalid_argument("null walk");
     s->records.clear();
     s->dims.clear();
     Registry& r = registry();
@@ -105,34 +105,34 @@ gmt_error take_snapshot(gmt_snapshot* s, int32_t device_kind, int32_t device_ind
 using namespace gmt_registry;
 
 namespace gmt {
-void take_peak_snapshot(int32_t device_kind) {
-  char* err = gmt_snapshot_take(gmt_peak_snapshot(), device_kind, -1);
-  gmt_free_string(err);  // a failed walk leaves an empty snapshot
+void take_peak_walk(int32_t device_kind) {
+  char* err = gmt_walk_run(gmt_peak_walk(), device_kind, -1);
+  gmt_free_string(err);  // a failed walk leaves an empty walk
 }
 
 }  // namespace gmt
 
 extern "C" {
 
-gmt_snapshot* gmt_snapshot_new(void) { return new (std::nothrow) gmt_snapshot(); }
-void gmt_snapshot_free(gmt_snapshot* s) { delete s; }
+gmt_walk* gmt_walk_new(void) { return new (std::nothrow) gmt_walk(); }
+void gmt_walk_free(gmt_walk* s) { delete s; }
 
-gmt_error gmt_snapshot_take(gmt_snapshot* s, int32_t device_kind, int32_t device_index) {
-  return take_snapshot(s, device_kind, device_index, false);
+gmt_error gmt_walk_run(gmt_walk* s, int32_t device_kind, int32_t device_index) {
+  return take_records(s, device_kind, device_index, false);
 }
 
-gmt_error gmt_snapshot_take_categorized(gmt_snapshot* s, int32_t device_kind, int32_t device_index) {
-  return take_snapshot(s, device_kind, device_index, true);
+gmt_error gmt_walk_run_categorized(gmt_walk* s, int32_t device_kind, int32_t device_index) {
+  return take_records(s, device_kind, device_index, true);
 }
 
-gmt_snapshot* gmt_peak_snapshot(void) {
-  static gmt_snapshot* peak = new gmt_snapshot();
+gmt_walk* gmt_peak_walk(void) {
+  static gmt_walk* peak = new gmt_walk();
   return peak;
 }
 
-size_t gmt_snapshot_len(const gmt_snapshot* s) { return s ? s->records.size() : 0; }
-const gmt_tensor_record* gmt_snapshot_records(const gmt_snapshot* s) { return s ? s->records.data() : nullptr; }
-const int64_t* gmt_snapshot_dims(const gmt_snapshot* s, size_t* len) {
+size_t gmt_walk_len(const gmt_walk* s) { return s ? s->records.size() : 0; }
+const gmt_tensor_record* gmt_walk_records(const gmt_walk* s) { return s ? s->records.data() : nullptr; }
+const int64_t* gmt_walk_dims(const gmt_walk* s, size_t* len) {
   if (len) *len = s ? s->dims.size() : 0;
   return s ? s->dims.data() : nullptr;
 }
