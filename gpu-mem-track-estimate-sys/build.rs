@@ -15,9 +15,13 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc");
     let mut build = cc::Build::new();
     build.cpp(true).pic(true).std(&from_shim("CXX_STD")).opt_level(2);
-    for dir in env::split_paths(&from_shim("CXX_INCLUDES")) {
-        // The tracker's headers are part of this build's input.
-        println!("cargo:rerun-if-changed={}", dir.display());
+    for (i, dir) in env::split_paths(&from_shim("CXX_INCLUDES")).enumerate() {
+        // The tracker's headers (the first folder) are part of this build's input. libtorch's
+        // folders hold thousands of headers, not scanned on every build: they change only with
+        // another libtorch, which changes what gpu-mem-track-sys's build exports.
+        if i == 0 {
+            println!("cargo:rerun-if-changed={}", dir.display());
+        }
         build.include(dir);
     }
     for flag in from_shim("CXX_FLAGS").split_whitespace() {
