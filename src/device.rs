@@ -145,7 +145,8 @@ pub struct AllocatorReading {
     pub peak_since_previous: u64,
     /// CUDA only: bytes held by the caching allocator (`memory_reserved`).
     pub reserved: Option<u64>,
-    /// Free device memory per the driver (CUDA, libtorch 2.10 and later): the headroom.
+    /// Free device memory per the driver (CUDA, libtorch 2.10 and later): the headroom. Read again
+    /// when `reserved` moved or a second passed, as the NVML reading is.
     pub device_free: Option<u64>,
     /// cudaMalloc failures the caching allocator retried after releasing its cache, since the
     /// process started (CUDA).

@@ -290,7 +290,7 @@ impl History {
                 })
             })
             .collect();
-        Trace { events }
+        Trace { events, ..Trace::default() }
     }
 
     /// Writes the history as a PyTorch memory snapshot pickle: `device_traces` with `alloc`,

@@ -163,5 +163,5 @@ pub fn classify(events: &[AllocEvent], names: &[String], parameter_ids: &[i64]) 
             category,
         });
     }
-    Trace { events: out }
+    Trace { events: out, ..Trace::default() }
 }

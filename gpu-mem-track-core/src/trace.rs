@@ -133,6 +133,11 @@ pub struct TraceEvent {
 pub struct Trace {
     /// Events in order.
     pub events: Vec<TraceEvent>,
+    /// The most a cuDNN convolution engine may take as its workspace in each convolution call, by
+    /// the allocation id of the call's first output: what an estimate's meta kernels saw of the
+    /// call's operands (empty for a recorded history, or a CPU run).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub workspace_bounds: std::collections::BTreeMap<i64, u64>,
 }
 
 /// Live bytes per category after one event.
@@ -405,7 +410,7 @@ pub fn read_snapshot_trace(path: &Path) -> Result<Trace> {
     }
     // A stable sort keeps each device's order among events of the same microsecond.
     events.sort_by_key(|(time, _)| *time);
-    Ok(Trace { events: events.into_iter().map(|(_, e)| e).collect() })
+    Ok(Trace { events: events.into_iter().map(|(_, e)| e).collect(), ..Trace::default() })
 }
 
 #[cfg(test)]
@@ -449,6 +454,7 @@ mod tests {
                 ev(false, 2, 30, Category::Activation),
                 ev(true, 3, 25, Category::Temporary),
             ],
+            ..Trace::default()
         };
         let peak = t.peak().unwrap();
         assert_eq!((peak.event, peak.total), (1, 40));

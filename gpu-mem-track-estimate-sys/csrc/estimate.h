@@ -28,6 +28,11 @@ gmt_error gmt_meta_kernels_check(char** report);
 // Per op that went through that fallback since the process started: its name (stable for the
 // process), calls and bytes of CPU twins materialised. Fills up to `cap`; returns how many ops.
 size_t gmt_meta_fallback_counts(const char** ops, int64_t* calls, int64_t* bytes, size_t cap);
+// The largest workspace a cuDNN convolution engine may take for each convolution call of a meta
+// run, keyed by the allocation id of the call's first output (meta_kernels.cpp): copies up to `cap`
+// (id, bytes) pairs and returns how many there are. gmt_conv_workspaces_clear empties the table.
+size_t gmt_conv_workspaces(int64_t* ids, int64_t* bytes, size_t cap);
+void gmt_conv_workspaces_clear(void);
 
 // ---- meta allocator (meta_allocator.cpp) ----
 // Meta tensors hold no data: this allocator gives each allocation a number and reports it to the

@@ -76,6 +76,8 @@ extern "C" {
         bytes: *mut i64,
         cap: usize,
     ) -> usize;
+    pub fn gmt_conv_workspaces(ids: *mut i64, bytes: *mut i64, cap: usize) -> usize;
+    pub fn gmt_conv_workspaces_clear();
     pub fn gmt_meta_allocator_install() -> gmt_error;
     pub fn gmt_meta_allocator_current() -> i64;
     pub fn gmt_cpu_means_meta_begin(copies_too: i32) -> gmt_error;

@@ -109,7 +109,8 @@ pub(crate) fn finish_estimate(
     start: Instant,
 ) -> (Estimate, Trace) {
     let timeline = Timeline::replay(events, names, options.device == EstimateDevice::Cpu);
-    let trace = recorder::classify(events, names, parameter_ids);
+    let mut trace = recorder::classify(events, names, parameter_ids);
+    trace.workspace_bounds = ffi::take_conv_workspaces();
     let (gpu, _, cuda) = gpu_runtime::replay_with_stats(&trace, &[], None);
     let estimate = Estimate {
         options: options.clone(),

@@ -113,6 +113,21 @@ pub(crate) fn meta_fallback_counts() -> Vec<FallbackOp> {
     })
 }
 
+/// The cuDNN workspace bound of each convolution call the meta kernels ran since the table was
+/// last taken, by the allocation id of the call's first output; empties the table.
+pub(crate) fn take_conv_workspaces() -> std::collections::BTreeMap<i64, u64> {
+    let table = copy_table(|cap| {
+        let mut ids = vec![0i64; cap];
+        let mut sizes = vec![0i64; cap];
+        // SAFETY: both buffers hold `cap` elements; the shim fills at most `cap` under its lock.
+        let n = unsafe { esys::gmt_conv_workspaces(ids.as_mut_ptr(), sizes.as_mut_ptr(), cap) };
+        (n, ids.into_iter().zip(sizes.into_iter().map(bytes)).take(n.min(cap)).collect())
+    });
+    // SAFETY: takes the shim's lock; no pointers.
+    unsafe { esys::gmt_conv_workspaces_clear() };
+    table
+}
+
 /// The fallback's counts since `before` (a run's own), busiest first.
 pub(crate) fn meta_fallback_since(before: &[FallbackOp]) -> Vec<FallbackOp> {
     let mut out: Vec<FallbackOp> = meta_fallback_counts()
@@ -160,6 +175,7 @@ pub(crate) fn estimate_torchscript(
         device_kind: call.device_kind.code(),
         eager_lifetimes: call.eager_lifetimes as i32,
     };
+    take_conv_workspaces(); // a failed run before this one may have left its own
     let reads_before = meta_scalar_reads();
     let fallback_before = meta_fallback_counts();
     let cpu_before = cpu_means_meta_counts();

@@ -29,19 +29,22 @@
 //!   allocated through the caching allocator while each convolution (forward, backward-data,
 //!   backward-weight) runs, after its outputs were allocated, and freed when it returns. Its size is
 //!   the engine cuDNN's heuristics pick on the GPU, unknowable here: the low end is 0, the high end
-//!   places at each convolution call a workspace as large as the largest tensor that call
-//!   allocates (its output, or the largest gradient it returns) - the implicit-GEMM and Winograd
-//!   engines the heuristics favour without `cudnn.benchmark` need at most about one operand.
+//!   places at each convolution call 9/8 of the bytes of its three operands (input, output and
+//!   weight; grad_output, input and weight in backward), which the meta kernels record
+//!   ([`Trace::workspace_bounds`]). On an H200 every engine the torchvision models took needed at
+//!   most those operands again plus 16 bytes (layout copies), a weight gradient up to 10 % more. A
+//!   trace without bounds (a CPU run) takes the call's largest allocation instead.
 //! * **cuDNN RNNs** (`aten/src/ATen/native/cudnn/RNN.cpp`): an LSTM or GRU that cuDNN takes
 //!   keeps a reserve space from forward to backward and takes a workspace in each call (forward,
 //!   backward data, backward weights), and its weight gradients are views of one flat buffer.
 //!   These are recorded by the meta run itself, which takes cuDNN's path
 //!   ([`meta_rnns_take_cudnn_path`],
 //!   `gpu-mem-track-estimate-sys/csrc/cudnn_rnn.cpp`), so nothing is placed here. Their sizes are cuDNN's
-//!   (`cudnnGetRNNTempSpaceSizes`): the reserve is modelled as 11.5 (LSTM) or 13.5 (GRU) values
-//!   per layer, direction, step, batch row and hidden unit (the two in the ratio cuDNN reported
-//!   for one geometry, PyTorch issue 2895; the scale from tch's char-rnn on an H200, 105.8 MiB,
-//!   predicted 109.7), the workspace as one layer's input projection of every step.
+//!   (`cudnnGetRNNTempSpaceSizes`), measured on an H200 for 32 geometries
+//!   (`scripts/gpu_rnn_sizes.py`): the reserve is 5 (LSTM) or 6 (GRU) values per layer,
+//!   direction, step, batch row and hidden unit, plus each inner layer's output (exact); each
+//!   call's workspace is 8 MiB per layer and direction plus 1.5-2.9 times the input projection
+//!   of every step (see that file).
 //! * Looked at and already in the meta sequence, so nothing is added: max-pool indices (on any
 //!   device but the CPU, `max_pool2d` calls `max_pool2d_with_indices`, `MaxPooling.cpp`), dropout
 //!   masks (`native_dropout` returns its bool mask on CUDA as on meta), attention's logsumexp (this
@@ -204,11 +207,12 @@ pub fn with_workspaces(trace: &Trace, runtime: &[RuntimeAllocation]) -> Trace {
         events.push(e.clone());
         events.extend(placed);
     }
-    Trace { events }
+    Trace { events, workspace_bounds: trace.workspace_bounds.clone() }
 }
 
-/// Each convolution call as (its first allocation, its last allocation, its largest allocation):
-/// a run of consecutive convolution allocations with the same outer op and phase.
+/// Each convolution call as (its first allocation, its last allocation, its workspace's high end:
+/// the bound the meta kernels recorded for it, at least its largest allocation): a run of
+/// consecutive convolution allocations with the same outer op and phase.
 fn convolution_calls(trace: &Trace) -> Vec<(usize, usize, u64)> {
     let mut calls: Vec<(usize, usize, u64)> = Vec::new();
     let mut open = false;
@@ -221,12 +225,15 @@ fn convolution_calls(trace: &Trace) -> Vec<(usize, usize, u64)> {
             let prev = &trace.events[i - 1];
             prev.top_op == e.top_op && prev.phase == e.phase
         };
+        // What the meta kernels saw of the call's operands bounds its workspace (a CPU run's
+        // trace has no bounds: the call's largest allocation stands in).
+        let size = e.size.max(trace.workspace_bounds.get(&e.id).copied().unwrap_or(0));
         match calls.last_mut() {
             Some(call) if same_call => {
                 call.1 = i;
-                call.2 = call.2.max(e.size);
+                call.2 = call.2.max(size);
             }
-            _ => calls.push((i, i, e.size)),
+            _ => calls.push((i, i, size)),
         }
         open = true;
     }
@@ -481,7 +488,7 @@ mod tests {
     }
 
     fn trace(events: Vec<TraceEvent>) -> Trace {
-        Trace { events }
+        Trace { events, ..Trace::default() }
     }
 
     fn replay(t: &Trace, sizes: RuntimeSizes) -> GpuReplay {

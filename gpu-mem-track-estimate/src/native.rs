@@ -119,6 +119,7 @@ impl<M> NativeRun<M> {
         let start = Instant::now();
         let reads_before = ffi::meta_scalar_reads();
         let fallback_before = ffi::meta_fallback_counts();
+        ffi::take_conv_workspaces(); // a failed run before this one may have left its own
         recorder::start(kind)?;
         let recording = RecorderGuard;
         // On meta, what the build and the step make "on the CPU" is made on meta, on this thread.

@@ -330,6 +330,7 @@ mod tests {
                 event(false, 2, 4 * MIB, Phase::Forward, "aten::relu"),
                 event(true, 4, 4096, Phase::Forward, "aten::addmm"),
             ],
+            ..Trace::default()
         };
         let g = predict(&p, &trace, None);
         let ws = 8 * MIB + 128 * 1024;
@@ -360,7 +361,7 @@ mod tests {
         let g = predict(&DeviceProfile { memory_bytes: 460 * MIB, ..p.clone() }, &trace, None);
         assert!(!g.fits && g.peak_reserved.high == 82 * MIB);
         assert_eq!(g.first_oom, None);
-        let no_matmul = Trace { events: trace.events[..4].to_vec() };
+        let no_matmul = Trace { events: trace.events[..4].to_vec(), ..Trace::default() };
         assert_eq!(predict(&p, &no_matmul, None).cublas_workspace, 0);
     }
 

@@ -280,7 +280,7 @@ pub fn per_rank_trace(trace: &Trace, optimizer: Optimizer, p: &Parallelism) -> (
         out.push(ev);
     }
     let plan = RankPlan { parallelism: *p, parameters: param_count, largest_layer, model_states: states };
-    (Trace { events: out }, plan)
+    (Trace { events: out, workspace_bounds: trace.workspace_bounds.clone() }, plan)
 }
 
 #[cfg(test)]
@@ -367,6 +367,7 @@ mod tests {
                 ev(true, 8, 600, Phase::Optimizer, Category::Temporary),
                 ev(false, 8, 600, Phase::Optimizer, Category::Temporary),
             ],
+            ..Trace::default()
         };
         for shard in [Shard::None, Shard::Zero1, Shard::Zero2, Shard::Zero3] {
             let p = Parallelism { world_size: 4, shard, precision: TrainingPrecision::AmpBf16 };

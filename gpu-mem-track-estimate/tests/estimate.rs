@@ -327,7 +327,8 @@ fn resnet50_training_too_large_for_a_t4_names_the_first_allocation_that_fails() 
             cudnn_workspaces: true,
         },
     );
-    let before = gpu_mem_track_estimate::Trace { events: trace.events[..oom.event].to_vec() };
+    let before =
+        gpu_mem_track_estimate::Trace { events: trace.events[..oom.event].to_vec(), ..trace.clone() };
     let runtime_before: Vec<_> = runtime.iter().copied().filter(|r| r.after_event < oom.event).collect();
     assert_eq!(replay_on_device(&before, &runtime_before, Some(g.usable_bytes)).1, None);
     // A batch that fits has none.

@@ -8,6 +8,10 @@
 #include <dlfcn.h>
 #include <torch/version.h>
 
+#include <array>
+#include <chrono>
+#include <mutex>
+
 #include "common.h"
 #include "cuda.h"
 
@@ -57,6 +61,33 @@ const char* gmt_libtorch_location(void) {
   return nullptr;
 }
 
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
+namespace {
+// The driver's free and total memory of a device (cudaMemGetInfo), read again only when this
+// process's reserved memory moved or a second passed: a driver call per track point cost a
+// launch-bound CUDA loop more than the rest of the track point, and free memory moves with
+// reserved memory unless another process allocates (then the reading is at most a second old,
+// as the NVML reading beside it).
+struct MemoryInfoCache {
+  int64_t reserved = -1, free_bytes = -1, total_bytes = -1;
+  std::chrono::steady_clock::time_point at;
+};
+std::mutex g_memory_info_mu;
+std::array<MemoryInfoCache, 64> g_memory_info;
+
+std::pair<int64_t, int64_t> memory_info(c10::DeviceAllocator* alloc, int32_t device, int64_t reserved) {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(g_memory_info_mu);
+  MemoryInfoCache* c = device >= 0 && device < 64 ? &g_memory_info[device] : nullptr;
+  if (c && c->reserved == reserved && now - c->at < std::chrono::seconds(1)) return {c->free_bytes, c->total_bytes};
+  const auto info = alloc->getMemoryInfo(static_cast<c10::DeviceIndex>(device));
+  const std::pair<int64_t, int64_t> out{static_cast<int64_t>(info.first), static_cast<int64_t>(info.second)};
+  if (c) *c = MemoryInfoCache{reserved, out.first, out.second, now};
+  return out;
+}
+}  // namespace
+#endif
+
 gmt_error gmt_cuda_stats_read(int32_t device, int reset_peak, gmt_cuda_stats* out) {
   GMT_TRY({
     c10::DeviceAllocator* alloc = cuda_allocator(device);
@@ -71,9 +102,9 @@ gmt_error gmt_cuda_stats_read(int32_t device, int reset_peak, gmt_cuda_stats* ou
     s.num_alloc_retries = static_cast<int64_t>(stats.num_alloc_retries);
     s.num_ooms = static_cast<int64_t>(stats.num_ooms);
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
-    const auto info = alloc->getMemoryInfo(static_cast<c10::DeviceIndex>(device));
-    s.free_bytes = static_cast<int64_t>(info.first);
-    s.total_bytes = static_cast<int64_t>(info.second);
+    const auto info = memory_info(alloc, device, s.reserved_current);
+    s.free_bytes = info.first;
+    s.total_bytes = info.second;
 #else
     // DeviceAllocator::getMemoryInfo arrived in 2.10: unknown, never a made-up number.
     s.free_bytes = -1;

@@ -182,7 +182,7 @@ typedef struct {
   int64_t allocated_current, allocated_peak;
   int64_t reserved_current, reserved_peak;
   int64_t active_current;
-  int64_t free_bytes, total_bytes;  // cudaMemGetInfo; -1 where libtorch lacks getMemoryInfo (< 2.10)
+  int64_t free_bytes, total_bytes;  // cudaMemGetInfo (at most 1 s old while reserved stays put); -1 where libtorch lacks getMemoryInfo (< 2.10)
   int64_t num_alloc_retries;        // cudaMalloc failures retried after freeing the cache
   int64_t num_ooms;                 // out-of-memory errors raised
 } gmt_cuda_stats;

@@ -1,0 +1,134 @@
+"""What a GPU measures for one model, in its own process (the GPU table's rows).
+
+A torchvision model is exported as TorchScript (scripted); a Hugging Face one (NAME hf-bert: BERT
+base, hf-gpt2: GPT-2 small, random weights, SHAPE batch x sequence of token ids) is traced on cuda:0,
+as users trace where they train. The file is loaded on cuda:0 and run the way the estimator models a
+step:
+  inference: a no-grad forward;
+  train:     forward, loss = sum of every output tensor, backward, AdamW (foreach, PyTorch's CUDA
+             default), grads set to None between two steps.
+Prints one JSON line: baseline allocated (parameters + buffers + input), peak allocated and peak
+reserved (`torch.cuda.max_memory_*`), and the sizes of the blocks live at the peak, largest first.
+The exported file stays in OUTDIR, for `gpu-mem-track estimate OUTDIR/NAME.pt --input SHAPE --mode
+MODE --optimizer adamw --device-profile h100-80g`. With --snapshot FILE the run's memory history is
+also written there (PyTorch's snapshot pickle, no stacks), for memory_viz.
+
+Usage: gpu_truth.py NAME MODE SHAPE OUTDIR [--snapshot FILE]   (MODE train|inference, SHAPE 16x3x224x224)
+"""
+import gc
+import json
+import subprocess
+import sys
+import time
+import warnings
+from collections import Counter
+
+import torch
+import torchvision
+
+warnings.filterwarnings("ignore")
+if len(sys.argv) not in (5, 6, 7) or sys.argv[5:6] not in ([], ["--snapshot"], ["--export-only"]):
+    sys.exit(__doc__)
+name, mode, shape, out = sys.argv[1:5]
+snapshot = sys.argv[6] if len(sys.argv) == 7 else None
+if len(sys.argv) == 6 and sys.argv[5] == "--snapshot":
+    sys.exit(__doc__)
+if mode not in ("train", "inference"):
+    sys.exit(f"gpu_truth.py: mode {mode!r}: train or inference")
+shape = [int(s) for s in shape.split("x")]
+path = f"{out}/{name}.pt"
+t0 = time.time()
+dev = torch.device("cuda:0")
+if name.startswith("hf-"):
+    ids = torch.randint(0, 1000, shape)
+    x = ids.to(dev)
+else:
+    x = None
+if len(sys.argv) == 6 and sys.argv[5] == "--export-only":
+    # Tracing runs the model on cuda:0, which leaves cuBLAS workspaces and cached blocks behind:
+    # the file is written in a process of its own, so the measured one starts clean.
+    if name.startswith("hf-"):
+        import transformers
+
+        config, model = {
+            "hf-bert": (transformers.BertConfig, transformers.BertModel),
+            "hf-gpt2": (transformers.GPT2Config, transformers.GPT2Model),
+        }[name]
+        torch.manual_seed(0)
+        traced = model(config(torchscript=True, use_cache=False)).to(dev).train(mode == "train")
+        torch.jit.trace(traced, (x,), strict=False).save(path)
+    else:
+        torch.jit.script(getattr(torchvision.models, name)().eval()).save(path)
+    sys.exit(0)
+subprocess.run([sys.executable, __file__, *sys.argv[1:5], "--export-only"], check=True)
+if x is None:
+    x = torch.rand(shape, device=dev)
+gc.collect()
+mod = torch.jit.load(path, map_location=dev)
+mod.train(mode == "train")
+gc.collect()
+torch.cuda.synchronize()
+torch.cuda.empty_cache()
+base = torch.cuda.memory_allocated()
+torch.cuda.reset_peak_memory_stats()
+# Every allocation and free from here on, without stacks: what is live at the peak.
+torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=1_000_000)
+
+
+def loss_of(v):
+    """Sum of every tensor in a model output (tensor, tuple, list, dict values)."""
+    if isinstance(v, torch.Tensor):
+        return v.sum()
+    items = list(v.values()) if isinstance(v, dict) else list(v) if isinstance(v, (tuple, list)) else []
+    total = None
+    for item in items:
+        part = loss_of(item)
+        if part is not None:
+            total = part if total is None else total + part
+    return total
+
+
+if mode == "train":
+    opt = torch.optim.AdamW(list(mod.parameters()), lr=1e-3)
+    for it in range(2):
+        r = mod(x)
+        loss = loss_of(r)
+        del r
+        loss.backward()
+        del loss
+        opt.step()
+        if it < 1:
+            opt.zero_grad(set_to_none=True)
+else:
+    with torch.no_grad():
+        r = mod(x)
+        del r
+torch.cuda.synchronize()
+peak_allocated = torch.cuda.max_memory_allocated()
+history = torch.cuda.memory._snapshot()
+torch.cuda.memory._record_memory_history(enabled=None)
+if snapshot:
+    with open(snapshot, "wb") as f:
+        import pickle
+
+        pickle.dump(history, f)
+
+# Replays the trace from the baseline: the blocks live when allocated memory was highest.
+live, now, best, at_peak = {}, base, base, {}
+for e in history["device_traces"][0]:
+    if e["action"] == "alloc":
+        live[e["addr"]] = e["size"]
+        now += e["size"]
+        if now > best:
+            best, at_peak = now, dict(live)
+    elif e["action"] == "free_requested" and e["addr"] in live:
+        now -= live.pop(e["addr"])
+sizes = Counter(at_peak.values())
+print(json.dumps({
+    "name": name, "mode": mode, "shape": shape, "baseline": base,
+    "peak_allocated": peak_allocated, "peak_reserved": torch.cuda.max_memory_reserved(),
+    "end_allocated": torch.cuda.memory_allocated(), "replayed_peak": best,
+    "live_at_peak": sorted(([s, n] for s, n in sizes.items()), reverse=True),
+    "seconds": round(time.time() - t0, 2),
+    "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+}))
