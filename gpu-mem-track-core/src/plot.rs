@@ -531,15 +531,18 @@ fn whole(x: f64) -> Option<i64> {
     ((x - x.round()).abs() <= 1e-6).then(|| x.round() as i64)
 }
 
-/// A long timeline (`len` points) reduced to the highest point of each pixel column (and the
-/// last point), so the stacked areas show every peak and draw in bounded time; read one point at
-/// a time, so a long trace's timeline is never held whole.
+/// A timeline of more points (`len`) than the chart has pixel columns reduced to the highest point
+/// of each column (and the last point), so the stacked areas show every peak and draw in bounded
+/// time; read one point at a time, so a long trace's timeline is never held whole. A kept point
+/// is placed at its column's first event, so its step holds over the whole column: a one-event
+/// peak among more events than pixels is drawn a column wide at its height, not as a sliver the
+/// rasteriser drops.
 fn highest_per_column(
     points: impl Iterator<Item = crate::trace::TimelinePoint>,
     len: usize,
     columns: usize,
 ) -> Vec<crate::trace::TimelinePoint> {
-    if len <= 2 * columns {
+    if len <= columns {
         return points.collect();
     }
     let per = len.div_ceil(columns);
@@ -549,7 +552,7 @@ fn highest_per_column(
     for (i, p) in points.enumerate() {
         // The first of equal maxima, as `Trace::peak` names it.
         if best.as_ref().is_none_or(|b| p.total > b.total) {
-            best = Some(p.clone());
+            best = Some(crate::trace::TimelinePoint { event: i - i % per, ..p.clone() });
         }
         if (i + 1) % per == 0 {
             out.extend(best.take());
@@ -557,7 +560,7 @@ fn highest_per_column(
         last = Some(p);
     }
     out.extend(best);
-    out.extend(last.filter(|l| out.last().is_none_or(|p| p.event != l.event)));
+    out.extend(last.filter(|l| out.last().is_none_or(|p| p.event < l.event)));
     out
 }
 
@@ -652,6 +655,39 @@ mod tests {
         let at = |x: f64| got.iter().filter(|p| p.0 == x).map(|p| p.1).fold(0.0, f64::max);
         assert_eq!((at(5.0), at(6.0)), (135.5, 135.5));
         assert!(steps(std::iter::empty()).is_empty());
+    }
+
+    #[test]
+    fn a_one_event_peak_among_more_events_than_pixels_holds_a_whole_column() {
+        use crate::trace::{Category, Phase, TimelinePoint};
+        // The demo's history on an H200: 2 465 events, a one-event peak of 135.5 MiB at 2 438
+        // between 123.3 MiB ones, drawn on 1 240 columns (two events each).
+        let (len, columns) = (2465usize, 1240usize);
+        let point = |event: usize| {
+            let total: u64 = match event {
+                2438 => 135_500_000,
+                2437 | 2439 => 123_300_000,
+                _ => 68_000_000,
+            };
+            TimelinePoint {
+                event,
+                phase: Phase::Unmarked,
+                iteration: 0,
+                bytes: vec![(Category::Temporary, total)],
+                total,
+            }
+        };
+        let kept = highest_per_column((0..len).map(point), len, columns);
+        assert!(kept.len() <= columns + 1, "{}", kept.len());
+        let peak = kept.iter().position(|p| p.total == 135_500_000).expect("the peak is kept");
+        // Its step holds from its column's first event to the next column's: at least a pixel.
+        let width = kept[peak + 1].event - kept[peak].event;
+        assert!(width >= len.div_ceil(columns), "the peak holds {width} event(s)");
+        assert_eq!(kept[peak].event, 2438, "the column of events 2438 and 2439 starts at 2438");
+        for w in kept.windows(2) {
+            assert!(w[0].event < w[1].event, "points in order: {} then {}", w[0].event, w[1].event);
+        }
+        assert_eq!(kept.last().map(|p| p.event), Some(len - 1), "the last point ends the chart");
     }
 
     /// A chart of a loop: `n` points swinging between 1 and 11 MiB, tensor-used under allocated.
