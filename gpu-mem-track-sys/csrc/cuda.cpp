@@ -64,10 +64,10 @@ const char* gmt_libtorch_location(void) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
 namespace {
 // The driver's free and total memory of a device (cudaMemGetInfo), read again only when this
-// process's reserved memory moved or a second passed: a driver call per track point cost a
-// launch-bound CUDA loop more than the rest of the track point, and free memory moves with
-// reserved memory unless another process allocates (then the reading is at most a second old,
-// as the NVML reading beside it).
+// process's reserved memory moved or a second passed: a track point after every step of a
+// launch-bound CUDA loop would otherwise call into the driver every step, and free memory moves
+// with reserved memory unless another process allocates (then the reading is at most a second
+// old, as the NVML reading beside it).
 struct MemoryInfoCache {
   int64_t reserved = -1, free_bytes = -1, total_bytes = -1;
   std::chrono::steady_clock::time_point at;
