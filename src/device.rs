@@ -2,6 +2,9 @@
 //! allocator's exact byte count, or the CUDA caching allocator's `allocated`/`reserved`.
 use std::fmt;
 use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use gpu_mem_track_core::reading_cache::ReadingCache;
 
 use crate::error::{Error, Result};
 use crate::ffi;
@@ -153,10 +156,15 @@ pub struct AllocatorReading {
     pub alloc_retries: Option<u64>,
 }
 
+/// How long a `track!()` reuses a reading of NVML or of the driver's free memory while the
+/// caching allocator's reserved memory stays put (see [`ReadingCache`]).
+pub(crate) const DEVICE_READING_MAX_AGE: Duration = Duration::from_secs(1);
+
 /// Reads a device's allocator counters; each reading restarts the peak window.
 pub(crate) enum AllocatorCounters {
     Cpu(Option<ffi::CpuPeakWindow>),
-    Cuda(usize),
+    /// The device, and its free memory read by the rule NVML is read by.
+    Cuda(usize, ReadingCache<Option<u64>>),
 }
 
 impl AllocatorCounters {
@@ -169,11 +177,11 @@ impl AllocatorCounters {
                 }
                 AllocatorCounters::Cpu(window)
             }
-            TrackedDevice::Cuda(i) => AllocatorCounters::Cuda(i),
+            TrackedDevice::Cuda(i) => AllocatorCounters::Cuda(i, ReadingCache::new(DEVICE_READING_MAX_AGE)),
         }
     }
 
-    pub(crate) fn read(&self) -> Result<AllocatorReading> {
+    pub(crate) fn read(&mut self) -> Result<AllocatorReading> {
         match self {
             AllocatorCounters::Cpu(window) => {
                 let s = match window {
@@ -188,13 +196,15 @@ impl AllocatorCounters {
                     alloc_retries: None,
                 })
             }
-            AllocatorCounters::Cuda(i) => {
+            AllocatorCounters::Cuda(i, free) => {
                 let s = ffi::cuda_stats(*i, true)?;
+                let device_free =
+                    free.get(Some(s.reserved_current), Instant::now(), || ffi::cuda_device_free(*i))?;
                 Ok(AllocatorReading {
                     allocated: s.allocated_current,
                     peak_since_previous: s.allocated_peak,
                     reserved: Some(s.reserved_current),
-                    device_free: s.device_free,
+                    device_free,
                     alloc_retries: Some(s.num_alloc_retries),
                 })
             }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
-use crate::device::{AllocatorCounters, AllocatorReading, DeviceKind, TrackedDevice};
+use crate::device::{AllocatorCounters, AllocatorReading, DeviceKind, TrackedDevice, DEVICE_READING_MAX_AGE};
 use crate::error::{Error, Result};
 use crate::ffi::{self, RegistryWalk};
 use crate::history::{self, History, HistoryOptions};
@@ -23,11 +23,8 @@ use gpu_mem_track_core::log::{
     AtLine, GroupLine, LogHeader, LogWriter, MemoryField, SourceLocation, TrackFigures, ALLOCATED,
     TENSOR_USED,
 };
-use gpu_mem_track_core::nvml::{self, NvmlCache, NvmlReader, NvmlReading};
-
-/// How long a `track!()` reuses an NVML reading while the caching allocator's reserved memory
-/// stays put (see [`NvmlCache`]).
-const NVML_MAX_AGE: Duration = Duration::from_secs(1);
+use gpu_mem_track_core::nvml::{self, NvmlReader, NvmlReading};
+use gpu_mem_track_core::reading_cache::ReadingCache;
 
 /// Default log folder, created when missing.
 pub const DEFAULT_LOG_DIR: &str = "logs";
@@ -175,7 +172,7 @@ impl MemTrackerBuilder {
             ),
             None => None,
         };
-        let allocator = AllocatorCounters::for_device(device);
+        let mut allocator = AllocatorCounters::for_device(device);
         let mut raw = RegistryWalk::new()?;
         let (filter_kind, filter_index) = device.shim_filter();
         // The header's total only: no groups, no record per tensor.
@@ -196,7 +193,7 @@ impl MemTrackerBuilder {
             writer,
             allocator,
             nvml,
-            nvml_cache: NvmlCache::new(NVML_MAX_AGE),
+            nvml_cache: ReadingCache::new(DEVICE_READING_MAX_AGE),
             last_site: None,
             alloc_retries: reading.alloc_retries.unwrap_or(0),
             ooms: 0,
@@ -242,7 +239,7 @@ struct State {
     writer: LogWriter,
     allocator: AllocatorCounters,
     nvml: Option<NvmlReader>,
-    nvml_cache: NvmlCache,
+    nvml_cache: ReadingCache<NvmlReading>,
     /// The last track site (the out-of-memory block names it).
     last_site: Option<Site>,
     /// The CUDA allocator's retry count at the previous `At` line.

@@ -43,6 +43,7 @@ pub mod nvml;
 mod pickle;
 #[cfg(feature = "plot")]
 pub mod plot;
+pub mod reading_cache;
 pub mod report;
 pub mod simulated_nvml;
 pub mod trace;

@@ -1,7 +1,6 @@
 //! NVML's view of a GPU (what nvidia-smi shows): device used/total and this process's usage.
 //! NVML is loaded at run time; without a driver the tracker warns once and leaves the fields out.
 use std::sync::Once;
-use std::time::{Duration, Instant};
 
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::Nvml;
@@ -109,72 +108,5 @@ pub fn warn_once(err: &Error) {
         tracing::warn!(target: "gpu_mem_track", "{err}; NVML fields are left out of the log");
     } else {
         tracing::debug!(target: "gpu_mem_track", "{err}");
-    }
-}
-
-/// The last NVML reading, read again only when it can have changed: when the caching allocator's
-/// reserved memory moved since (PyTorch's `cudaMalloc`/`cudaFree`, what moves a process's NVML
-/// figure), or after `max_age` (allocations outside PyTorch: library handles, other processes on
-/// the device). A reading costs about 0.13 ms, which a `track!()` per step of a launch-bound CUDA
-/// loop pays on its own thread; in a steady training loop reserved memory stays put.
-#[derive(Debug, Clone)]
-pub struct NvmlCache {
-    max_age: Duration,
-    last: Option<(NvmlReading, Option<u64>, Instant)>,
-}
-
-impl NvmlCache {
-    /// An empty cache whose readings are kept at most `max_age`.
-    pub fn new(max_age: Duration) -> Self {
-        NvmlCache { max_age, last: None }
-    }
-
-    /// The reading for `reserved` (the caching allocator's reserved bytes now, `None` when not
-    /// known: then every call reads) at `now`: the last one when still valid, else `read()`'s.
-    ///
-    /// # Errors
-    /// `read`'s error; the cache is then left as it was.
-    pub fn get(
-        &mut self,
-        reserved: Option<u64>,
-        now: Instant,
-        read: impl FnOnce() -> Result<NvmlReading>,
-    ) -> Result<NvmlReading> {
-        if let Some((reading, at_reserved, at)) = self.last {
-            let fresh = now.checked_duration_since(at).is_some_and(|age| age < self.max_age);
-            if reserved.is_some() && at_reserved == reserved && fresh {
-                return Ok(reading);
-            }
-        }
-        let reading = read()?;
-        self.last = Some((reading, reserved, now));
-        Ok(reading)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_reading_is_reused_until_reserved_memory_moves_or_it_ages() {
-        let mut cache = NvmlCache::new(Duration::from_secs(1));
-        let reads = std::cell::Cell::new(0u64);
-        let read = || {
-            reads.set(reads.get() + 1);
-            Ok(NvmlReading { device_used: reads.get(), device_total: 10, process_used: Some(reads.get()) })
-        };
-        let t0 = Instant::now();
-        let ms = |n| t0 + Duration::from_millis(n);
-        assert_eq!(cache.get(Some(100), ms(0), read).unwrap().device_used, 1);
-        assert_eq!(cache.get(Some(100), ms(10), read).unwrap().device_used, 1, "reserved unchanged: reused");
-        assert_eq!(cache.get(Some(200), ms(20), read).unwrap().device_used, 2, "reserved moved");
-        assert_eq!(cache.get(Some(200), ms(1100), read).unwrap().device_used, 3, "older than a second");
-        assert_eq!(cache.get(None, ms(1101), read).unwrap().device_used, 4, "reserved unknown: always read");
-        assert_eq!(cache.get(None, ms(1102), read).unwrap().device_used, 5);
-        let failing = || Err(Error::NvmlUnavailable("gone".into()));
-        assert!(cache.get(Some(300), ms(1103), failing).is_err());
-        assert_eq!(cache.get(None, ms(1104), read).unwrap().device_used, 6, "an error keeps nothing");
-        assert_eq!(reads.get(), 6);
     }
 }

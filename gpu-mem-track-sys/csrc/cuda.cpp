@@ -8,10 +8,6 @@
 #include <dlfcn.h>
 #include <torch/version.h>
 
-#include <array>
-#include <chrono>
-#include <mutex>
-
 #include "common.h"
 #include "cuda.h"
 
@@ -61,33 +57,6 @@ const char* gmt_libtorch_location(void) {
   return nullptr;
 }
 
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
-namespace {
-// The driver's free and total memory of a device (cudaMemGetInfo), read again only when this
-// process's reserved memory moved or a second passed: a track point after every step of a
-// launch-bound CUDA loop would otherwise call into the driver every step, and free memory moves
-// with reserved memory unless another process allocates (then the reading is at most a second
-// old, as the NVML reading beside it).
-struct MemoryInfoCache {
-  int64_t reserved = -1, free_bytes = -1, total_bytes = -1;
-  std::chrono::steady_clock::time_point at;
-};
-std::mutex g_memory_info_mu;
-std::array<MemoryInfoCache, 64> g_memory_info;
-
-std::pair<int64_t, int64_t> memory_info(c10::DeviceAllocator* alloc, int32_t device, int64_t reserved) {
-  const auto now = std::chrono::steady_clock::now();
-  std::lock_guard<std::mutex> lock(g_memory_info_mu);
-  MemoryInfoCache* c = device >= 0 && device < 64 ? &g_memory_info[device] : nullptr;
-  if (c && c->reserved == reserved && now - c->at < std::chrono::seconds(1)) return {c->free_bytes, c->total_bytes};
-  const auto info = alloc->getMemoryInfo(static_cast<c10::DeviceIndex>(device));
-  const std::pair<int64_t, int64_t> out{static_cast<int64_t>(info.first), static_cast<int64_t>(info.second)};
-  if (c) *c = MemoryInfoCache{reserved, out.first, out.second, now};
-  return out;
-}
-}  // namespace
-#endif
-
 gmt_error gmt_cuda_stats_read(int32_t device, int reset_peak, gmt_cuda_stats* out) {
   GMT_TRY({
     c10::DeviceAllocator* alloc = cuda_allocator(device);
@@ -101,17 +70,25 @@ gmt_error gmt_cuda_stats_read(int32_t device, int reset_peak, gmt_cuda_stats* ou
     s.active_current = stats.active_bytes[agg].current;
     s.num_alloc_retries = static_cast<int64_t>(stats.num_alloc_retries);
     s.num_ooms = static_cast<int64_t>(stats.num_ooms);
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
-    const auto info = memory_info(alloc, device, s.reserved_current);
-    s.free_bytes = info.first;
-    s.total_bytes = info.second;
-#else
-    // DeviceAllocator::getMemoryInfo arrived in 2.10: unknown, never a made-up number.
-    s.free_bytes = -1;
-    s.total_bytes = -1;
-#endif
     if (reset_peak) alloc->resetPeakStats(static_cast<c10::DeviceIndex>(device));
     if (out) *out = s;
+  })
+}
+
+gmt_error gmt_cuda_memory_info(int32_t device, int64_t* free_bytes, int64_t* total_bytes) {
+  GMT_TRY({
+    c10::DeviceAllocator* alloc = cuda_allocator(device);
+    int64_t free_out = -1, total_out = -1;  // unknown, never a made-up number
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
+    // DeviceAllocator::getMemoryInfo arrived in 2.10.
+    const auto info = alloc->getMemoryInfo(static_cast<c10::DeviceIndex>(device));
+    free_out = static_cast<int64_t>(info.first);
+    total_out = static_cast<int64_t>(info.second);
+#else
+    (void)alloc;
+#endif
+    if (free_bytes) *free_bytes = free_out;
+    if (total_bytes) *total_bytes = total_out;
   })
 }
 

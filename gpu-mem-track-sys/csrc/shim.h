@@ -182,15 +182,17 @@ typedef struct {
   int64_t allocated_current, allocated_peak;
   int64_t reserved_current, reserved_peak;
   int64_t active_current;
-  int64_t free_bytes, total_bytes;  // cudaMemGetInfo (at most 1 s old while reserved stays put); -1 where libtorch lacks getMemoryInfo (< 2.10)
   int64_t num_alloc_retries;        // cudaMalloc failures retried after freeing the cache
   int64_t num_ooms;                 // out-of-memory errors raised
 } gmt_cuda_stats;
-static_assert(sizeof(gmt_cuda_stats) == 72, "gmt_cuda_stats is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
+static_assert(sizeof(gmt_cuda_stats) == 56, "gmt_cuda_stats is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
 
 int32_t gmt_cuda_device_count(void);          // 0 when CUDA is absent; never throws
 const char* gmt_libtorch_location(void);       // the file libtorch_cpu was loaded from, or NULL
 gmt_error gmt_cuda_stats_read(int32_t device, int reset_peak, gmt_cuda_stats* out);
+// The driver's free and total memory of `device` (cudaMemGetInfo), each -1 where libtorch lacks
+// DeviceAllocator::getMemoryInfo (< 2.10). A call into the driver: the tracker caches it.
+gmt_error gmt_cuda_memory_info(int32_t device, int64_t* free_bytes, int64_t* total_bytes);
 gmt_error gmt_cuda_empty_cache(void);
 // CUDA history (cuda_history.cpp): reports the caching allocator's alloc/free/segment events of
 // `device` to the allocation recorder. Fails when CUDA or the device is unavailable, or when this

@@ -170,8 +170,6 @@ pub struct gmt_cuda_stats {
     pub reserved_current: i64,
     pub reserved_peak: i64,
     pub active_current: i64,
-    pub free_bytes: i64,
-    pub total_bytes: i64,
     pub num_alloc_retries: i64,
     pub num_ooms: i64,
 }
@@ -313,6 +311,7 @@ extern "C" {
     /// The file libtorch_cpu was loaded from (the loader's string), or null.
     pub fn gmt_libtorch_location() -> *const c_char;
     pub fn gmt_cuda_stats_read(device: i32, reset_peak: c_int, out: *mut gmt_cuda_stats) -> gmt_error;
+    pub fn gmt_cuda_memory_info(device: i32, free_bytes: *mut i64, total_bytes: *mut i64) -> gmt_error;
     pub fn gmt_cuda_empty_cache() -> gmt_error;
     pub fn gmt_cuda_history_compiled() -> c_int;
     pub fn gmt_cuda_history_attach(device: i32) -> gmt_error;
@@ -327,7 +326,7 @@ const _: () = assert!(std::mem::size_of::<gmt_oom_event>() == 48);
 const _: () = assert!(std::mem::size_of::<gmt_cuda_block>() == 48);
 const _: () = assert!(std::mem::size_of::<gmt_alloc_stats>() == 40);
 const _: () = assert!(std::mem::size_of::<gmt_alloc_event>() == 48);
-const _: () = assert!(std::mem::size_of::<gmt_cuda_stats>() == 72);
+const _: () = assert!(std::mem::size_of::<gmt_cuda_stats>() == 56);
 
 /// Copies out and frees a string the shim allocated (an error or a report); `None` for null.
 ///

@@ -12,9 +12,6 @@ pub(crate) struct CudaStats {
     pub allocated_current: u64,
     pub allocated_peak: u64,
     pub reserved_current: u64,
-    /// Free and total device memory per the driver (libtorch 2.10 and later).
-    pub device_free: Option<u64>,
-    pub device_total: Option<u64>,
     /// cudaMalloc failures the allocator retried after releasing its cache.
     pub num_alloc_retries: u64,
 }
@@ -80,10 +77,18 @@ pub(crate) fn cuda_stats(device: usize, reset_peak: bool) -> Result<CudaStats> {
         allocated_current: bytes(out.allocated_current),
         allocated_peak: bytes(out.allocated_peak),
         reserved_current: bytes(out.reserved_current),
-        device_free: u64::try_from(out.free_bytes).ok(),
-        device_total: u64::try_from(out.total_bytes).ok(),
         num_alloc_retries: bytes(out.num_alloc_retries),
     })
+}
+
+/// The driver's free memory on a device (`cudaMemGetInfo`); `None` where libtorch (before 2.10)
+/// cannot read it. A call into the driver.
+pub(crate) fn cuda_device_free(device: usize) -> Result<Option<u64>> {
+    let (mut free, mut total) = (-1i64, -1i64);
+    let device = i32::try_from(device).unwrap_or(i32::MAX);
+    // SAFETY: both are valid out-pointers; the shim checks the device index.
+    check("CUDA memory info", unsafe { sys::gmt_cuda_memory_info(device, &mut free, &mut total) })?;
+    Ok(u64::try_from(free).ok())
 }
 
 pub(crate) fn cuda_empty_cache() -> Result<()> {
