@@ -62,7 +62,7 @@ impl OptimizerKind {
 }
 
 /// `.item()` calls on meta tensors since the process started (each returned 0).
-pub(crate) fn meta_scalar_reads() -> u64 {
+fn meta_scalar_reads() -> u64 {
     // SAFETY: reads an atomic counter.
     bytes(unsafe { esys::gmt_meta_scalar_reads() })
 }
@@ -88,7 +88,7 @@ pub(crate) struct RunFigures {
 
 /// Calls and bytes of every op that went through the meta-via-CPU fallback since the process
 /// started, by op.
-pub(crate) fn meta_fallback_counts() -> Vec<FallbackOp> {
+fn meta_fallback_counts() -> Vec<FallbackOp> {
     copy_table(|cap| {
         let mut ops = vec![std::ptr::null(); cap];
         let mut calls = vec![0i64; cap];
@@ -129,7 +129,7 @@ pub(crate) fn take_conv_workspaces() -> std::collections::BTreeMap<i64, u64> {
 }
 
 /// The fallback's counts since `before` (a run's own), busiest first.
-pub(crate) fn meta_fallback_since(before: &[FallbackOp]) -> Vec<FallbackOp> {
+fn meta_fallback_since(before: &[FallbackOp]) -> Vec<FallbackOp> {
     let mut out: Vec<FallbackOp> = meta_fallback_counts()
         .into_iter()
         .filter_map(|mut now| {
@@ -142,6 +142,25 @@ pub(crate) fn meta_fallback_since(before: &[FallbackOp]) -> Vec<FallbackOp> {
         .collect();
     out.sort_by(|a, b| b.calls.cmp(&a.calls).then(a.op.cmp(&b.op)));
     out
+}
+
+/// What the meta kernels count, taken when a run starts and compared when it ends. Taking it
+/// also empties the convolution workspace table, which a failed run before may have left filled.
+pub(crate) struct MetaCounters {
+    scalar_reads: u64,
+    fallback: Vec<FallbackOp>,
+}
+
+impl MetaCounters {
+    pub(crate) fn begin() -> Self {
+        take_conv_workspaces();
+        MetaCounters { scalar_reads: meta_scalar_reads(), fallback: meta_fallback_counts() }
+    }
+
+    /// The run's scalar reads of meta tensors and its CPU fallback counts, busiest first.
+    pub(crate) fn since(&self) -> (u64, Vec<FallbackOp>) {
+        (meta_scalar_reads() - self.scalar_reads, meta_fallback_since(&self.fallback))
+    }
 }
 
 /// Options of a TorchScript estimate, owned on the Rust side.
@@ -175,14 +194,13 @@ pub(crate) fn estimate_torchscript(
         device_kind: call.device_kind.code(),
         eager_lifetimes: call.eager_lifetimes as i32,
     };
-    take_conv_workspaces(); // a failed run before this one may have left its own
-    let reads_before = meta_scalar_reads();
-    let fallback_before = meta_fallback_counts();
+    let meta = MetaCounters::begin();
     let cpu_before = cpu_means_meta_counts();
     let mut raw = esys::gmt_estimate_result::default();
     // SAFETY: `opts` points at live buffers (`path`, `input_shape`) for the call; `raw` is a
     // valid out-pointer.
     check("estimate", unsafe { esys::gmt_estimate_torchscript(&opts, &mut raw) })?;
+    let (meta_scalar_reads, cpu_fallback) = meta.since();
     let run = RunFigures {
         sizes: ModelSizes {
             param_count: bytes(raw.param_count),
@@ -192,8 +210,8 @@ pub(crate) fn estimate_torchscript(
             grad_bytes: bytes(raw.grad_bytes),
             optimizer_state_bytes: bytes(raw.optimizer_state_bytes),
         },
-        meta_scalar_reads: meta_scalar_reads() - reads_before,
-        cpu_fallback: meta_fallback_since(&fallback_before),
+        meta_scalar_reads,
+        cpu_fallback,
         cpu_tensors: {
             // The shim's mode ran on this thread inside the call.
             let (made, moved) = cpu_means_meta_counts();

@@ -19,7 +19,7 @@ use gpu_mem_track_core::{Phase, Trace};
 use crate::error::{Error, Result};
 use crate::estimate::{finish_estimate, Estimate};
 use crate::ffi;
-use crate::figures::{FallbackOp, ModelSizes};
+use crate::figures::ModelSizes;
 use crate::options::{EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Precision};
 use gpu_mem_track::recorder;
 use gpu_mem_track::walk::dtype_of;
@@ -100,8 +100,7 @@ struct NativeRun<M> {
     input: Tensor,
     target: Tensor,
     start: Instant,
-    reads_before: u64,
-    fallback_before: Vec<FallbackOp>,
+    meta_counters: ffi::MetaCounters,
     // Dropped in this order: the CPU stops meaning meta, then the recording stops.
     cpu_means_meta: Option<ffi::CpuMeansMeta>,
     _recording: RecorderGuard,
@@ -117,9 +116,7 @@ impl<M> NativeRun<M> {
         let kind = if meta { DeviceKind::Meta } else { DeviceKind::Cpu };
         let dtype = options.precision.dtype();
         let start = Instant::now();
-        let reads_before = ffi::meta_scalar_reads();
-        let fallback_before = ffi::meta_fallback_counts();
-        ffi::take_conv_workspaces(); // a failed run before this one may have left its own
+        let meta_counters = ffi::MetaCounters::begin();
         recorder::start(kind)?;
         let recording = RecorderGuard;
         // On meta, what the build and the step make "on the CPU" is made on meta, on this thread.
@@ -149,40 +146,18 @@ impl<M> NativeRun<M> {
         };
         let mut loaded = Loaded { vs, model, params, sizes };
         loaded.sizes.input_bytes = tensor_bytes(&input);
-        Ok(Self {
-            loaded,
-            input,
-            target,
-            start,
-            reads_before,
-            fallback_before,
-            cpu_means_meta,
-            _recording: recording,
-        })
+        Ok(Self { loaded, input, target, start, meta_counters, cpu_means_meta, _recording: recording })
     }
 
     /// Ends the run and turns its recording into the estimate.
     fn finish(self, options: EstimateOptions) -> (Estimate, Trace) {
-        let NativeRun {
-            loaded,
-            input,
-            target,
-            start,
-            reads_before,
-            fallback_before,
-            cpu_means_meta,
-            _recording,
-        } = self;
+        let NativeRun { loaded, input, target, start, meta_counters, cpu_means_meta, _recording } = self;
         let cpu_tensors = cpu_means_meta.as_ref().map(ffi::CpuMeansMeta::counts).unwrap_or_default();
         drop(cpu_means_meta);
         drop(_recording);
         let (events, names) = recorder::events();
-        let run = ffi::RunFigures {
-            sizes: loaded.sizes,
-            meta_scalar_reads: ffi::meta_scalar_reads() - reads_before,
-            cpu_fallback: ffi::meta_fallback_since(&fallback_before),
-            cpu_tensors,
-        };
+        let (meta_scalar_reads, cpu_fallback) = meta_counters.since();
+        let run = ffi::RunFigures { sizes: loaded.sizes, meta_scalar_reads, cpu_fallback, cpu_tensors };
         let parameter_ids = recorder::parameter_ids();
         drop((loaded.model, loaded.vs, loaded.params, input, target));
         finish_estimate(&options, &run, &events, &names, &parameter_ids, start)
