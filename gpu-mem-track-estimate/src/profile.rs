@@ -137,6 +137,32 @@ pub struct Range {
     pub high: u64,
 }
 
+impl Range {
+    /// How far a figure a GPU measured lies outside this prediction of it, in % of the measured
+    /// figure; both 0 when it lies inside (or the measurement is 0).
+    pub fn miss(&self, measured: u64) -> Miss {
+        let pct = |gap: u64| if measured == 0 { 0.0 } else { gap as f64 / measured as f64 * 100.0 };
+        Miss { above: pct(measured.saturating_sub(self.high)), below: pct(self.low.saturating_sub(measured)) }
+    }
+}
+
+/// How far a measurement lies outside a predicted [`Range`], in % of the measurement.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Miss {
+    /// Above the high end: the prediction was under the GPU, the side that tells a user a run
+    /// fits when it does not.
+    pub above: f64,
+    /// Below the low end: the prediction was over the GPU.
+    pub below: f64,
+}
+
+impl Miss {
+    /// The larger of the two (one of them is always 0).
+    pub fn either(&self) -> f64 {
+        self.above.max(self.below)
+    }
+}
+
 /// What a GPU of a profile would show for an estimated run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GpuPrediction {
@@ -283,6 +309,17 @@ mod tests {
             compute_capability: cc,
             context_bytes: 400 * MIB,
         }
+    }
+
+    #[test]
+    fn a_miss_is_measured_in_percent_of_the_measurement_on_the_side_it_lies() {
+        let r = Range { low: 90, high: 110 };
+        assert_eq!(r.miss(100), Miss { above: 0.0, below: 0.0 });
+        assert_eq!(r.miss(110), Miss { above: 0.0, below: 0.0 });
+        assert_eq!(r.miss(125), Miss { above: 12.0, below: 0.0 });
+        assert_eq!(r.miss(80), Miss { above: 0.0, below: 12.5 });
+        assert_eq!(r.miss(80).either(), 12.5);
+        assert_eq!(r.miss(0), Miss { above: 0.0, below: 0.0 });
     }
 
     #[test]

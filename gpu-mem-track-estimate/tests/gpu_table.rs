@@ -10,9 +10,9 @@
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
-use common::export_models;
+use common::{export_models, GPU_ALLOCATED_ABOVE_PCT, GPU_ALLOCATED_BELOW_PCT, GPU_RESERVED_PCT};
 use gpu_mem_track_estimate::estimate_torchscript_traced;
-use gpu_mem_track_estimate::profile::{predict, DeviceProfile, Range};
+use gpu_mem_track_estimate::profile::{predict, DeviceProfile};
 use gpu_mem_track_estimate::{EstimateDevice, EstimateOptions, Mode, Optimizer, Precision};
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -60,13 +60,6 @@ fn table() -> Vec<Row> {
         .collect()
 }
 
-/// How far the GPU's figure lies outside a predicted range, in % of the GPU's: above the high end
-/// (positive first) and below the low end (positive second); 0 inside.
-fn outside(gpu_mib: f64, r: Range) -> (f64, f64) {
-    let (low, high) = (r.low as f64 / MIB, r.high as f64 / MIB);
-    ((gpu_mib - high).max(0.0) / gpu_mib * 100.0, (low - gpu_mib).max(0.0) / gpu_mib * 100.0)
-}
-
 #[test]
 fn the_table_parses_and_names_each_criterion_it_relaxes() {
     let rows = table();
@@ -105,11 +98,9 @@ fn predictions_hold_against_the_gpu_table() {
         let model = dir.path().join(format!("{}.pt", r.model));
         let (_, trace) = estimate_torchscript_traced(&model, &options).unwrap();
         let g = predict(&h100, &trace, None);
-        let (over, under) = outside(r.allocated_mib, g.peak_allocated);
-        let reserved = {
-            let (a, b) = outside(r.reserved_mib, g.peak_reserved);
-            a.max(b)
-        };
+        let allocated = g.peak_allocated.miss((r.allocated_mib * MIB) as u64);
+        let (over, under) = (allocated.above, allocated.below);
+        let reserved = g.peak_reserved.miss((r.reserved_mib * MIB) as u64).either();
         let held = |what: &str, default: f64| {
             r.gaps.iter().find(|(w, _)| w == what).map_or(default, |(_, pct)| *pct)
         };
@@ -127,7 +118,10 @@ fn predictions_hold_against_the_gpu_table() {
             g.peak_reserved.high as f64 / MIB,
         );
         println!("{row}");
-        if over > held("allocated", 1.0) || under > 3.0 || reserved > held("reserved", 5.0) {
+        if over > held("allocated", GPU_ALLOCATED_ABOVE_PCT)
+            || under > GPU_ALLOCATED_BELOW_PCT
+            || reserved > held("reserved", GPU_RESERVED_PCT)
+        {
             failures.push(row);
         }
     }

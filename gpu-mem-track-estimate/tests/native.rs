@@ -1,4 +1,8 @@
 //! tch-native models estimated on the meta device equal a CPU run of the same step.
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use common::{GPU_ALLOCATED_ABOVE_PCT, GPU_ALLOCATED_BELOW_PCT, GPU_RESERVED_PCT};
 use gpu_mem_track::{MemTracker, TrackedDevice};
 use gpu_mem_track_estimate::gpu_runtime::{
     largest_cudnn_workspace, place_runtime_allocations, RuntimeKind, RuntimeSizes,
@@ -539,12 +543,11 @@ fn rnn_on_cuda_fits_its_h100_prediction(rnn: RnnShape) {
     }
     tch::Cuda::synchronize(0);
     let point = tracker.track().unwrap();
-    let gpu_allocated = mib(point.allocator.peak_since_previous);
-    let gpu_reserved = mib(point.allocator.reserved.expect("CUDA reports reserved memory"));
-    let above = (gpu_allocated - high).max(0.0) / gpu_allocated * 100.0;
-    let below = (low - gpu_allocated).max(0.0) / gpu_allocated * 100.0;
-    let reserved_off =
-        (gpu_reserved - reserved_high).max(reserved_low - gpu_reserved).max(0.0) / gpu_reserved * 100.0;
+    let reserved = point.allocator.reserved.expect("CUDA reports reserved memory");
+    let (gpu_allocated, gpu_reserved) = (mib(point.allocator.peak_since_previous), mib(reserved));
+    let allocated = g.peak_allocated.miss(point.allocator.peak_since_previous);
+    let (above, below) = (allocated.above, allocated.below);
+    let reserved_off = g.peak_reserved.miss(reserved).either();
     println!(
         "{} layer(s){}: peak allocated GPU {gpu_allocated:.1} MiB, predicted {low:.1}-{high:.1} \
          ({above:.2} % above, {below:.2} % below); reserved GPU {gpu_reserved:.1} MiB, predicted \
@@ -552,7 +555,12 @@ fn rnn_on_cuda_fits_its_h100_prediction(rnn: RnnShape) {
         rnn.num_layers,
         if rnn.bidirectional { ", bidirectional" } else { "" }
     );
-    assert!(above <= 1.0 && below <= 3.0 && reserved_off <= 5.0, "outside the acceptance");
+    assert!(
+        above <= GPU_ALLOCATED_ABOVE_PCT
+            && below <= GPU_ALLOCATED_BELOW_PCT
+            && reserved_off <= GPU_RESERVED_PCT,
+        "outside the acceptance"
+    );
 }
 
 /// tch's char-rnn shape: `nn::lstm(65 -> 256)` and a linear head back to 65.

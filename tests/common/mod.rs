@@ -114,3 +114,12 @@ pub fn workspace_root() -> &'static Path {
         here.parent().unwrap_or(here)
     }
 }
+
+/// The acceptance a GPU prediction is held to (the estimator's GPU tests), in % of the GPU's
+/// figure: peak allocated at most this far above the predicted high end (an estimate under the
+/// GPU, the dangerous side) ...
+pub const GPU_ALLOCATED_ABOVE_PCT: f64 = 1.0;
+/// ... or this far below its low end; peak reserved within this of its range.
+pub const GPU_ALLOCATED_BELOW_PCT: f64 = 3.0;
+/// Peak reserved: at most this far outside the predicted range, either side.
+pub const GPU_RESERVED_PCT: f64 = 5.0;
