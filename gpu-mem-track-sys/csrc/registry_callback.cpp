@@ -12,12 +12,12 @@
 
 namespace gmt_registry {
 namespace {
+// Reads the outputs in place: a copy of an IValue or a list would cost an allocation and atomic
+// reference counts on every op.
 void record_ivalue(Registry& r, const c10::IValue& v, int32_t op, bool returned, bool gradient) {
   if (v.isTensor()) {
     r.record(v.toTensor(), -1, op, returned, gradient);
-  } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList().vec()) r.record(t, -1, op, returned, gradient);
-  } else if (v.isList()) {
+  } else if (v.isList()) {  // tensor lists too
     for (const auto& e : v.toListRef()) record_ivalue(r, e, op, returned, gradient);
   } else if (v.isTuple()) {
     for (const auto& e : v.toTupleRef().elements()) record_ivalue(r, e, op, returned, gradient);
@@ -32,7 +32,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
 }
 
 void record_outputs(const at::RecordFunction& fn) {
-  auto outputs = fn.outputs();
+  const std::vector<c10::IValue>& outputs = fn.outputs();
   if (outputs.empty()) return;
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
