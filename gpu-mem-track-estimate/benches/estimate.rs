@@ -21,13 +21,14 @@ use gpu_mem_track_estimate::{
 };
 
 fn python() -> Option<PathBuf> {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    // The project's .venv and fixtures are the workspace's, beside this crate.
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
     let candidates = [std::env::var_os("VIRTUAL_ENV").map(|v| Path::new(&v).join("bin/python")), Some(venv)];
     candidates.into_iter().flatten().find(|p| p.exists())
 }
 
 fn export(dir: &Path, name: &str) -> Option<PathBuf> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/export_models.py");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/export_models.py");
     let ok = std::process::Command::new(python()?).arg(script).arg(dir).arg(name).status().ok()?.success();
     ok.then(|| dir.join(format!("{name}.pt")))
 }
