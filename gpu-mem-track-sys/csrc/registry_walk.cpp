@@ -40,6 +40,14 @@ template struct PrivateMember<AutogradMetaField, &c10::TensorImpl::autograd_meta
 // TensorImpl::autograd_meta() would say.
 inline bool has_autograd_meta(const c10::TensorImpl* impl) { return (impl->*member_of(AutogradMetaField{})) != nullptr; }
 
+// Whether a pinned tensor is a leaf that requires grad (printed as a Parameter), without
+// requires_grad()'s out-of-line wrapper. is_leaf() first: a view's requires_grad() reads its base
+// tensor (a cache miss per view), and a view autograd made (of an activation) is no leaf.
+inline bool is_parameter(const c10::TensorImpl* impl, const at::Tensor& t) {
+  const c10::AutogradMetaInterface* meta = (impl->*member_of(AutogradMetaField{})).get();
+  return meta && t.is_leaf() && meta->requires_grad();
+}
+
 // The grouped walk, split so that several threads can read the registry at once (it is bound by
 // memory latency: each thread keeps its own misses in flight). Each thread walks chunks of the
 // entries and adds the common case, a live tensor whose group still holds, into its own
@@ -146,9 +154,7 @@ void walk_chunk(Registry& r, const WalkFilter& filter, gmt_walk& s, WalkShare& s
       }
     }
     if (on_device(impl, filter.device_kind, filter.device_index)) {
-      // requires_grad() without its out-of-line wrapper: autograd meta decides.
-      const c10::AutogradMetaInterface* meta = (impl->*member_of(AutogradMetaField{})).get();
-      const bool parameter = meta && meta->requires_grad() && t.is_leaf();
+      const bool parameter = is_parameter(impl, t);
       const int32_t group = filter.detail ? r.held_group(e, impl, parameter) : -1;
       if (filter.detail && group < 0) later(i);
       else share.tally(impl, group, e.seq, storage, storage_uses, met_shared);
@@ -383,8 +389,7 @@ gmt_error take_grouped(gmt_walk* s, int32_t device_kind, int32_t device_index, b
             if (storage != e.storage._unsafe_get_target()) e.storage = st.getWeakStorageImpl();
           }
           if (!on_device(impl, device_kind, device_index)) continue;
-          const c10::AutogradMetaInterface* meta = (impl->*member_of(AutogradMetaField{})).get();
-          const bool parameter = meta && meta->requires_grad() && t.is_leaf();
+          const bool parameter = is_parameter(impl, t);
           int32_t group = -1;
           if (detail) {
             group = r.group_of(i, impl, parameter);
