@@ -181,7 +181,9 @@ impl AllocatorCounters {
         }
     }
 
-    pub(crate) fn read(&mut self) -> Result<AllocatorReading> {
+    /// Reads the counters; `now` dates the reading for the free-memory cache (the caller's one
+    /// clock read serves every cache of a track point).
+    pub(crate) fn read(&mut self, now: Instant) -> Result<AllocatorReading> {
         match self {
             AllocatorCounters::Cpu(window) => {
                 let s = match window {
@@ -198,8 +200,7 @@ impl AllocatorCounters {
             }
             AllocatorCounters::Cuda(i, free) => {
                 let s = ffi::cuda_stats(*i, true)?;
-                let device_free =
-                    free.get(Some(s.reserved_current), Instant::now(), || ffi::cuda_device_free(*i))?;
+                let device_free = free.get(Some(s.reserved_current), now, || ffi::cuda_device_free(*i))?;
                 Ok(AllocatorReading {
                     allocated: s.allocated_current,
                     peak_since_previous: s.allocated_peak,

@@ -177,7 +177,7 @@ impl MemTrackerBuilder {
         let (filter_kind, filter_index) = device.shim_filter();
         // The header's total only: no groups, no record per tensor.
         let (_, totals) = raw.take_grouped(filter_kind, filter_index, false)?;
-        let reading = allocator.read()?;
+        let reading = allocator.read(Instant::now())?;
         let header = LogHeader {
             timestamp,
             fields: vec![
@@ -390,7 +390,9 @@ impl MemTracker {
         let (kind, index) = self.device.shim_filter();
         let (groups, totals) = state.raw.take_grouped(kind, index, self.detail)?;
         let snap = Walk::from_groups(groups, totals, self.op_names);
-        let allocator = state.allocator.read()?;
+        // One clock read dates both cached readings (free memory and NVML).
+        let now = Instant::now();
+        let allocator = state.allocator.read(now)?;
         let retries = allocator.alloc_retries.unwrap_or(0);
         let alloc_retries_since_previous = retries.saturating_sub(state.alloc_retries);
         state.alloc_retries = retries;
@@ -398,7 +400,7 @@ impl MemTracker {
         let nvml = match (&state.nvml, self.device) {
             (Some(reader), TrackedDevice::Cuda(i)) => state
                 .nvml_cache
-                .get(allocator.reserved, Instant::now(), || reader.read(i, std::process::id()))
+                .get(allocator.reserved, now, || reader.read(i, std::process::id()))
                 .map_err(|e| nvml::warn_once(&e))
                 .ok(),
             _ => None,
