@@ -75,20 +75,17 @@ gmt_error gmt_cuda_stats_read(int32_t device, int reset_peak, gmt_cuda_stats* ou
   })
 }
 
-gmt_error gmt_cuda_memory_info(int32_t device, int64_t* free_bytes, int64_t* total_bytes) {
+gmt_error gmt_cuda_device_free(int32_t device, int64_t* free_bytes) {
   GMT_TRY({
     c10::DeviceAllocator* alloc = cuda_allocator(device);
-    int64_t free_out = -1, total_out = -1;  // unknown, never a made-up number
+    int64_t free_out = -1;  // unknown, never a made-up number
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
-    // DeviceAllocator::getMemoryInfo arrived in 2.10.
-    const auto info = alloc->getMemoryInfo(static_cast<c10::DeviceIndex>(device));
-    free_out = static_cast<int64_t>(info.first);
-    total_out = static_cast<int64_t>(info.second);
+    // DeviceAllocator::getMemoryInfo arrived in 2.10; it returns (free, total).
+    free_out = static_cast<int64_t>(alloc->getMemoryInfo(static_cast<c10::DeviceIndex>(device)).first);
 #else
     (void)alloc;
 #endif
     if (free_bytes) *free_bytes = free_out;
-    if (total_bytes) *total_bytes = total_out;
   })
 }
 

@@ -190,9 +190,9 @@ static_assert(sizeof(gmt_cuda_stats) == 56, "gmt_cuda_stats is mirrored in gpu-m
 int32_t gmt_cuda_device_count(void);          // 0 when CUDA is absent; never throws
 const char* gmt_libtorch_location(void);       // the file libtorch_cpu was loaded from, or NULL
 gmt_error gmt_cuda_stats_read(int32_t device, int reset_peak, gmt_cuda_stats* out);
-// The driver's free and total memory of `device` (cudaMemGetInfo), each -1 where libtorch lacks
+// The driver's free memory of `device` (cudaMemGetInfo), -1 where libtorch lacks
 // DeviceAllocator::getMemoryInfo (< 2.10). A call into the driver: the tracker caches it.
-gmt_error gmt_cuda_memory_info(int32_t device, int64_t* free_bytes, int64_t* total_bytes);
+gmt_error gmt_cuda_device_free(int32_t device, int64_t* free_bytes);
 gmt_error gmt_cuda_empty_cache(void);
 // CUDA history (cuda_history.cpp): reports the caching allocator's alloc/free/segment events of
 // `device` to the allocation recorder. Fails when CUDA or the device is unavailable, or when this

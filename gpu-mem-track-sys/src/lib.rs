@@ -311,7 +311,7 @@ extern "C" {
     /// The file libtorch_cpu was loaded from (the loader's string), or null.
     pub fn gmt_libtorch_location() -> *const c_char;
     pub fn gmt_cuda_stats_read(device: i32, reset_peak: c_int, out: *mut gmt_cuda_stats) -> gmt_error;
-    pub fn gmt_cuda_memory_info(device: i32, free_bytes: *mut i64, total_bytes: *mut i64) -> gmt_error;
+    pub fn gmt_cuda_device_free(device: i32, free_bytes: *mut i64) -> gmt_error;
     pub fn gmt_cuda_empty_cache() -> gmt_error;
     pub fn gmt_cuda_history_compiled() -> c_int;
     pub fn gmt_cuda_history_attach(device: i32) -> gmt_error;

@@ -84,10 +84,10 @@ pub(crate) fn cuda_stats(device: usize, reset_peak: bool) -> Result<CudaStats> {
 /// The driver's free memory on a device (`cudaMemGetInfo`); `None` where libtorch (before 2.10)
 /// cannot read it. A call into the driver.
 pub(crate) fn cuda_device_free(device: usize) -> Result<Option<u64>> {
-    let (mut free, mut total) = (-1i64, -1i64);
+    let mut free = -1i64;
     let device = i32::try_from(device).unwrap_or(i32::MAX);
-    // SAFETY: both are valid out-pointers; the shim checks the device index.
-    check("CUDA memory info", unsafe { sys::gmt_cuda_memory_info(device, &mut free, &mut total) })?;
+    // SAFETY: a valid out-pointer; the shim checks the device index.
+    check("CUDA free memory", unsafe { sys::gmt_cuda_device_free(device, &mut free) })?;
     Ok(u64::try_from(free).ok())
 }
 
