@@ -11,7 +11,8 @@ Prints one JSON line: baseline allocated (parameters + buffers + input), peak al
 reserved (`torch.cuda.max_memory_*`), and the sizes of the blocks live at the peak, largest first.
 The exported file stays in OUTDIR, for `gpu-mem-track estimate OUTDIR/NAME.pt --input SHAPE --mode
 MODE --optimizer adamw --device-profile h100-80g`. With --snapshot FILE the run's memory history is
-also written there (PyTorch's snapshot pickle, no stacks), for memory_viz.
+also written there (PyTorch's snapshot pickle from the model's load on, each entry with this
+script's line as its one frame), for memory_viz and scripts/snapshot_gaps.py.
 
 Usage: gpu_truth.py NAME MODE SHAPE OUTDIR [--snapshot FILE]   (MODE train|inference, SHAPE 16x3x224x224)
 """
@@ -64,6 +65,10 @@ subprocess.run([sys.executable, __file__, *sys.argv[1:5], "--export-only"], chec
 if x is None:
     x = torch.rand(shape, device=dev)
 gc.collect()
+start = torch.cuda.memory_allocated()
+# Every allocation and free from the model's load on (so that a replay of the history places the
+# parameters too): what is live at the peak, and the history to set beside the estimator's.
+torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=1_000_000)
 mod = torch.jit.load(path, map_location=dev)
 mod.train(mode == "train")
 gc.collect()
@@ -71,8 +76,6 @@ torch.cuda.synchronize()
 torch.cuda.empty_cache()
 base = torch.cuda.memory_allocated()
 torch.cuda.reset_peak_memory_stats()
-# Every allocation and free from here on, without stacks: what is live at the peak.
-torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=1_000_000)
 
 
 def loss_of(v):
@@ -108,13 +111,25 @@ peak_allocated = torch.cuda.max_memory_allocated()
 history = torch.cuda.memory._snapshot()
 torch.cuda.memory._record_memory_history(enabled=None)
 if snapshot:
-    with open(snapshot, "wb") as f:
-        import pickle
+    import pickle
 
+    # Each entry keeps one frame, this script's line (forward, backward or the optimizer step):
+    # the Python stacks of a TorchScript model say nothing more, and would make the file too big
+    # to bring back from a GPU machine.
+    def here(frames):
+        return [f for f in frames if f.get("filename", "").endswith("gpu_truth.py")][:1]
+
+    for e in history["device_traces"][0]:
+        e["frames"] = here(e.get("frames", []))
+    for seg in history["segments"]:
+        seg["frames"] = here(seg.get("frames", []))
+        for b in seg.get("blocks", []):
+            b["frames"] = here(b.get("frames", []))
+    with open(snapshot, "wb") as f:
         pickle.dump(history, f)
 
-# Replays the trace from the baseline: the blocks live when allocated memory was highest.
-live, now, best, at_peak = {}, base, base, {}
+# Replays the trace from where it started: the blocks live when allocated memory was highest.
+live, now, best, at_peak = {}, start, start, {}
 for e in history["device_traces"][0]:
     if e["action"] == "alloc":
         live[e["addr"]] = e["size"]

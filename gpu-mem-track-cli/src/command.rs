@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use gpu_mem_track_core::nvml::NvmlReader;
-use gpu_mem_track_core::plot::{plot_log_file, plot_timeline};
+use gpu_mem_track_core::plot::plot_log_file;
 use gpu_mem_track_core::report::{analyse_file, combine, render_text};
 use gpu_mem_track_core::simulated_nvml::SimulatedNvml;
 use gpu_mem_track_core::trace::read_snapshot_trace;
@@ -141,7 +141,8 @@ struct PickleTimeline {
     verbosity: crate::VerbosityArgs,
     /// The snapshot pickle.
     snapshot: PathBuf,
-    /// Output: `.svg`, `.png` or `.json`.
+    /// Output: `.svg`, `.png`, `.json`, or `.pickle` (a memory snapshot laid out by the caching
+    /// allocator model, for memory_viz).
     #[arg(short, long)]
     output: PathBuf,
     /// Ignored for a pickle (its events carry their own phases).
@@ -249,12 +250,20 @@ fn plot(log: &Path, output: &Path, title: Option<String>) -> Result<()> {
     Ok(())
 }
 
+/// Whether `timeline`'s input is a snapshot `.pickle` (read here) rather than a model (the
+/// estimate binary's). The output does not count: `-o x.pickle` is written from either.
+fn reads_a_snapshot(args: &[OsString]) -> bool {
+    let mut after_output = false;
+    args.iter().map(|a| a.to_string_lossy()).any(|a| {
+        let input = !std::mem::take(&mut after_output) && !a.starts_with('-') && a.ends_with(".pickle");
+        after_output = a == "-o" || a == "--output";
+        input
+    })
+}
+
 /// `timeline`: a snapshot pickle is drawn here; a model goes to the estimate binary.
 fn timeline(args: &[OsString]) -> Result<()> {
-    let is_pickle = args
-        .iter()
-        .any(|a| !a.to_string_lossy().starts_with('-') && a.to_string_lossy().ends_with(".pickle"));
-    if !is_pickle {
+    if !reads_a_snapshot(args) {
         return run_estimate_binary("timeline", args);
     }
     // Not parse_from: a usage error must not end a host process (the Python package's).
@@ -278,16 +287,10 @@ fn timeline(args: &[OsString]) -> Result<()> {
             bail!("timeline: {}", said.join(" ").trim_start_matches("error: "))
         }
     };
-    let is_json = crate::timeline_is_json(&t.output)?;
+    let kind = crate::TimelineOutput::of(&t.output)?;
     let trace = read_snapshot_trace(&t.snapshot)?;
     let title = t.snapshot.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-    if is_json {
-        crate::write_timeline_json(&trace, serde_json::Value::Null, &t.output)?;
-    } else {
-        plot_timeline(&trace, &title, &t.output)?;
-    }
-    crate::note(format_args!("wrote {}", t.output.display()));
-    Ok(())
+    crate::write_timeline(&trace, kind, &title, serde_json::Value::Null, &t.output)
 }
 
 fn watch(cfg: WatchConfig, simulate: Option<u32>) -> Result<()> {
@@ -389,6 +392,15 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_timeline_reads_a_snapshot_named_as_its_input_not_as_its_output() {
+        let args = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+        assert!(reads_a_snapshot(&args(&["run.pickle", "-o", "t.png"])));
+        assert!(reads_a_snapshot(&args(&["-o", "again.pickle", "run.pickle"])));
+        assert!(!reads_a_snapshot(&args(&["m.pt", "--input", "1x3x8x8", "-o", "t.pickle"])));
+        assert!(!reads_a_snapshot(&args(&["--output", "t.pickle", "m.pt"])));
+    }
 
     #[test]
     fn durations_parse_with_units_and_refuse_the_rest() {

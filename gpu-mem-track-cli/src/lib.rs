@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use anyhow::{bail, Context, Result};
+use gpu_mem_track_core::plot::plot_timeline;
 use gpu_mem_track_core::Trace;
 
 pub mod command;
@@ -128,22 +129,59 @@ fn one_line(e: &anyhow::Error) -> String {
     text.replace('\n', " ")
 }
 
-/// Whether a timeline goes to JSON (else a chart); refuses other extensions before any work.
-pub fn timeline_is_json(output: &Path) -> Result<bool> {
-    match output.extension().and_then(|x| x.to_str()).map(str::to_ascii_lowercase).as_deref() {
-        Some("json") => Ok(true),
-        Some("svg" | "png") => Ok(false),
-        _ => bail!("output {}: the file name must end in .svg, .png or .json", output.display()),
+/// What `timeline -o FILE` writes, by FILE's extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimelineOutput {
+    /// A stacked-area chart (`.svg`, `.png`).
+    Chart,
+    /// The points as JSON (`.json`).
+    Json,
+    /// The trace as a memory snapshot laid out by the caching allocator model (`.pickle`): given
+    /// a recorded snapshot, its own allocations and frees placed as the model places them, to set
+    /// beside the segments the GPU made.
+    Snapshot,
+}
+
+impl TimelineOutput {
+    /// The kind `output`'s extension asks for; other extensions are refused before any work.
+    ///
+    /// # Errors
+    /// An extension that is none of `.svg`, `.png`, `.json`, `.pickle`.
+    pub fn of(output: &Path) -> Result<Self> {
+        match output.extension().and_then(|x| x.to_str()).map(str::to_ascii_lowercase).as_deref() {
+            Some("json") => Ok(TimelineOutput::Json),
+            Some("svg" | "png") => Ok(TimelineOutput::Chart),
+            Some("pickle") => Ok(TimelineOutput::Snapshot),
+            _ => bail!("output {}: the file name must end in .svg, .png, .json or .pickle", output.display()),
+        }
     }
 }
 
-/// Writes a timeline as JSON: the estimate (or null), the peak, and at most about 2 000 of the
-/// points, evenly spaced.
-pub fn write_timeline_json(trace: &Trace, estimate: serde_json::Value, output: &Path) -> Result<()> {
-    let points = trace.timeline();
-    let step = (points.len() / 2000).max(1);
-    let sampled: Vec<_> = points.iter().step_by(step).collect();
-    let v = serde_json::json!({ "estimate": estimate, "peak": trace.peak(), "points": sampled });
-    std::fs::write(output, serde_json::to_string_pretty(&v)?)
-        .with_context(|| format!("cannot write {}", output.display()))
+/// Writes a timeline of `trace` to `output` as `kind` says: a chart titled `title`, JSON with
+/// `estimate` (or null), the peak and at most about 2 000 of the points evenly spaced, or a
+/// memory snapshot.
+///
+/// # Errors
+/// The file cannot be written.
+pub fn write_timeline(
+    trace: &Trace,
+    kind: TimelineOutput,
+    title: &str,
+    estimate: serde_json::Value,
+    output: &Path,
+) -> Result<()> {
+    match kind {
+        TimelineOutput::Chart => plot_timeline(trace, title, output)?,
+        TimelineOutput::Snapshot => trace.dump_snapshot(output)?,
+        TimelineOutput::Json => {
+            let points = trace.timeline();
+            let step = (points.len() / 2000).max(1);
+            let sampled: Vec<_> = points.iter().step_by(step).collect();
+            let v = serde_json::json!({ "estimate": estimate, "peak": trace.peak(), "points": sampled });
+            std::fs::write(output, serde_json::to_string_pretty(&v)?)
+                .with_context(|| format!("cannot write {}", output.display()))?;
+        }
+    }
+    note(format_args!("wrote {}", output.display()));
+    Ok(())
 }

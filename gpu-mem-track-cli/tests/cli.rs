@@ -136,7 +136,7 @@ fn durations_and_timeline_outputs_are_named_for_what_they_are() {
     let txt = dir.path().join("t.txt");
     one_line_error(
         &run(&["timeline", pickle.to_str().unwrap(), "-o", txt.to_str().unwrap()]),
-        ".svg, .png or .json",
+        ".svg, .png, .json or .pickle",
     );
     // A file that is not a snapshot is read here (no libtorch) and named.
     let json = dir.path().join("t.json");

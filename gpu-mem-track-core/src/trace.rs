@@ -276,7 +276,8 @@ impl Trace {
 
     /// Writes the trace as a PyTorch memory snapshot, laid out by the CUDA caching allocator
     /// model: `segment_alloc` when the model reserves a segment, `alloc` / `free_requested` /
-    /// `free_completed` with block addresses, and the segments left at the end with their blocks.
+    /// `free_completed` with block addresses and the bytes asked for (as PyTorch records them), and
+    /// the segments left at the end with their blocks.
     /// Each entry carries its `category`.
     ///
     /// # Errors
@@ -285,16 +286,19 @@ impl Trace {
         let mut model = CachingAllocatorModel::new();
         let mut blocks: HashMap<i64, BlockId> = HashMap::new();
         let mut trace = Vec::new();
-        // One frame per event: the op, labelled with the phase.
+        // The op, then the call the program made when that is another (an `aten::empty_strided`
+        // inside `aten::conv2d`), innermost first as memory_viz reads stacks; labelled with the
+        // phase.
         let frames: Vec<Vec<Frame>> = self
             .events
             .iter()
             .map(|e| {
-                vec![Frame {
-                    filename: format!("{} (iteration {})", e.phase, e.iteration),
-                    line: 0,
-                    name: e.op.clone(),
-                }]
+                let filename = format!("{} (iteration {})", e.phase, e.iteration);
+                let mut stack = vec![Frame { filename: filename.clone(), line: 0, name: e.op.clone() }];
+                if !e.top_op.is_empty() && e.top_op != e.op {
+                    stack.push(Frame { filename, line: 0, name: e.top_op.clone() });
+                }
+                stack
             })
             .collect();
         for (t, e) in self.events.iter().enumerate() {
@@ -315,14 +319,16 @@ impl Trace {
                     trace.push(entry("segment_alloc", addr, size));
                 }
                 // A 0-byte allocation takes no block, as on a GPU: nothing to draw.
-                let Some((addr, size)) = model.block(b) else { continue };
+                let Some((addr, _)) = model.block(b) else { continue };
                 blocks.insert(e.id, b);
-                trace.push(entry("alloc", addr, size));
+                // The bytes asked for, as PyTorch's trace records them (the block's size is in
+                // `segments`): a history re-read and laid out again gets the same blocks.
+                trace.push(entry("alloc", addr, e.size));
             } else if let Some(b) = blocks.remove(&e.id) {
-                let (addr, size) = model.block(b).expect("live block");
+                let (addr, _) = model.block(b).expect("live block");
                 model.free(b);
-                trace.push(entry("free_requested", addr, size));
-                trace.push(entry("free_completed", addr, size));
+                trace.push(entry("free_requested", addr, e.size));
+                trace.push(entry("free_completed", addr, e.size));
             }
         }
         let segments = model

@@ -11,7 +11,6 @@ use anyhow::{bail, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use gpu_mem_track::history::read_snapshot_trace;
 use gpu_mem_track::log::GroupLine;
-use gpu_mem_track::plot::plot_timeline;
 use gpu_mem_track_estimate::fit::{budget, fit_torchscript, parse_memory_size, FitDimension, FitProbe};
 use gpu_mem_track_estimate::gpu_runtime::{place_runtime_allocations, with_workspaces, RuntimeSizes};
 use gpu_mem_track_estimate::profile::{self, DeviceProfile};
@@ -104,7 +103,8 @@ enum Command {
         /// `h100-80g`, a profile `.json`, or `none` (the meta run alone).
         #[arg(long, default_value = profile::AUTO)]
         device_profile: String,
-        /// Output: `.svg`, `.png` or `.json`.
+        /// Output: `.svg`, `.png`, `.json`, or `.pickle` (a memory snapshot laid out by the
+        /// caching allocator model, for memory_viz).
         #[arg(short, long)]
         output: PathBuf,
     },
@@ -417,7 +417,7 @@ fn estimate(args: EstimateArgs) -> Result<()> {
 }
 
 fn timeline(args: ModelArgs, mode: ModeArg, device_profile: Option<&str>, output: &Path) -> Result<()> {
-    let is_json = gpu_mem_track_cli::timeline_is_json(output)?;
+    let kind = gpu_mem_track_cli::TimelineOutput::of(output)?;
     let model = args.model.clone();
     let name = model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     let (estimate, mut trace, mut title) = if model.extension().is_some_and(|x| x == "pickle") {
@@ -450,13 +450,7 @@ fn timeline(args: ModelArgs, mode: ModeArg, device_profile: Option<&str>, output
         trace = with_workspaces(&trace, &place_runtime_allocations(&trace, sizes));
         title = format!("{title} on {}", profile.name);
     }
-    if is_json {
-        gpu_mem_track_cli::write_timeline_json(&trace, serde_json::to_value(&estimate)?, output)?;
-    } else {
-        plot_timeline(&trace, &title, output)?;
-    }
-    gpu_mem_track_cli::note(format_args!("wrote {}", output.display()));
-    Ok(())
+    gpu_mem_track_cli::write_timeline(&trace, kind, &title, serde_json::to_value(&estimate)?, output)
 }
 
 fn run(cli: Cli) -> Result<()> {
