@@ -98,8 +98,21 @@ pub struct SegmentBlocks {
     pub size: u64,
     /// Small pool.
     pub small: bool,
-    /// (address, size, allocated) of each block, in address order.
-    pub blocks: Vec<(u64, u64, bool)>,
+    /// Its blocks, in address order.
+    pub blocks: Vec<BlockLayout>,
+}
+
+/// One block of a live segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct BlockLayout {
+    /// Block address.
+    pub address: u64,
+    /// Block size (rounded, an unsplit remainder included).
+    pub size: u64,
+    /// Bytes its allocation asked for (0 when free).
+    pub requested: u64,
+    /// Allocated (else cached free).
+    pub allocated: bool,
 }
 
 /// The request could not be served within the capacity, even after the retry PyTorch makes
@@ -351,16 +364,20 @@ impl CachingAllocatorModel {
         self.segments.iter().filter(|s| !s.released).map(|s| (s.addr, s.size, s.small)).collect()
     }
 
-    /// Blocks of each live segment in address order: (segment address, segment size, small pool,
-    /// [(block address, block size, allocated)]).
+    /// Each live segment with its blocks in address order.
     pub fn segment_blocks(&self) -> Vec<SegmentBlocks> {
         let mut out = Vec::new();
         for (si, seg) in self.segments.iter().enumerate().filter(|(_, s)| !s.released) {
-            let mut blocks: Vec<(u64, u64, bool)> = self
+            let mut blocks: Vec<BlockLayout> = self
                 .blocks
                 .iter()
                 .filter(|b| b.live && b.segment == si)
-                .map(|b| (b.addr, b.size, b.allocated))
+                .map(|b| BlockLayout {
+                    address: b.addr,
+                    size: b.size,
+                    requested: if b.allocated { b.requested } else { 0 },
+                    allocated: b.allocated,
+                })
                 .collect();
             blocks.sort_unstable();
             out.push(SegmentBlocks { address: seg.addr, size: seg.size, small: seg.small, blocks });

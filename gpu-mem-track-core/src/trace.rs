@@ -335,15 +335,15 @@ impl Trace {
             .segment_blocks()
             .into_iter()
             .map(|s| {
-                let allocated: u64 = s.blocks.iter().filter(|b| b.2).map(|b| b.1).sum();
+                let allocated: u64 = s.blocks.iter().filter(|b| b.allocated).map(|b| b.size).sum();
                 let blocks = s
                     .blocks
                     .iter()
-                    .map(|&(address, size, allocated)| Block {
-                        address,
-                        size,
-                        requested_size: if allocated { size } else { 0 },
-                        state: if allocated { "active_allocated" } else { "inactive" },
+                    .map(|b| Block {
+                        address: b.address,
+                        size: b.size,
+                        requested_size: b.requested,
+                        state: if b.allocated { "active_allocated" } else { "inactive" },
                         frames: &[],
                     })
                     .collect();

@@ -40,13 +40,18 @@ fn estimate_trace_categories_sum_to_the_peak_and_its_snapshot_loads_in_memory_vi
         &script,
         CHECK.replace(
             "print(json.dumps({",
-            "segs = sum(1 for e in data['device_traces'][0] if e['action'] == 'segment_alloc')\nprint(json.dumps({'segment_allocs': segs, ",
+            "segs = sum(1 for e in data['device_traces'][0] if e['action'] == 'segment_alloc')\n\
+             held = sum(b['requested_size'] for s in data['segments'] for b in s['blocks'] if b['state'] == 'active_allocated')\n\
+             print(json.dumps({'segment_allocs': segs, 'held_at_end': held, 'live_at_end': live, ",
         ),
     )
     .unwrap();
-    let out = std::process::Command::new(python).arg(&script).arg(&pickle).output().unwrap();
-    assert!(out.status.success(), "memory_viz failed: {}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let check = |pickle: &std::path::Path| -> serde_json::Value {
+        let out = std::process::Command::new(&python).arg(&script).arg(pickle).output().unwrap();
+        assert!(out.status.success(), "memory_viz failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let v = check(&pickle);
     assert_eq!(v["allocs"], e.allocations);
     // The trace holds the bytes asked for, as PyTorch's does; its blocks and segments are the
     // caching allocator model's.
@@ -55,6 +60,15 @@ fn estimate_trace_categories_sum_to_the_peak_and_its_snapshot_loads_in_memory_vi
         v["segment_allocs"], e.cuda.segment_allocs,
         "the snapshot replays the caching allocator model"
     );
+    // Cut at the peak, the blocks left in `segments` hold what the trace left allocated, in the
+    // same bytes (a whole run frees everything by its end).
+    let mut cut = trace.clone();
+    cut.events.truncate(peak.event + 1);
+    let at_peak = dir.path().join("at-peak.pickle");
+    cut.dump_snapshot(&at_peak).unwrap();
+    let v = check(&at_peak);
+    let want = serde_json::Value::from(peak.total);
+    assert_eq!((&v["live_at_end"], &v["held_at_end"]), (&want, &want));
 }
 
 /// Renders the snapshot pages in headless Chromium when the machine can (Debian's `chromium` and
