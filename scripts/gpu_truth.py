@@ -11,8 +11,8 @@ Prints one JSON line: baseline allocated (parameters + buffers + input), peak al
 reserved (`torch.cuda.max_memory_*`), and the sizes of the blocks live at the peak, largest first.
 The exported file stays in OUTDIR, for `gpu-mem-track estimate OUTDIR/NAME.pt --input SHAPE --mode
 MODE --optimizer adamw --device-profile h100-80g`. With --snapshot FILE the run's memory history is
-also written there (PyTorch's snapshot pickle from the model's load on, each entry with this
-script's line as its one frame), for memory_viz and scripts/snapshot_gaps.py.
+also written there (PyTorch's snapshot pickle from the input's and the model's allocation on, each
+entry with this script's line as its one frame), for memory_viz and scripts/snapshot_gaps.py.
 
 Usage: gpu_truth.py NAME MODE SHAPE OUTDIR [--snapshot FILE]   (MODE train|inference, SHAPE 16x3x224x224)
 """
@@ -62,13 +62,13 @@ if len(sys.argv) == 6 and sys.argv[5] == "--export-only":
         torch.jit.script(getattr(torchvision.models, name)().eval()).save(path)
     sys.exit(0)
 subprocess.run([sys.executable, __file__, *sys.argv[1:5], "--export-only"], check=True)
-if x is None:
-    x = torch.rand(shape, device=dev)
 gc.collect()
 start = torch.cuda.memory_allocated()
-# Every allocation and free from the model's load on (so that a replay of the history places the
-# parameters too): what is live at the peak, and the history to set beside the estimator's.
+# Every allocation and free from the input's and the model's on (so that a replay of the history
+# places them too): what is live at the peak, and the history to set beside the estimator's.
 torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=1_000_000)
+if x is None:
+    x = torch.rand(shape, device=dev)
 mod = torch.jit.load(path, map_location=dev)
 mod.train(mode == "train")
 gc.collect()
