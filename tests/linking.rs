@@ -1,6 +1,6 @@
 //! This package's binaries find libtorch through their rpath (no LD_LIBRARY_PATH, see build.rs)
 //! and keep libtorch_cuda linked when the install has it, so CUDA is usable on a GPU machine.
-//! tests/dependent.rs checks the same for a crate that depends on gpu-mem-track.
+//! tests/fixtures/dependent/tests/dependent.rs checks the same for a crate that depends on gpu-mem-track.
 use std::path::Path;
 
 const LIBTORCH_LIB: &str = env!("GMT_LIBTORCH_LIB");

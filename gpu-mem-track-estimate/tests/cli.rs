@@ -459,23 +459,58 @@ fn estimate_and_fit_name_where_resnet50_training_would_run_out_of_memory_on_a_t4
     }
 }
 
-/// The torchvision sweep (`scripts/torchvision-sweep`): every classification model of torchvision
-/// estimates on meta in train mode with Adam at batch 2, and a dozen agree with the same run
+/// The torchvision sweep (`scripts/torchvision-sweep`, which runs all 80 classification models of
+/// torchvision) on one model of each architecture family (23 of the 80, in a quarter of the time):
+/// each estimates on meta in train mode with Adam at batch 2, and a dozen agree with the same run
 /// computed on the CPU.
+const TORCHVISION_FAMILIES: [&str; 23] = [
+    // The dozen the sweep also computes on the CPU (torchvision_sweep.py's COMPARED).
+    "alexnet",
+    "convnext_tiny",
+    "densenet121",
+    "efficientnet_b0",
+    "googlenet",
+    "mnasnet0_5",
+    "mobilenet_v2",
+    "mobilenet_v3_small",
+    "regnet_y_400mf",
+    "resnet18",
+    "shufflenet_v2_x0_5",
+    "squeezenet1_0",
+    // One of each family those leave out, or a variant built differently.
+    "efficientnet_v2_s",
+    "inception_v3",
+    "maxvit_t",
+    "mobilenet_v3_large",
+    "regnet_x_400mf",
+    "resnext50_32x4d",
+    "swin_t",
+    "swin_v2_t",
+    "vgg11_bn",
+    "vit_b_16",
+    "wide_resnet50_2",
+];
+
 #[cfg_attr(
     not(gmt_torchvision),
     ignore = "needs Python with torch and torchvision (scripts/dev installs them)"
 )]
 #[test]
-fn every_torchvision_classification_model_estimates_on_meta_in_train_mode() {
+fn a_torchvision_classification_model_of_every_family_estimates_on_meta_in_train_mode() {
     let python = common::python_with_torch().expect("Python with torch");
     let dir = tempfile::tempdir().unwrap();
     let script = common::workspace_root().join("scripts/torchvision_sweep.py");
-    let out = Command::new(python).arg(script).arg(BIN).arg(dir.path()).output().unwrap();
+    let out = Command::new(python)
+        .arg(script)
+        .arg(BIN)
+        .arg(dir.path())
+        .args(TORCHVISION_FAMILIES)
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     println!("{text}");
     assert!(out.status.success(), "{text}\n{}", stderr(&out));
     let summary = text.lines().last().unwrap_or("");
-    assert!(summary.starts_with("sweep: 80 of 80 torchvision classification models"), "{summary}");
+    assert!(summary.starts_with("sweep: 23 of 23 torchvision classification models"), "{summary}");
     assert!(summary.contains("12 compared with the CPU"), "{summary}");
 }
