@@ -324,7 +324,8 @@ fn holder_label(c: gpu_mem_track_core::Category) -> &'static str {
     }
 }
 
-#[cfg(test)]
+// The tensors come from tch.
+#[cfg(all(test, feature = "tch"))]
 mod tests {
     use super::*;
     use crate::device::DeviceKind;

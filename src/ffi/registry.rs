@@ -90,15 +90,15 @@ pub(crate) fn registry_tag_allocations() {
     unsafe { sys::gmt_registry_tag_allocations() }
 }
 
-/// Threads a grouped walk of a large registry uses, the caller's included.
-#[cfg(test)]
+/// Threads a grouped walk of a large registry uses, the caller's included (for walk.rs's tests).
+#[cfg(all(test, feature = "tch"))]
 pub(crate) fn walk_threads() -> usize {
     // SAFETY: reads a count under the helpers' lock.
     unsafe { sys::gmt_registry_walk_threads() }
 }
 
 /// Sets the threads a grouped walk of a large registry uses (1: the caller alone; at most 16).
-#[cfg(test)]
+#[cfg(all(test, feature = "tch"))]
 pub(crate) fn set_walk_threads(threads: usize) {
     // SAFETY: sets a count under the helpers' lock.
     unsafe { sys::gmt_registry_set_walk_threads(threads) }
