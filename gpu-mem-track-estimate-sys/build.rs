@@ -14,7 +14,8 @@ fn from_shim(key: &str) -> String {
 fn main() {
     println!("cargo:rerun-if-changed=csrc");
     let mut build = cc::Build::new();
-    build.cpp(true).pic(true).std(&from_shim("CXX_STD")).opt_level(2);
+    // Fixed flags in every profile, as the shim's: one compile command for all of them.
+    build.cpp(true).pic(true).std(&from_shim("CXX_STD")).opt_level(2).debug(false);
     for (i, dir) in env::split_paths(&from_shim("CXX_INCLUDES")).enumerate() {
         // The tracker's headers (the first folder) are part of this build's input. libtorch's
         // folders hold thousands of headers, not scanned on every build: they change only with

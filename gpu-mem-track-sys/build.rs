@@ -282,7 +282,10 @@ fn main() {
     let std = cxx_standard(&include);
     let libtorch_includes = [include.clone(), include.join("torch/csrc/api/include")];
     let mut build = cc::Build::new();
-    build.cpp(true).pic(true).std(std).opt_level(2).includes(&libtorch_includes);
+    // The same flags in every profile (-O2, no debug info): the tests, clippy, the docs and the
+    // release-built Python wheel then compile the shim with one command, which a compiler cache
+    // (scripts/dev's ccache) serves after the first. `CXXFLAGS=-g` brings debug info back.
+    build.cpp(true).pic(true).std(std).opt_level(2).debug(false).includes(&libtorch_includes);
     let mut flags = vec![format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"), "-DGLOG_USE_GLOG_EXPORT".to_owned()];
     for warning in ["-Wno-c++20-extensions", "-Wno-unused-parameter"] {
         if build.is_flag_supported(warning).unwrap_or(false) {

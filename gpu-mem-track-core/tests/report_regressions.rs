@@ -67,8 +67,9 @@ fn twenty_thousand_distinct_groups_are_not_quadratic() {
     let took = start.elapsed();
     assert_eq!(r.points, 20_000);
     assert!(r.leak_suspects.is_empty(), "every group rises once only");
-    // Well under a second in release; generous for a debug build on a busy machine.
-    assert!(took < Duration::from_secs(15), "took {took:?}");
+    // Well under a second in release, a few in a debug build. The quadratic check took 377 s in
+    // release: a bound that far above the linear time fails on it, never on a loaded machine.
+    assert!(took < Duration::from_secs(90), "took {took:?}");
 }
 
 #[test]
