@@ -31,6 +31,7 @@ fn main() {
     build
         .files([
             "csrc/torchscript.cpp",
+            "csrc/exported_program.cpp",
             "csrc/native_steps.cpp",
             "csrc/meta_allocator.cpp",
             "csrc/meta_kernels.cpp",

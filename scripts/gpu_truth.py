@@ -14,7 +14,11 @@ MODE --optimizer adamw --device-profile h100-80g`. With --snapshot FILE the run'
 also written there (PyTorch's snapshot pickle from the input's and the model's allocation on, each
 entry with this script's line as its one frame), for memory_viz and scripts/snapshot_gaps.py.
 
-Usage: gpu_truth.py NAME MODE SHAPE OUTDIR [--snapshot FILE]   (MODE train|inference, SHAPE 16x3x224x224)
+With --eager the Python model itself runs on cuda:0 (no TorchScript, no file): what
+`gpu_mem_track.estimate(model, x)` and `Estimator` estimate in-process, where a traced graph may
+free some tensors at other times.
+
+Usage: gpu_truth.py NAME MODE SHAPE OUTDIR [--eager] [--snapshot FILE]   (MODE train|inference, SHAPE 16x3x224x224)
 """
 import gc
 import json
@@ -28,6 +32,9 @@ import torch
 import torchvision
 
 warnings.filterwarnings("ignore")
+eager = "--eager" in sys.argv
+if eager:
+    sys.argv.remove("--eager")
 if len(sys.argv) not in (5, 6, 7) or sys.argv[5:6] not in ([], ["--snapshot"], ["--export-only"]):
     sys.exit(__doc__)
 name, mode, shape, out = sys.argv[1:5]
@@ -45,9 +52,11 @@ if name.startswith("hf-"):
     x = ids.to(dev)
 else:
     x = None
-if len(sys.argv) == 6 and sys.argv[5] == "--export-only":
-    # Tracing runs the model on cuda:0, which leaves cuBLAS workspaces and cached blocks behind:
-    # the file is written in a process of its own, so the measured one starts clean.
+
+
+def build(name: str) -> torch.nn.Module:
+    """The Python model (random weights, seeded), on the CPU."""
+    torch.manual_seed(0)
     if name.startswith("hf-"):
         import transformers
 
@@ -55,13 +64,21 @@ if len(sys.argv) == 6 and sys.argv[5] == "--export-only":
             "hf-bert": (transformers.BertConfig, transformers.BertModel),
             "hf-gpt2": (transformers.GPT2Config, transformers.GPT2Model),
         }[name]
-        torch.manual_seed(0)
-        traced = model(config(torchscript=True, use_cache=False)).to(dev).train(mode == "train")
+        return model(config(torchscript=not eager, use_cache=False))
+    return getattr(torchvision.models, name)()
+
+
+if len(sys.argv) == 6 and sys.argv[5] == "--export-only":
+    # Tracing runs the model on cuda:0, which leaves cuBLAS workspaces and cached blocks behind:
+    # the file is written in a process of its own, so the measured one starts clean.
+    if name.startswith("hf-"):
+        traced = build(name).to(dev).train(mode == "train")
         torch.jit.trace(traced, (x,), strict=False).save(path)
     else:
-        torch.jit.script(getattr(torchvision.models, name)().eval()).save(path)
+        torch.jit.script(build(name).eval()).save(path)
     sys.exit(0)
-subprocess.run([sys.executable, __file__, *sys.argv[1:5], "--export-only"], check=True)
+if not eager:
+    subprocess.run([sys.executable, __file__, *sys.argv[1:5], "--export-only"], check=True)
 gc.collect()
 start = torch.cuda.memory_allocated()
 # Every allocation and free from the input's and the model's on (so that a replay of the history
@@ -69,7 +86,7 @@ start = torch.cuda.memory_allocated()
 torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=1_000_000)
 if x is None:
     x = torch.rand(shape, device=dev)
-mod = torch.jit.load(path, map_location=dev)
+mod = build(name).to(dev) if eager else torch.jit.load(path, map_location=dev)
 mod.train(mode == "train")
 gc.collect()
 torch.cuda.synchronize()
@@ -80,6 +97,8 @@ torch.cuda.reset_peak_memory_stats()
 
 def loss_of(v):
     """Sum of every tensor in a model output (tensor, tuple, list, dict values)."""
+    if hasattr(v, "to_tuple"):  # a Hugging Face ModelOutput (eager)
+        v = v.to_tuple()
     if isinstance(v, torch.Tensor):
         return v.sum()
     items = list(v.values()) if isinstance(v, dict) else list(v) if isinstance(v, (tuple, list)) else []
@@ -140,7 +159,7 @@ for e in history["device_traces"][0]:
         now -= live.pop(e["addr"])
 sizes = Counter(at_peak.values())
 print(json.dumps({
-    "name": name, "mode": mode, "shape": shape, "baseline": base,
+    "name": name, "mode": mode, "shape": shape, "eager": eager, "baseline": base,
     "peak_allocated": peak_allocated, "peak_reserved": torch.cuda.max_memory_reserved(),
     "end_allocated": torch.cuda.memory_allocated(), "replayed_peak": best,
     "live_at_peak": sorted(([s, n] for s, n in sizes.items()), reverse=True),

@@ -51,6 +51,36 @@ pub fn parameter_ids() -> Vec<i64> {
     ffi::recorded_parameter_ids()
 }
 
+/// Tags the events recorded from now on with a site index the caller defines (`None`: none), kept
+/// in [`AllocEvent::site`]: memory history's track points, the Python estimator's module paths.
+pub fn set_site(site: Option<usize>) {
+    ffi::recorder_set_site(site.and_then(|s| i32::try_from(s).ok()).unwrap_or(-1))
+}
+
+/// Tags the recorded allocation holding a tensor's storage with `category` (a tag wins over the
+/// category its phase and lifetime would give, see [`classify`]). Nothing when no recording runs
+/// or the storage was allocated before it.
+///
+/// # Safety
+/// `impl_ptr` must point to a live `c10::TensorImpl` (Python: `Tensor._cdata`) for the call.
+#[allow(unsafe_code)]
+pub unsafe fn tag_tensor_impl(impl_ptr: *const std::ffi::c_void, category: Category) {
+    // SAFETY: forwarded from the caller.
+    unsafe { ffi::recorder_tag_tensor_impl(impl_ptr, category) }
+}
+
+/// Sets the site of the recorded allocation holding a tensor's storage (the module that owns a
+/// parameter, its gradient or its optimizer state, whatever ran when it was made). Nothing when no
+/// recording runs or the storage was allocated before it.
+///
+/// # Safety
+/// `impl_ptr` must point to a live `c10::TensorImpl` (Python: `Tensor._cdata`) for the call.
+#[allow(unsafe_code)]
+pub unsafe fn site_tensor_impl(impl_ptr: *const std::ffi::c_void, site: Option<usize>) {
+    // SAFETY: forwarded from the caller.
+    unsafe { ffi::recorder_site_tensor_impl(impl_ptr, site) }
+}
+
 /// Asks the next recording to walk the live tensors right after event number `event` (the
 /// peak of an earlier run of the same model), for [`peak_walk`].
 pub fn walk_at(event: i64) {

@@ -44,6 +44,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "common.h"
@@ -304,6 +305,72 @@ class RnnAsOnCpu {
   }
 };
 
+// Python's meta kernels (torch/_meta_registrations.py, which `import torch` registers over ATen's
+// own) run an in-place op as its out-of-place reference and a copy: a temporary of self's size per
+// call, and per tensor of a foreach op, which no GPU kernel makes (AdamW's step would hold one more
+// parameter-sized tensor at its peak). An elementwise in-place op on meta tensors whose operands
+// all have self's sizes and dtype changes nothing a meta tensor holds: where autograd has nothing
+// to record, it is not run; self's version is bumped, as the op would.
+bool elementwise_in_place(const c10::OperatorHandle& op) {
+  static const std::unordered_set<std::string> kOps = {
+      "add", "sub", "mul", "div", "addcdiv", "addcmul", "lerp", "sqrt", "rsqrt", "pow", "clamp",
+      "clamp_min", "clamp_max", "neg", "exp", "zero", "fill", "copy", "maximum", "minimum", "abs",
+      "reciprocal", "sign", "sigmoid", "tanh", "relu", "log"};
+  std::string name = op.schema().name();
+  if (name.rfind("aten::", 0) != 0 || name.size() < 8 || name.back() != '_') return false;
+  name = name.substr(6, name.size() - 7);
+  if (name.rfind("_foreach_", 0) == 0) name = name.substr(9);
+  return kOps.count(name) != 0;
+}
+
+bool meta_in_place_noop(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const auto& args = schema.arguments();
+  const auto& rets = schema.returns();
+  if (args.empty() || rets.size() > 1 || !elementwise_in_place(op)) return false;
+  const auto writes = [](const c10::Argument& a) { return a.alias_info() && a.alias_info()->isWrite(); };
+  if (!writes(args[0]) || (rets.size() == 1 && !writes(rets[0]))) return false;
+  const size_t base = stack->size() - args.size();
+  std::vector<at::Tensor> self;
+  const c10::IValue& first = (*stack)[base];
+  if (first.isTensor()) self.push_back(first.toTensor());
+  else if (first.isTensorList()) self = first.toTensorVector();
+  else return false;
+  const bool grad = at::GradMode::is_enabled();
+  const auto plain = [&](const at::Tensor& t) {
+    return t.defined() && t.is_meta() && !(grad && t.requires_grad()) && c10::isFloatingType(t.scalar_type());
+  };
+  for (const at::Tensor& t : self)
+    if (!plain(t)) return false;
+  // Another operand: self's sizes and dtype, or a 0-dim tensor (a scalar); on meta, or a CPU scalar.
+  const auto fits = [&](const at::Tensor& t, const at::Tensor& s) {
+    if (!t.defined()) return false;
+    if (grad && t.requires_grad()) return false;
+    if (t.dim() == 0) return t.is_meta() || t.is_cpu();
+    return t.is_meta() && t.sizes() == s.sizes() && t.scalar_type() == s.scalar_type();
+  };
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (writes(args[i])) return false;
+    const c10::IValue& v = (*stack)[base + i];
+    if (v.isTensor()) {
+      if (self.size() != 1 || !fits(v.toTensor(), self[0])) return false;
+    } else if (v.isTensorList()) {
+      const auto list = v.toTensorVector();
+      if (list.size() != self.size()) return false;
+      for (size_t j = 0; j < list.size(); ++j)
+        if (!fits(list[j], self[j])) return false;
+    } else if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef())  // numbers (Scalar[]) only, no tensors
+        if (!e.isInt() && !e.isDouble() && !e.isBool()) return false;
+    }
+  }
+  for (const at::Tensor& t : self) t.unsafeGetTensorImpl()->bump_version();
+  c10::IValue result = first;
+  torch::jit::drop(*stack, args.size());
+  if (rets.size() == 1) stack->push_back(std::move(result));
+  return true;
+}
+
 void cpu_means_meta(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const auto& args = op.schema().arguments();
   const size_t n = args.size();
@@ -333,6 +400,7 @@ void cpu_means_meta(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch
     const uint64_t functionality = ks.raw_repr() & ~static_cast<uint64_t>(c10::full_backend_mask);
     ks = c10::DispatchKeySet::from_raw_repr(functionality | bits);
   }
+  if (meta_in_place_noop(op, stack)) return;
   {
     c10::impl::ExcludeDispatchKeyGuard leave(kModeKey);
     // From here on an RNN's pieces run through the whole dispatcher (autograd included).

@@ -99,6 +99,49 @@ static_assert(sizeof(gmt_static_result) == 120, "gmt_static_result is mirrored i
 gmt_error gmt_estimate_static(const char* path, const int64_t* shape, int32_t ndim, int32_t dtype, int32_t is_index,
                               gmt_static_result* out);
 
+// ---- torch.export programs (exported_program.cpp) ----
+// The JSON of a .pt2 archive's program (its models/*.json record), malloc'd into `*json`.
+gmt_error gmt_exported_program_json(const char* path, char** json);
+// A program as the Rust side builds it from that JSON: placeholders, then nodes, then outputs.
+// Values are numbered: placeholders 0.. in order, then what nodes return.
+enum gmt_exported_role { GMT_EXPORTED_USER_INPUT = 0, GMT_EXPORTED_PARAMETER = 1, GMT_EXPORTED_BUFFER = 2,
+                         GMT_EXPORTED_CONSTANT = 3 };
+enum gmt_exported_arg_kind { GMT_EXPORTED_ARG_NONE = 0, GMT_EXPORTED_ARG_TENSOR = 1, GMT_EXPORTED_ARG_TENSORS = 2,
+                             GMT_EXPORTED_ARG_OPTIONAL_TENSORS = 3, GMT_EXPORTED_ARG_INT = 4, GMT_EXPORTED_ARG_INTS = 5,
+                             GMT_EXPORTED_ARG_FLOAT = 6, GMT_EXPORTED_ARG_FLOATS = 7, GMT_EXPORTED_ARG_BOOL = 8,
+                             GMT_EXPORTED_ARG_BOOLS = 9, GMT_EXPORTED_ARG_STRING = 10,
+                             GMT_EXPORTED_ARG_SCALAR_TYPE = 11, GMT_EXPORTED_ARG_MEMORY_FORMAT = 12,
+                             GMT_EXPORTED_ARG_LAYOUT = 13, GMT_EXPORTED_ARG_DEVICE = 14 };
+// One named argument of a node. TENSOR: `i` is the value; TENSORS / OPTIONAL_TENSORS: `ints[n]`
+// (-1: none); INT, BOOL, SCALAR_TYPE, MEMORY_FORMAT, LAYOUT (c10 codes): `i`; INTS, BOOLS: `ints`;
+// FLOAT: `f`; FLOATS: `floats`; STRING: `s`; DEVICE: `s` the type, `i` the index (-1: none).
+typedef struct {
+  int32_t kind;
+  const char* name;
+  int64_t i;
+  double f;
+  const int64_t* ints;
+  const double* floats;
+  size_t n;
+  const char* s;
+} gmt_exported_arg;
+static_assert(sizeof(gmt_exported_arg) == 64, "gmt_exported_arg is mirrored in gpu-mem-track-estimate-sys/src/lib.rs: change both");
+void* gmt_exported_program_new(void);  // NULL when out of memory
+void gmt_exported_program_free(void* program);
+// A placeholder (role: gmt_exported_role; dtype: c10::ScalarType).
+gmt_error gmt_exported_program_placeholder(void* program, const char* name, int32_t role, const int64_t* sizes,
+                                           const int64_t* strides, size_t ndim, int32_t dtype, int32_t requires_grad);
+// A node: `op` (aten::conv2d) and its overload ("default" for none); `outputs` are (return index,
+// list element or -1, value) triples; `frees` the values whose last use it is; `values` how many
+// values the program has after it.
+gmt_error gmt_exported_program_node(void* program, const char* op, const char* overload, const gmt_exported_arg* args,
+                                    size_t nargs, const int64_t* outputs, size_t noutputs, const int64_t* frees,
+                                    size_t nfrees, int64_t values);
+gmt_error gmt_exported_program_outputs(void* program, const int64_t* values, size_t n);
+// Runs the program as gmt_estimate_torchscript runs a file (options->path names it; its first user
+// input is the run's input).
+gmt_error gmt_estimate_exported(const void* program, const gmt_estimate_options* options, gmt_estimate_result* out);
+
 // ---- tch-native models (native_steps.cpp) ----
 // Moves a variable's data to the device (GMT_DEV_META/CPU) in place, converting floating dtypes
 // to `dtype` (-1: keep). `tensor` is an at::Tensor*.

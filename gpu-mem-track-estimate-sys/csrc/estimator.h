@@ -2,8 +2,10 @@
 // internals it builds on (the recorder, registration) come from gpu-mem-track-sys's headers.
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "estimate.h"
@@ -31,4 +33,18 @@ struct OptimizerState {
   // Bytes of the state (the moments; not the parameters).
   int64_t bytes() const;
 };
+
+// A model loaded for an estimate: its parameters and buffers, and its forward on one input (which
+// keeps whatever the model needs alive).
+struct LoadedModel {
+  std::vector<at::Tensor> params, buffers;
+  std::function<c10::IValue(const at::Tensor&)> forward;
+};
+// Loads the model on `device`, floating parameters and buffers in `dtype`, with the recorder on
+// (phase load).
+using ModelLoader = std::function<LoadedModel(const c10::Device& device, c10::ScalarType dtype)>;
+// The run every model file gets (torchscript.cpp): recorder on, load, "the CPU means meta" on meta,
+// the input, then `options->iterations` forward / backward (the sum of every output tensor) /
+// optimizer steps, or one forward without grad.
+void run_estimate(const gmt_estimate_options* options, const ModelLoader& load, gmt_estimate_result* out);
 }  // namespace gmt

@@ -335,113 +335,128 @@ std::atomic<int64_t> g_forward_passes{0};
 
 extern "C" int64_t gmt_estimate_forward_passes(void) { return g_forward_passes.load(std::memory_order_relaxed); }
 
+namespace gmt {
+void run_estimate(const gmt_estimate_options* o, const ModelLoader& load, gmt_estimate_result* out) {
+  const bool meta = o->device_kind == GMT_DEV_META;
+  if (meta) {
+    (void)gmt::meta_kernels_linked();
+    if (char* e = gmt_meta_allocator_install()) {
+      std::string msg(e);
+      gmt_free_string(e);
+      throw std::runtime_error(msg);
+    }
+  } else if (o->device_kind != GMT_DEV_CPU) {
+    throw std::invalid_argument("estimates run on the meta device or the CPU");
+  }
+  const c10::Device device(meta ? c10::DeviceType::Meta : c10::DeviceType::CPU);
+  const auto dtype = static_cast<c10::ScalarType>(o->dtype);
+  gmt_estimate_result r{};
+  RecorderGuard recording(o->device_kind);
+
+  gmt::set_phase(GMT_PHASE_LOAD, 0);
+  LoadedModel model = load(device, dtype);
+  const std::vector<at::Tensor>& params = model.params;
+  for (const auto& p : params) {
+    r.param_count += p.numel();
+    if (p.has_storage()) gmt::tag_parameter(gmt::allocation_id(p.storage().unsafeGetStorageImpl()));
+  }
+  r.param_bytes = gmt::unique_storage_bytes(params);
+  r.buffer_bytes = gmt::unique_storage_bytes(model.buffers);
+
+  // From here on, on this thread, the CPU means meta (traced graphs copy to the CPU they were
+  // traced on; scripted code makes tensors there).
+  std::optional<CpuMeansMeta> cpu_means_meta;
+  if (meta) cpu_means_meta.emplace();
+
+  gmt::set_phase(GMT_PHASE_INPUT, 0);
+  const std::vector<int64_t> shape(o->input_shape, o->input_shape + o->input_ndim);
+  at::Tensor input = o->input_is_index ? at::zeros(shape, at::TensorOptions().device(device).dtype(at::kLong))
+                                       : at::rand(shape, at::TensorOptions().device(device).dtype(dtype));
+  r.input_bytes = static_cast<int64_t>(input.nbytes());
+
+  gmt::OptimizerState opt;
+  opt.kind = o->optimizer;
+  const int32_t iterations = o->train ? std::max(1, o->iterations) : 1;
+  for (int32_t it = 1; it <= iterations; ++it) {
+    gmt::set_phase(GMT_PHASE_FORWARD, it);
+    c10::IValue result;
+    {
+      std::optional<at::NoGradGuard> no_grad;
+      if (!o->train) no_grad.emplace();
+      try {
+        g_forward_passes.fetch_add(1, std::memory_order_relaxed);
+        result = model.forward(input);
+      } catch (const std::exception& e) {
+        std::string shape_text = "[";
+        for (size_t i = 0; i < shape.size(); ++i) shape_text += (i ? ", " : "") + std::to_string(shape[i]);
+        throw std::runtime_error("forward failed for input " + shape_text + "] " + c10::toString(input.scalar_type()) +
+                                 ": " + short_message(e));
+      }
+    }
+    if (!o->train) {
+      int64_t numel = 0;
+      if (result.isTensor()) numel = result.toTensor().numel();
+      r.output_numel = numel;
+      break;
+    }
+    gmt::set_phase(GMT_PHASE_BACKWARD, it);
+    int64_t numel = 0;
+    at::Tensor loss = loss_of(result, numel);
+    r.output_numel = numel;
+    if (!loss.defined()) throw std::runtime_error("the model output holds no tensor to train on");
+    result = c10::IValue();
+    loss.backward();
+    loss = at::Tensor();
+    std::vector<at::Tensor> grads;
+    for (const auto& p : params) grads.push_back(p.grad());
+    r.grad_bytes = gmt::unique_storage_bytes(grads);
+    gmt::set_phase(GMT_PHASE_OPTIMIZER, it);
+    opt.update(params);
+    r.optimizer_state_bytes = opt.bytes();
+    // zero_grad(set_to_none=True) happens before the next forward in a usual loop.
+    if (it < iterations)
+      for (auto p : params) p.mutable_grad() = at::Tensor();
+  }
+  *out = r;
+}
+}  // namespace gmt
+
 extern "C" gmt_error gmt_estimate_torchscript(const gmt_estimate_options* o, gmt_estimate_result* out) {
   GMT_TRY({
     if (!o || !o->path || !out) throw std::invalid_argument("null estimate options");
     const bool meta = o->device_kind == GMT_DEV_META;
-    if (meta) {
-      (void)gmt::meta_kernels_linked();
-      if (char* e = gmt_meta_allocator_install()) {
-        std::string msg(e);
-        gmt_free_string(e);
-        throw std::runtime_error(msg);
-      }
-    } else if (o->device_kind != GMT_DEV_CPU) {
-      throw std::invalid_argument("estimates run on the meta device or the CPU");
-    }
-    const c10::Device device(meta ? c10::DeviceType::Meta : c10::DeviceType::CPU);
-    const auto dtype = static_cast<c10::ScalarType>(o->dtype);
-    gmt_estimate_result r{};
-    RecorderGuard recording(o->device_kind);
-
-    gmt::set_phase(GMT_PHASE_LOAD, 0);
-    torch::jit::script::Module module;
-    try {
-      module = torch::jit::load(o->path, device);
-    } catch (const std::exception& e) {
-      throw std::runtime_error(std::string("cannot load ") + o->path + " as TorchScript: " + short_message(e));
-    }
-    if (meta) {
-      gpu_devices_to_meta(module);
-      scalar_constants_from_file(o->path, module);
-    }
-    // Eager PyTorch runs op by op with autograd per op: no graph-executor passes (autodiff
-    // subgraphs, fusion) that would change what is saved for backward.
-    std::optional<torch::jit::GraphOptimizerEnabledGuard> eager_executor;
-    if (o->eager_lifetimes) {
-      apply_eager_lifetimes(module);
-      eager_executor.emplace(false);
-    }
-    if (dtype != at::kFloat) module.to(dtype);
-    module.train(o->train != 0);
-    std::vector<at::Tensor> params, buffers;
-    for (const auto& p : module.parameters()) params.push_back(p);
-    for (const auto& b : module.buffers()) buffers.push_back(b);
-    // Named in the registry, so the live tensors at the peak show them as parameters.
-    for (const auto& p : module.named_parameters(true)) gmt::register_tensor(p.value, p.name);
-    for (const auto& b : module.named_buffers(true)) gmt::register_tensor(b.value, b.name);
-    for (const auto& p : params) {
-      r.param_count += p.numel();
-      if (p.has_storage()) gmt::tag_parameter(gmt::allocation_id(p.storage().unsafeGetStorageImpl()));
-    }
-    r.param_bytes = gmt::unique_storage_bytes(params);
-    r.buffer_bytes = gmt::unique_storage_bytes(buffers);
-
-    // From here on, on this thread, the CPU means meta (traced graphs copy to the CPU they were
-    // traced on; scripted code makes tensors there).
-    std::optional<CpuMeansMeta> cpu_means_meta;
-    if (meta) cpu_means_meta.emplace();
-
-    gmt::set_phase(GMT_PHASE_INPUT, 0);
-    const std::vector<int64_t> shape(o->input_shape, o->input_shape + o->input_ndim);
-    at::Tensor input = o->input_is_index ? at::zeros(shape, at::TensorOptions().device(device).dtype(at::kLong))
-                                         : at::rand(shape, at::TensorOptions().device(device).dtype(dtype));
-    r.input_bytes = static_cast<int64_t>(input.nbytes());
-
-    gmt::OptimizerState opt;
-    opt.kind = o->optimizer;
-    const int32_t iterations = o->train ? std::max(1, o->iterations) : 1;
-    for (int32_t it = 1; it <= iterations; ++it) {
-      gmt::set_phase(GMT_PHASE_FORWARD, it);
-      c10::IValue result;
-      {
-        std::optional<at::NoGradGuard> no_grad;
-        if (!o->train) no_grad.emplace();
-        try {
-          g_forward_passes.fetch_add(1, std::memory_order_relaxed);
-          result = module.forward({input});
-        } catch (const std::exception& e) {
-          std::string shape_text = "[";
-          for (size_t i = 0; i < shape.size(); ++i) shape_text += (i ? ", " : "") + std::to_string(shape[i]);
-          throw std::runtime_error("forward failed for input " + shape_text + "] " + c10::toString(input.scalar_type()) +
-                                   ": " + short_message(e));
-        }
-      }
-      if (!o->train) {
-        int64_t numel = 0;
-        if (result.isTensor()) numel = result.toTensor().numel();
-        r.output_numel = numel;
-        break;
-      }
-      gmt::set_phase(GMT_PHASE_BACKWARD, it);
-      int64_t numel = 0;
-      at::Tensor loss = loss_of(result, numel);
-      r.output_numel = numel;
-      if (!loss.defined()) throw std::runtime_error("the model output holds no tensor to train on");
-      result = c10::IValue();
-      loss.backward();
-      loss = at::Tensor();
-      std::vector<at::Tensor> grads;
-      for (const auto& p : params) grads.push_back(p.grad());
-      r.grad_bytes = gmt::unique_storage_bytes(grads);
-      gmt::set_phase(GMT_PHASE_OPTIMIZER, it);
-      opt.update(params);
-      r.optimizer_state_bytes = opt.bytes();
-      // zero_grad(set_to_none=True) happens before the next forward in a usual loop.
-      if (it < iterations)
-        for (auto& p : params) p.mutable_grad() = at::Tensor();
-    }
-    *out = r;
+    gmt::run_estimate(
+        o,
+        [&](const c10::Device& device, c10::ScalarType dtype) {
+          auto module = std::make_shared<torch::jit::script::Module>();
+          try {
+            *module = torch::jit::load(o->path, device);
+          } catch (const std::exception& e) {
+            throw std::runtime_error(std::string("cannot load ") + o->path + " as TorchScript: " + short_message(e));
+          }
+          if (meta) {
+            gpu_devices_to_meta(*module);
+            scalar_constants_from_file(o->path, *module);
+          }
+          // Eager PyTorch runs op by op with autograd per op: no graph-executor passes (autodiff
+          // subgraphs, fusion) that would change what is saved for backward.
+          std::shared_ptr<torch::jit::GraphOptimizerEnabledGuard> eager_executor;
+          if (o->eager_lifetimes) {
+            apply_eager_lifetimes(*module);
+            eager_executor = std::make_shared<torch::jit::GraphOptimizerEnabledGuard>(false);
+          }
+          if (dtype != at::kFloat) module->to(dtype);
+          module->train(o->train != 0);
+          gmt::LoadedModel m;
+          for (const auto& p : module->parameters()) m.params.push_back(p);
+          for (const auto& b : module->buffers()) m.buffers.push_back(b);
+          // Named in the registry, so the live tensors at the peak show them as parameters.
+          for (const auto& p : module->named_parameters(true)) gmt::register_tensor(p.value, p.name);
+          for (const auto& b : module->named_buffers(true)) gmt::register_tensor(b.value, b.name);
+          m.forward = [module, eager_executor](const at::Tensor& input) { return module->forward({input}); };
+          return m;
+        },
+        out);
   })
 }
 

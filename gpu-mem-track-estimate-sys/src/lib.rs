@@ -48,6 +48,60 @@ pub struct gmt_estimate_result {
     pub output_numel: i64,
 }
 
+/// A placeholder's role in a torch.export program (mirrors `gmt_exported_role`).
+pub const GMT_EXPORTED_USER_INPUT: i32 = 0;
+/// A parameter.
+pub const GMT_EXPORTED_PARAMETER: i32 = 1;
+/// A buffer.
+pub const GMT_EXPORTED_BUFFER: i32 = 2;
+/// A tensor constant.
+pub const GMT_EXPORTED_CONSTANT: i32 = 3;
+
+/// What a node argument holds (mirrors `gmt_exported_arg_kind`).
+pub const GMT_EXPORTED_ARG_NONE: i32 = 0;
+/// A value (`i`).
+pub const GMT_EXPORTED_ARG_TENSOR: i32 = 1;
+/// Values (`ints`).
+pub const GMT_EXPORTED_ARG_TENSORS: i32 = 2;
+/// Values or none (`ints`, -1: none).
+pub const GMT_EXPORTED_ARG_OPTIONAL_TENSORS: i32 = 3;
+/// `i`.
+pub const GMT_EXPORTED_ARG_INT: i32 = 4;
+/// `ints`.
+pub const GMT_EXPORTED_ARG_INTS: i32 = 5;
+/// `f`.
+pub const GMT_EXPORTED_ARG_FLOAT: i32 = 6;
+/// `floats`.
+pub const GMT_EXPORTED_ARG_FLOATS: i32 = 7;
+/// `i` (0 or 1).
+pub const GMT_EXPORTED_ARG_BOOL: i32 = 8;
+/// `ints` (0 or 1 each).
+pub const GMT_EXPORTED_ARG_BOOLS: i32 = 9;
+/// `s`.
+pub const GMT_EXPORTED_ARG_STRING: i32 = 10;
+/// `i`, a c10::ScalarType.
+pub const GMT_EXPORTED_ARG_SCALAR_TYPE: i32 = 11;
+/// `i`, a c10::MemoryFormat.
+pub const GMT_EXPORTED_ARG_MEMORY_FORMAT: i32 = 12;
+/// `i`, a c10::Layout.
+pub const GMT_EXPORTED_ARG_LAYOUT: i32 = 13;
+/// `s` the device type, `i` its index (-1: none).
+pub const GMT_EXPORTED_ARG_DEVICE: i32 = 14;
+
+/// One named argument of a torch.export node (mirrors `gmt_exported_arg`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct gmt_exported_arg {
+    pub kind: i32,
+    pub name: *const c_char,
+    pub i: i64,
+    pub f: f64,
+    pub ints: *const i64,
+    pub floats: *const f64,
+    pub n: usize,
+    pub s: *const c_char,
+}
+
 /// Static estimate result (mirrors `gmt_static_result`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -90,6 +144,37 @@ extern "C" {
         out: *mut gmt_estimate_result,
     ) -> gmt_error;
     pub fn gmt_estimate_forward_passes() -> i64;
+    pub fn gmt_exported_program_json(path: *const c_char, json: *mut *mut c_char) -> gmt_error;
+    pub fn gmt_exported_program_new() -> *mut c_void;
+    pub fn gmt_exported_program_free(program: *mut c_void);
+    pub fn gmt_exported_program_placeholder(
+        program: *mut c_void,
+        name: *const c_char,
+        role: i32,
+        sizes: *const i64,
+        strides: *const i64,
+        ndim: usize,
+        dtype: i32,
+        requires_grad: i32,
+    ) -> gmt_error;
+    pub fn gmt_exported_program_node(
+        program: *mut c_void,
+        op: *const c_char,
+        overload: *const c_char,
+        args: *const gmt_exported_arg,
+        nargs: usize,
+        outputs: *const i64,
+        noutputs: usize,
+        frees: *const i64,
+        nfrees: usize,
+        values: i64,
+    ) -> gmt_error;
+    pub fn gmt_exported_program_outputs(program: *mut c_void, values: *const i64, n: usize) -> gmt_error;
+    pub fn gmt_estimate_exported(
+        program: *const c_void,
+        options: *const gmt_estimate_options,
+        out: *mut gmt_estimate_result,
+    ) -> gmt_error;
     pub fn gmt_estimate_static(
         path: *const c_char,
         shape: *const i64,
@@ -118,3 +203,4 @@ extern "C" {
 const _: () = assert!(std::mem::size_of::<gmt_estimate_options>() == 48);
 const _: () = assert!(std::mem::size_of::<gmt_estimate_result>() == 56);
 const _: () = assert!(std::mem::size_of::<gmt_static_result>() == 120);
+const _: () = assert!(std::mem::size_of::<gmt_exported_arg>() == 64);

@@ -29,6 +29,15 @@ pub fn estimate_progress(mode: Mode) -> (u64, u64, String) {
     (done.min(total), total, what)
 }
 
+/// Stops the allocation recorder when dropped: a run that fails half-way leaves none running.
+pub(crate) struct RecorderGuard;
+
+impl Drop for RecorderGuard {
+    fn drop(&mut self) {
+        let _ = recorder::stop();
+    }
+}
+
 /// Where the highest live byte count was reached.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PeakPlace {

@@ -17,6 +17,7 @@ use gpu_mem_track_sys as sys;
 use sys::copy_table;
 
 use crate::error::{Error, Result};
+use crate::exported;
 use crate::figures::{CpuTensors, FallbackOp, ModelSizes, StaticEstimate};
 
 use sys::safe::bytes;
@@ -194,12 +195,29 @@ pub(crate) fn estimate_torchscript(
         device_kind: call.device_kind.code(),
         eager_lifetimes: call.eager_lifetimes as i32,
     };
+    // A torch.export archive: its program, built in the C++ before the run.
+    let program = if exported::is_exported_program(call.path) {
+        Some(ExportedProgram::read(call.path, call.input_shape)?)
+    } else {
+        None
+    };
+    let mut opts = opts;
+    if let Some(input) = program.as_ref().and_then(|p| p.input_dtype) {
+        // The program says what its input is: integer token ids or floats.
+        opts.input_is_index = i32::from(!matches!(input, 5 | 6 | 7 | 15));
+    }
     let meta = MetaCounters::begin();
     let cpu_before = cpu_means_meta_counts();
     let mut raw = esys::gmt_estimate_result::default();
-    // SAFETY: `opts` points at live buffers (`path`, `input_shape`) for the call; `raw` is a
-    // valid out-pointer.
-    check("estimate", unsafe { esys::gmt_estimate_torchscript(&opts, &mut raw) })?;
+    match &program {
+        // SAFETY: `program` is live; `opts` points at live buffers (`path`, `input_shape`) for
+        // the call; `raw` is a valid out-pointer.
+        Some(p) => {
+            check("estimate", unsafe { esys::gmt_estimate_exported(p.raw.as_ptr(), &opts, &mut raw) })?
+        }
+        // SAFETY: as above.
+        None => check("estimate", unsafe { esys::gmt_estimate_torchscript(&opts, &mut raw) })?,
+    }
     let (meta_scalar_reads, cpu_fallback) = meta.since();
     let run = RunFigures {
         sizes: ModelSizes {
@@ -224,6 +242,185 @@ pub(crate) fn estimate_torchscript(
     };
     let (events, names) = recorder::events();
     Ok((run, events, names))
+}
+
+/// A torch.export program built in the estimator's C++ (`exported_program.cpp`), freed on drop.
+pub(crate) struct ExportedProgram {
+    raw: std::ptr::NonNull<std::ffi::c_void>,
+    /// The first user input's c10::ScalarType.
+    input_dtype: Option<i32>,
+}
+
+impl ExportedProgram {
+    /// Reads a `.pt2` archive's program and builds it, for a run on an input of `input_shape`.
+    pub(crate) fn read(path: &std::path::Path, input_shape: &[i64]) -> Result<Self> {
+        let c_path = c_string("read a torch.export archive", &path.to_string_lossy())?;
+        let mut json: *mut std::os::raw::c_char = std::ptr::null_mut();
+        // SAFETY: `c_path` lives across the call; `json` is a valid out-pointer.
+        check("read a torch.export archive", unsafe {
+            esys::gmt_exported_program_json(c_path.as_ptr(), &mut json)
+        })?;
+        // SAFETY: set by the shim on success, owned by us.
+        let text = unsafe { take_shim_string(json) };
+        let program = exported::parse(&text, path)?;
+        match program.first_input() {
+            // Static shapes are baked into the graph (views, expands): another input would not run.
+            Some(i) if !i.dynamic && i.sizes != input_shape => {
+                return Err(Error::Input(format!(
+                    "{} was exported for an input of {:?}: a torch.export program's shapes are fixed when it \
+                     is exported, so estimate it with --input {} (or export it for the shape to estimate, or \
+                     with a dynamic batch dimension)",
+                    path.display(),
+                    i.sizes,
+                    i.sizes.iter().map(i64::to_string).collect::<Vec<_>>().join("x")
+                )))
+            }
+            None => {
+                return Err(Error::Input(format!("{}: the program takes no tensor input", path.display())))
+            }
+            _ => {}
+        }
+        Self::build(&program)
+    }
+
+    fn build(p: &exported::Program) -> Result<Self> {
+        // SAFETY: allocation; null on failure.
+        let raw = std::ptr::NonNull::new(unsafe { esys::gmt_exported_program_new() }).ok_or_else(|| {
+            Error::from(sys::safe::ShimError {
+                call: "torch.export program",
+                message: "out of memory".into(),
+            })
+        })?;
+        let built = ExportedProgram { raw, input_dtype: p.first_input().map(|i| i.dtype) };
+        for ph in &p.placeholders {
+            let name = c_string("torch.export placeholder", &ph.name)?;
+            // SAFETY: `built.raw` is live; the name and both dims buffers live across the call and
+            // hold `sizes.len()` elements (the parser checked that both lists have one length).
+            check("torch.export placeholder", unsafe {
+                esys::gmt_exported_program_placeholder(
+                    built.raw.as_ptr(),
+                    name.as_ptr(),
+                    ph.role as i32,
+                    ph.sizes.as_ptr(),
+                    ph.strides.as_ptr(),
+                    ph.sizes.len().min(ph.strides.len()),
+                    ph.dtype,
+                    i32::from(ph.requires_grad),
+                )
+            })?;
+        }
+        for n in &p.nodes {
+            built.node(n)?;
+        }
+        // SAFETY: `built.raw` is live; the buffer holds `outputs.len()` ids.
+        check("torch.export outputs", unsafe {
+            esys::gmt_exported_program_outputs(built.raw.as_ptr(), p.outputs.as_ptr(), p.outputs.len())
+        })?;
+        Ok(built)
+    }
+
+    fn node(&self, n: &exported::Node) -> Result<()> {
+        use exported::Arg;
+        let (op, overload) =
+            (c_string("torch.export node", &n.op)?, c_string("torch.export node", &n.overload)?);
+        // Every buffer an argument points at, kept alive until the call returns.
+        let mut names = Vec::with_capacity(n.args.len());
+        let mut strings = Vec::new();
+        let mut int_lists: Vec<Vec<i64>> = Vec::new();
+        let mut float_lists: Vec<Vec<f64>> = Vec::new();
+        let mut raw = Vec::with_capacity(n.args.len());
+        for (name, a) in &n.args {
+            names.push(c_string("torch.export argument", name)?);
+            let mut r = esys::gmt_exported_arg {
+                kind: esys::GMT_EXPORTED_ARG_NONE,
+                name: std::ptr::null(),
+                i: 0,
+                f: 0.0,
+                ints: std::ptr::null(),
+                floats: std::ptr::null(),
+                n: 0,
+                s: std::ptr::null(),
+            };
+            let mut ints = |v: Vec<i64>, r: &mut esys::gmt_exported_arg| {
+                r.n = v.len();
+                int_lists.push(v);
+                r.ints = int_lists.last().map_or(std::ptr::null(), |l| l.as_ptr());
+            };
+            match a {
+                Arg::None => {}
+                Arg::Tensor(id) => (r.kind, r.i) = (esys::GMT_EXPORTED_ARG_TENSOR, *id),
+                Arg::Tensors(ids) => {
+                    r.kind = esys::GMT_EXPORTED_ARG_TENSORS;
+                    ints(ids.clone(), &mut r);
+                }
+                Arg::OptionalTensors(ids) => {
+                    r.kind = esys::GMT_EXPORTED_ARG_OPTIONAL_TENSORS;
+                    ints(ids.clone(), &mut r);
+                }
+                Arg::Int(v) => (r.kind, r.i) = (esys::GMT_EXPORTED_ARG_INT, *v),
+                Arg::Ints(v) => {
+                    r.kind = esys::GMT_EXPORTED_ARG_INTS;
+                    ints(v.clone(), &mut r);
+                }
+                Arg::Float(v) => (r.kind, r.f) = (esys::GMT_EXPORTED_ARG_FLOAT, *v),
+                Arg::Floats(v) => {
+                    r.kind = esys::GMT_EXPORTED_ARG_FLOATS;
+                    r.n = v.len();
+                    float_lists.push(v.clone());
+                    r.floats = float_lists.last().map_or(std::ptr::null(), |l| l.as_ptr());
+                }
+                Arg::Bool(v) => (r.kind, r.i) = (esys::GMT_EXPORTED_ARG_BOOL, i64::from(*v)),
+                Arg::Bools(v) => {
+                    r.kind = esys::GMT_EXPORTED_ARG_BOOLS;
+                    ints(v.iter().map(|&b| i64::from(b)).collect(), &mut r);
+                }
+                Arg::Str(v) | Arg::Device(v, _) => {
+                    r.kind = if matches!(a, Arg::Str(_)) {
+                        esys::GMT_EXPORTED_ARG_STRING
+                    } else {
+                        esys::GMT_EXPORTED_ARG_DEVICE
+                    };
+                    if let Arg::Device(_, index) = a {
+                        r.i = *index;
+                    }
+                    strings.push(c_string("torch.export argument", v)?);
+                    r.s = strings.last().map_or(std::ptr::null(), |s| s.as_ptr());
+                }
+                Arg::ScalarType(v) => (r.kind, r.i) = (esys::GMT_EXPORTED_ARG_SCALAR_TYPE, i64::from(*v)),
+                Arg::MemoryFormat(v) => (r.kind, r.i) = (esys::GMT_EXPORTED_ARG_MEMORY_FORMAT, i64::from(*v)),
+                Arg::Layout(v) => (r.kind, r.i) = (esys::GMT_EXPORTED_ARG_LAYOUT, i64::from(*v)),
+            }
+            raw.push(r);
+        }
+        for (r, name) in raw.iter_mut().zip(&names) {
+            r.name = name.as_ptr();
+        }
+        let outputs: Vec<i64> = n.outputs.iter().flatten().copied().collect();
+        // SAFETY: `self.raw` is live; every pointer in `raw` points into `names`, `strings`,
+        // `int_lists` or `float_lists` (vectors whose heap buffers do not move when the outer
+        // vectors grow), all alive until the call returns; the C++ copies what it keeps.
+        check("torch.export node", unsafe {
+            esys::gmt_exported_program_node(
+                self.raw.as_ptr(),
+                op.as_ptr(),
+                overload.as_ptr(),
+                raw.as_ptr(),
+                raw.len(),
+                outputs.as_ptr(),
+                outputs.len(),
+                n.frees.as_ptr(),
+                n.frees.len(),
+                n.values,
+            )
+        })
+    }
+}
+
+impl Drop for ExportedProgram {
+    fn drop(&mut self) {
+        // SAFETY: made by gmt_exported_program_new, freed once.
+        unsafe { esys::gmt_exported_program_free(self.raw.as_ptr()) }
+    }
 }
 
 /// Forward passes of TorchScript models this process has run.
@@ -430,7 +627,6 @@ pub(crate) fn meta_kernels_check() -> Result<Vec<(String, String, String)>> {
         .collect())
 }
 
-#[cfg(feature = "tch")]
 /// "The CPU means meta" on this thread while the guard lives: factories asked for the CPU make
 /// meta tensors and CPU tensors that reach an op become meta twins (`gpu-mem-track-estimate-sys/csrc/cpu_means_meta.cpp`).
 /// Thread-local in libtorch, so the guard stays on the thread that made it.
@@ -447,7 +643,6 @@ fn cpu_means_meta_counts() -> (i64, i64) {
     (made, moved)
 }
 
-#[cfg(feature = "tch")]
 impl CpuMeansMeta {
     /// `copies_too`: copies to the CPU (`to`, `_to_copy`) stay on meta as well (TorchScript).
     pub(crate) fn begin(copies_too: bool) -> Result<Self> {
@@ -507,7 +702,6 @@ pub(crate) fn script_ops_without_meta(path: &std::path::Path) -> Result<Vec<(Str
         .collect())
 }
 
-#[cfg(feature = "tch")]
 impl Drop for CpuMeansMeta {
     fn drop(&mut self) {
         // SAFETY: the matching end of `begin`, on the same thread (the guard is not Send).

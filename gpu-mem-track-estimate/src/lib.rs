@@ -43,10 +43,12 @@
 pub use gpu_mem_track_core::caching_allocator;
 mod error;
 mod estimate;
+mod exported;
 mod ffi;
 mod figures;
 pub mod fit;
 pub mod gpu_runtime;
+pub mod in_process;
 #[cfg(feature = "tch")]
 mod native;
 mod options;

@@ -79,9 +79,9 @@ impl From<RunOn> for EstimateDevice {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Estimate the memory of a TorchScript model without a GPU (runs it on the meta device).
+    /// Estimate the memory of a model file without a GPU (runs it on the meta device).
     Estimate(EstimateArgs),
-    /// The largest batch (or sequence length, `--vary seq`) of a TorchScript model that fits a GPU,
+    /// The largest batch (or sequence length, `--vary seq`) of a model file that fits a GPU,
     /// for inference or a training step: a search over meta runs, each judged on the high end of
     /// its GPU prediction (nvidia-smi with the largest plausible cuDNN workspaces).
     Fit(FitArgs),
@@ -139,7 +139,9 @@ struct FitArgs {
 /// The model and run shared by `estimate`, `fit` and `timeline`.
 #[derive(clap::Args)]
 struct ModelArgs {
-    /// TorchScript model file (`torch.jit.script(model).save(...)`).
+    /// Model file: a `torch.export` program (`.pt2`, `torch.export.save(torch.export.export(model,
+    /// (x,)), "model.pt2")`, exported for the --input shape) or TorchScript (`.pt`,
+    /// `torch.jit.script(model).save(...)`, the older format).
     model: PathBuf,
     /// Input shape, batch first: `16x3x224x224`.
     #[arg(long, value_parser = parse_shape, required = true)]
@@ -150,9 +152,10 @@ struct ModelArgs {
     /// Optimizer for --mode train: sgd, momentum, adam or adamw.
     #[arg(long, value_enum, default_value_t = Optimizer::Adam)]
     optimizer: Optimizer,
-    /// When values are freed: torchscript (after their last use, as a tch `CModule` runs the
-    /// model) or eager (as eager Python PyTorch: locals until rebound or `forward` returns, call
-    /// inputs until the call returns).
+    /// When values of a TorchScript model are freed: torchscript (after their last use, as a tch
+    /// `CModule` runs the model) or eager (as eager Python PyTorch: locals until rebound or
+    /// `forward` returns, call inputs until the call returns). A `.pt2` program runs op by op as
+    /// eager PyTorch does, each value freed after its last use, whichever is given.
     #[arg(long, value_enum, default_value_t = Lifetimes::TorchScript)]
     lifetimes: Lifetimes,
     /// The dtype the model runs in: fp32, fp16 or bf16 (parameters, gradients, optimizer state,

@@ -17,7 +17,7 @@ use tch::{Device, Kind, Tensor};
 use gpu_mem_track_core::{Phase, Trace};
 
 use crate::error::{Error, Result};
-use crate::estimate::{finish_estimate, Estimate};
+use crate::estimate::{finish_estimate, Estimate, RecorderGuard};
 use crate::ffi;
 use crate::figures::ModelSizes;
 use crate::options::{EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Precision};
@@ -41,14 +41,6 @@ pub struct NativeStepOptions {
     pub optimizer: Optimizer,
     /// Where to run: `Meta` to estimate, `Cpu` to check an estimate with real compute.
     pub device: EstimateDevice,
-}
-
-struct RecorderGuard;
-
-impl Drop for RecorderGuard {
-    fn drop(&mut self) {
-        let _ = recorder::stop();
-    }
 }
 
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {

@@ -50,6 +50,19 @@ pub enum Shard {
     Zero3,
 }
 
+impl std::str::FromStr for Shard {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().replace(['-', '_'], "").as_str() {
+            "none" | "ddp" => Ok(Shard::None),
+            "zero1" => Ok(Shard::Zero1),
+            "zero2" => Ok(Shard::Zero2),
+            "zero3" | "fsdp" => Ok(Shard::Zero3),
+            _ => Err(format!("unknown sharding {s:?} (use none, zero1, zero2, zero3 or fsdp)")),
+        }
+    }
+}
+
 /// Precision of a training step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
@@ -69,6 +82,22 @@ pub enum TrainingPrecision {
     AmpBf16,
     /// As `amp-bf16` with float16.
     AmpFp16,
+}
+
+impl std::str::FromStr for TrainingPrecision {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().replace('_', "-").as_str() {
+            "fp32" | "f32" => Ok(TrainingPrecision::Fp32),
+            "fp16" | "f16" => Ok(TrainingPrecision::Fp16),
+            "bf16" => Ok(TrainingPrecision::Bf16),
+            "amp-bf16" => Ok(TrainingPrecision::AmpBf16),
+            "amp-fp16" | "amp-f16" => Ok(TrainingPrecision::AmpFp16),
+            _ => {
+                Err(format!("unknown training precision {s:?} (use fp32, fp16, bf16, amp-bf16 or amp-fp16)"))
+            }
+        }
+    }
 }
 
 impl TrainingPrecision {

@@ -185,11 +185,18 @@ pub fn estimate_torchscript_with_peak_tensors(
     let run = estimate_torchscript_traced(path, options);
     recorder::walk_peaks(false); // a run that failed before recording leaves it asked for
     let (estimate, trace) = run?;
+    let groups = peak_tensor_groups();
+    Ok((estimate, trace, groups))
+}
+
+/// The live tensors the recording's peak walk captured ([`recorder::walk_peaks`]), grouped as the
+/// log groups them, largest first; views are counted on their storage owner's line, as in the log.
+pub(crate) fn peak_tensor_groups() -> Vec<gpu_mem_track_core::log::GroupLine> {
     let snap = recorder::peak_walk();
     let mut groups: Vec<_> = snap.groups.into_iter().collect();
     groups.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(b.1.count.cmp(&a.1.count)).then(a.0.cmp(&b.0)));
     // Views hold no memory of their own: counted on their storage owner's line, as the log does.
-    let groups = groups
+    groups
         .into_iter()
         .filter(|(key, _)| !key.view)
         .map(|(key, totals)| gpu_mem_track_core::log::GroupLine {
@@ -203,6 +210,5 @@ pub fn estimate_torchscript_with_peak_tensors(
             op: None,
             views: i64::try_from(totals.views).unwrap_or(i64::MAX),
         })
-        .collect();
-    Ok((estimate, trace, groups))
+        .collect()
 }

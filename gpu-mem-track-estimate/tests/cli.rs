@@ -29,6 +29,10 @@ fn estimate_errors_are_one_line() {
     std::fs::write(&junk, "no zip").unwrap();
     one_line_error(&run(&["estimate", junk.to_str().unwrap(), "--input", "1x3x8x8"]), "cannot load");
     assert_eq!(run(&["estimate", junk.to_str().unwrap(), "--input", "1xbananax8"]).status.code(), Some(2));
+    // A .pt2 that is not a torch.export archive.
+    let junk2 = dir.path().join("junk.pt2");
+    std::fs::write(&junk2, "no zip").unwrap();
+    one_line_error(&run(&["estimate", junk2.to_str().unwrap(), "--input", "1x3x8x8"]), "junk.pt2");
     one_line_error(
         &run(&[
             "estimate",
@@ -357,6 +361,66 @@ fn a_timeline_on_a_gpu_profile_shows_its_cublas_workspaces() {
         &run(&["timeline", m, "--input", "4x256", "--device-profile", "h9000", "-o", "t.json"]),
         "h9000",
     );
+}
+
+#[cfg_attr(
+    not(gmt_torchvision),
+    ignore = "needs Python with torch and torchvision to export the models (scripts/dev installs them)"
+)]
+#[test]
+fn a_torch_export_program_estimates_as_its_torchscript_file_does_eagerly() {
+    let dir = tempfile::tempdir().unwrap();
+    export_models(dir.path(), &["resnet50.pt2", "vit_b_16.pt2"]);
+    let estimate = |file: &Path, extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["estimate", file.to_str().unwrap(), "--input", "16x3x224x224", "--mode", "train"];
+        args.extend_from_slice(&["--optimizer", "adamw", "--device-profile", "h100-80g", "--json"]);
+        args.extend_from_slice(extra);
+        let o = run(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    for name in ["resnet50", "vit_b_16"] {
+        let pt2 = estimate(&dir.path().join(format!("{name}.pt2")), &[]);
+        // The program runs op by op as eager PyTorch does: the TorchScript file of the same model
+        // run with eager lifetimes.
+        let ts = estimate(&dir.path().join(format!("{name}.pt")), &["--lifetimes", "eager"]);
+        for key in [
+            "param_count",
+            "param_bytes",
+            "buffer_bytes",
+            "input_bytes",
+            "grad_bytes",
+            "optimizer_state_bytes",
+        ] {
+            assert_eq!(pt2[key], ts[key], "{name}: {key}");
+        }
+        let ratio = |a: &serde_json::Value, b: &serde_json::Value| a.as_f64().unwrap() / b.as_f64().unwrap();
+        let peak = ratio(&pt2["peak"]["bytes"], &ts["peak"]["bytes"]);
+        let gpu = ratio(&pt2["gpu"]["peak_allocated"]["high"], &ts["gpu"]["peak_allocated"]["high"]);
+        println!("{name}: .pt2 / TorchScript: peak {peak:.4}, GPU peak allocated {gpu:.4}");
+        assert!((peak - 1.0).abs() <= 0.01 && (gpu - 1.0).abs() <= 0.01, "{name}: {pt2} vs {ts}");
+        assert_eq!(pt2["peak"]["phase"], ts["peak"]["phase"], "{name}");
+    }
+    // Its shapes are baked in: another input is refused, naming the one it was exported for.
+    let resnet = dir.path().join("resnet50.pt2");
+    one_line_error(
+        &run(&["estimate", resnet.to_str().unwrap(), "--input", "8x3x224x224"]),
+        "--input 16x3x224x224",
+    );
+    // Inference runs it too, without gradients.
+    let o = run(&[
+        "estimate",
+        resnet.to_str().unwrap(),
+        "--input",
+        "16x3x224x224",
+        "--mode",
+        "inference",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["grad_bytes"], 0);
+    assert!(v["peak"]["bytes"].as_u64().unwrap() < v["param_bytes"].as_u64().unwrap() * 3, "{v}");
 }
 
 #[cfg_attr(

@@ -207,46 +207,301 @@ fn estimate_error(e: gpu_mem_track_estimate::Error) -> PyErr {
     }
 }
 
-/// Estimates a TorchScript model file as `gpu-mem-track estimate --json` does, on the meta device
-/// (no GPU, no compute); returns that JSON.
-#[pyfunction]
-#[pyo3(signature = (model, input_shape, input_is_index=false, mode="train", optimizer="adamw", device="h100-80g", lifetimes="eager", dtype="f32"))]
-#[allow(clippy::too_many_arguments)]
-fn estimate(
-    py: Python<'_>,
-    model: PathBuf,
-    input_shape: Vec<i64>,
-    input_is_index: bool,
-    mode: &str,
-    optimizer: &str,
-    device: &str,
-    lifetimes: &str,
-    dtype: &str,
-) -> PyResult<String> {
-    use gpu_mem_track_estimate::report::{estimate_json, gpu_predictions};
-    use gpu_mem_track_estimate::{estimate_torchscript_traced, EstimateDevice, EstimateOptions, Mode};
-    let option = |name: &str, e: String| PyValueError::new_err(format!("{name}: {e}"));
-    let mode = match mode.to_ascii_lowercase().as_str() {
-        "train" | "training" => Mode::Train(optimizer.parse().map_err(|e| option("optimizer", e))?),
-        "inference" | "eval" => Mode::Inference,
-        other => return Err(option("mode", format!("unknown mode {other:?} (use train or inference)"))),
-    };
-    let options = EstimateOptions {
-        input_shape,
-        input_is_index,
-        precision: dtype.parse().map_err(|e| option("dtype", e))?,
-        mode,
-        device: EstimateDevice::Meta,
-        lifetimes: lifetimes.parse().map_err(|e| option("lifetimes", e))?,
-    };
-    py.detach(|| {
-        let (e, trace) = estimate_torchscript_traced(&model, &options).map_err(estimate_error)?;
-        let gpus = gpu_predictions(device, None, &trace).map_err(estimate_error)?;
-        let one = device != "all";
-        let v = estimate_json(&e, None, &gpus, one, None)
-            .map_err(|e| GpuMemTrackError::new_err(e.to_string()))?;
-        Ok(v.to_string())
+/// The phase names the Python estimator uses, as the recorder's phases.
+fn phase_named(name: &str) -> PyResult<gpu_mem_track_estimate::Phase> {
+    use gpu_mem_track_estimate::Phase;
+    Ok(match name {
+        "load" => Phase::Load,
+        "input" => Phase::Input,
+        "forward" => Phase::Forward,
+        "backward" => Phase::Backward,
+        "optimizer" => Phase::Optimizer,
+        other => return Err(PyValueError::new_err(format!("unknown phase {other:?}"))),
     })
+}
+
+/// An in-process estimate while it records (`gpu_mem_track.Estimator`): the program's own code on
+/// meta, on the thread that began it (the CPU and CUDA mean meta there).
+#[pyclass(name = "Recording", module = "gpu_mem_track._native", unsendable)]
+struct PyRecording {
+    run: Option<gpu_mem_track_estimate::in_process::InProcessRun>,
+}
+
+/// What the model and its optimizer hold, as the Python side counted them (a dict).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct PySizes {
+    param_count: u64,
+    param_bytes: u64,
+    buffer_bytes: u64,
+    input_bytes: u64,
+    grad_bytes: u64,
+    optimizer_state_bytes: u64,
+}
+
+#[pymethods]
+impl PyRecording {
+    /// Starts recording on this thread.
+    #[new]
+    fn new() -> PyResult<Self> {
+        let run = gpu_mem_track_estimate::in_process::InProcessRun::begin().map_err(estimate_error)?;
+        Ok(PyRecording { run: Some(run) })
+    }
+
+    /// Ends the recording: the estimate of what ran, for the GPU `device` (a profile name or
+    /// file, `cuda`, `all`); `sites` names the site indexes (module paths); `optimizer` is `None`
+    /// for inference; `parallel` is `(world_size, shard, precision)` for one rank's figures.
+    #[pyo3(signature = (input_shape, input_is_index, precision, optimizer, sizes, sites, device, gpu_memory=None, parallel=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &mut self,
+        py: Python<'_>,
+        input_shape: Vec<i64>,
+        input_is_index: bool,
+        precision: &str,
+        optimizer: Option<&str>,
+        sizes: PySizes,
+        sites: Vec<String>,
+        device: &str,
+        gpu_memory: Option<u64>,
+        parallel: Option<(u64, String, String)>,
+    ) -> PyResult<PyFinished> {
+        use gpu_mem_track_estimate::{EstimateDevice, EstimateOptions, Lifetimes, Mode, ModelSizes};
+        let run = self.run.take().ok_or_else(|| GpuMemTrackError::new_err("this recording has finished"))?;
+        let option = |name: &str, e: String| PyValueError::new_err(format!("{name}: {e}"));
+        // Parsed before the run ends, but the run ends whatever they say (dropping it stops it).
+        let mode = match optimizer {
+            Some(o) => Mode::Train(o.parse().map_err(|e| option("optimizer", e))?),
+            None => Mode::Inference,
+        };
+        let options = EstimateOptions {
+            input_shape,
+            input_is_index,
+            precision: precision.parse().map_err(|e| option("dtype", e))?,
+            mode,
+            device: EstimateDevice::Meta,
+            lifetimes: Lifetimes::Eager,
+        };
+        let parallelism = match parallel {
+            Some((world_size, shard, precision)) if world_size > 1 || shard != "none" => {
+                Some(gpu_mem_track_estimate::sharding::Parallelism {
+                    world_size: world_size.max(1),
+                    shard: shard.parse().map_err(|e| option("shard", e))?,
+                    precision: precision.parse().map_err(|e| option("precision", e))?,
+                })
+            }
+            _ => None,
+        };
+        let sizes = ModelSizes {
+            param_count: sizes.param_count,
+            param_bytes: sizes.param_bytes,
+            buffer_bytes: sizes.buffer_bytes,
+            input_bytes: sizes.input_bytes,
+            grad_bytes: sizes.grad_bytes,
+            optimizer_state_bytes: sizes.optimizer_state_bytes,
+        };
+        let done = run.finish(&options, sizes);
+        py.detach(|| PyFinished::new(done, sites, device, gpu_memory, parallelism))
+    }
+
+    /// Lets the CPU be the CPU on this thread until `resume` (Python's from-data constructors).
+    fn pause(&mut self) {
+        if let Some(run) = self.run.as_mut() {
+            run.pause();
+        }
+    }
+
+    /// Makes the CPU mean meta again.
+    fn resume(&mut self) -> PyResult<()> {
+        match self.run.as_mut() {
+            Some(run) => run.resume().map_err(estimate_error),
+            None => Ok(()),
+        }
+    }
+
+    /// Ends the recording without an estimate (the block raised).
+    fn cancel(&mut self) {
+        self.run = None;
+    }
+}
+
+/// An in-process estimate once recorded: its JSON (`estimate --json`'s object, with `breakdown`)
+/// and text, and the GPU prediction `fit` compares.
+#[pyclass(name = "Finished", module = "gpu_mem_track._native", frozen)]
+struct PyFinished {
+    json: String,
+    text: String,
+    fits: Option<bool>,
+    needed: u64,
+    prediction: Option<gpu_mem_track_estimate::profile::GpuPrediction>,
+}
+
+impl PyFinished {
+    fn new(
+        done: gpu_mem_track_estimate::in_process::InProcessEstimate,
+        sites: Vec<String>,
+        device: &str,
+        gpu_memory: Option<u64>,
+        parallelism: Option<gpu_mem_track_estimate::sharding::Parallelism>,
+    ) -> PyResult<Self> {
+        use gpu_mem_track_estimate::report::{
+            estimate_json, gpu_predictions, GpuTable, PeakBreakdown, PeakTensors, RankReport,
+        };
+        use gpu_mem_track_estimate::sharding::per_rank_trace;
+        use gpu_mem_track_estimate::Mode;
+        let e = &done.estimate;
+        let optimizer = match e.options.mode {
+            Mode::Train(o) => o,
+            Mode::Inference => gpu_mem_track_estimate::Optimizer::Sgd,
+        };
+        let rank = parallelism.map(|p| per_rank_trace(&done.trace, optimizer, &p));
+        let gpu_trace = rank.as_ref().map_or(&done.trace, |(t, _)| t);
+        let rank_report = rank.as_ref().map(|(t, plan)| RankReport::new(t, *plan));
+        let gpus = gpu_predictions(device, gpu_memory, gpu_trace).map_err(estimate_error)?;
+        let one = device != "all";
+        let failed = |e: serde_json::Error| GpuMemTrackError::new_err(e.to_string());
+        let mut v = estimate_json(e, rank_report.as_ref(), &gpus, one, None).map_err(failed)?;
+        let site_name = |s: Option<usize>| s.and_then(|i| sites.get(i)).map_or("", String::as_str);
+        let breakdown: Vec<serde_json::Value> = done
+            .peak_by_site
+            .iter()
+            .map(|p| serde_json::json!({"module": site_name(p.site), "category": p.category, "bytes": p.bytes}))
+            .collect();
+        v["breakdown"] = serde_json::Value::Array(breakdown);
+        let mut text = format!("{e}\n{}", PeakBreakdown { estimate: e, trace: &done.trace });
+        text.push_str(&PeakTensors { groups: &done.peak_tensors, estimate: e }.to_string());
+        if let Some(r) = &rank_report {
+            text.push_str(&r.to_string());
+        }
+        match (one, gpus.first()) {
+            (true, Some(g)) => text.push_str(&g.to_string()),
+            _ if !gpus.is_empty() => text.push_str(&GpuTable(&gpus).to_string()),
+            _ => {}
+        }
+        let prediction = if one { gpus.into_iter().next() } else { None };
+        Ok(PyFinished {
+            json: v.to_string(),
+            text,
+            fits: prediction.as_ref().map(|g| g.fits),
+            needed: prediction.as_ref().map_or(0, |g| g.nvidia_smi.high),
+            prediction,
+        })
+    }
+}
+
+#[pymethods]
+impl PyFinished {
+    /// `estimate --json`'s object, with `breakdown` (module, category, bytes at the peak).
+    #[getter]
+    fn json(&self) -> &str {
+        &self.json
+    }
+
+    /// The text `estimate` prints.
+    #[getter]
+    fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Whether the high end fits the GPU asked for (`None` without one).
+    #[getter]
+    fn fits(&self) -> Option<bool> {
+        self.fits
+    }
+
+    /// What nvidia-smi would show at the high end (0 without a GPU asked for).
+    #[getter]
+    fn needed(&self) -> u64 {
+        self.needed
+    }
+}
+
+/// The largest value in `1..=max` whose `probe(value)` (a [`PyFinished`] for one GPU) fits, as
+/// `gpu-mem-track fit` searches; returns the JSON of its result. `dimension`: `batch` or `seq`.
+#[pyfunction]
+#[pyo3(signature = (probe, max, dimension="batch"))]
+fn fit_search(py: Python<'_>, probe: Bound<'_, PyAny>, max: i64, dimension: &str) -> PyResult<String> {
+    use gpu_mem_track_estimate::fit::{search_largest, FitDimension};
+    let dimension = match dimension {
+        "batch" => FitDimension::Batch,
+        "seq" | "sequence" => FitDimension::Seq,
+        other => return Err(PyValueError::new_err(format!("dimension: {other:?} (use batch or seq)"))),
+    };
+    // A Python error inside a probe ends the search; it is raised as it was.
+    let mut raised: Option<PyErr> = None;
+    let result = search_largest(
+        dimension,
+        max,
+        |v| {
+            let finished = probe.call1((v,)).and_then(|f| {
+                let f = f.cast_into::<PyFinished>()?;
+                Ok(f.get().prediction.clone())
+            });
+            match finished {
+                Ok(Some(g)) => Ok(g),
+                Ok(None) => Err(gpu_mem_track_estimate::Error::Input(
+                    "fit needs one GPU profile (device= a profile name or file, not 'cuda' or 'all')".into(),
+                )),
+                Err(e) => {
+                    raised = Some(e);
+                    Err(gpu_mem_track_estimate::Error::Input("a probe raised".into()))
+                }
+            }
+        },
+        |_| {},
+    );
+    if let Some(e) = raised {
+        return Err(e);
+    }
+    let r = result.map_err(estimate_error)?;
+    let _ = py;
+    serde_json::to_string(&r).map_err(|e| GpuMemTrackError::new_err(e.to_string()))
+}
+
+/// Tags the events recorded from now on with a phase and iteration (the Python estimator's hooks).
+#[pyfunction]
+fn recording_phase(phase: &str, iteration: u32) -> PyResult<()> {
+    gpu_mem_track::recorder::set_phase(Some(phase_named(phase)?), iteration);
+    Ok(())
+}
+
+/// Tags the events recorded from now on with a site index (the module running), or none.
+#[pyfunction]
+#[pyo3(signature = (site=None))]
+fn recording_site(site: Option<usize>) {
+    gpu_mem_track::recorder::set_site(site);
+}
+
+/// Sets the site (module path index) of the recorded allocation of the tensor whose
+/// `c10::TensorImpl*` is `cdata`: the module owning a parameter, its gradient, its optimizer state.
+#[pyfunction]
+fn recording_owner(cdata: usize, site: usize) -> PyResult<()> {
+    if cdata == 0 {
+        return Err(PyValueError::new_err("recording_owner: null TensorImpl pointer"));
+    }
+    // SAFETY: `cdata` is the `_cdata` of a tensor the Python caller holds for this call.
+    unsafe { gpu_mem_track::recorder::site_tensor_impl(cdata as *const c_void, Some(site)) };
+    Ok(())
+}
+
+/// Tags the recorded allocation of the tensor whose `c10::TensorImpl*` is `cdata` (`parameter`,
+/// `buffer`, `input`, `gradient`).
+#[pyfunction]
+fn recording_tag(cdata: usize, category: &str) -> PyResult<()> {
+    use gpu_mem_track_core::Category;
+    let category = match category {
+        "parameter" => Category::Parameter,
+        "buffer" => Category::Buffer,
+        "input" => Category::Input,
+        "gradient" => Category::Gradient,
+        other => return Err(PyValueError::new_err(format!("unknown category {other:?}"))),
+    };
+    if cdata == 0 {
+        return Err(PyValueError::new_err("recording_tag: null TensorImpl pointer"));
+    }
+    // SAFETY: `cdata` is the `_cdata` of a tensor the Python caller holds for this call.
+    unsafe { gpu_mem_track::recorder::tag_tensor_impl(cdata as *const c_void, category) };
+    Ok(())
 }
 
 /// Installs the live-tensor registry (once per process; later calls do nothing).
@@ -341,6 +596,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("GpuMemTrackError", m.py().get_type::<GpuMemTrackError>())?;
     m.add_class::<PyTracker>()?;
+    m.add_class::<PyRecording>()?;
+    m.add_class::<PyFinished>()?;
+    m.add_function(wrap_pyfunction!(fit_search, m)?)?;
+    m.add_function(wrap_pyfunction!(recording_phase, m)?)?;
+    m.add_function(wrap_pyfunction!(recording_site, m)?)?;
+    m.add_function(wrap_pyfunction!(recording_tag, m)?)?;
+    m.add_function(wrap_pyfunction!(recording_owner, m)?)?;
     m.add_function(wrap_pyfunction!(install, m)?)?;
     m.add_function(wrap_pyfunction!(register_tensor, m)?)?;
     m.add_function(wrap_pyfunction!(name_classes, m)?)?;
@@ -350,6 +612,5 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(capabilities, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_allocated, m)?)?;
     m.add_function(wrap_pyfunction!(cli, m)?)?;
-    m.add_function(wrap_pyfunction!(estimate, m)?)?;
     Ok(())
 }

@@ -261,6 +261,16 @@ void tag_allocation(int64_t id, int32_t category) {
   if (e && e->id == id && rank(category) > rank(e->category)) e->category = category;
 }
 
+void site_allocation(int64_t id, int32_t site) {
+  Recorder& r = recorder();
+  if (!r.active.load(std::memory_order_relaxed) || id < 0) return;
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.open.find(id);
+  if (it == r.open.end()) return;  // made before the recording started
+  gmt_alloc_event* e = event_at(r, it->second.seq);
+  if (e && e->id == id) e->site = site;
+}
+
 void set_foreign_allocation_ids(DataDeleter deleter, ForeignAllocationId id_of) {
   // The reader first: allocation_id reads the deleter, then the reader.
   g_foreign_id.store(id_of, std::memory_order_release);
@@ -377,6 +387,12 @@ void gmt_recorder_tag_tensor_impl(const void* impl, int32_t category) {
   const auto* t = static_cast<const c10::TensorImpl*>(impl);
   if (!t || !t->has_storage()) return;
   gmt::tag_allocation(gmt::allocation_id(t->storage().unsafeGetStorageImpl()), category);
+}
+
+void gmt_recorder_site_tensor_impl(const void* impl, int32_t site) {
+  const auto* t = static_cast<const c10::TensorImpl*>(impl);
+  if (!t || !t->has_storage()) return;
+  gmt::site_allocation(gmt::allocation_id(t->storage().unsafeGetStorageImpl()), site);
 }
 
 size_t gmt_recorder_len(void) {

@@ -39,6 +39,9 @@ void op_stack_kept_by_registry();
 int64_t allocation_id(const void* storage_impl);
 // Tags the recorded allocation `id` (still live) with a gmt_category.
 void tag_allocation(int64_t id, int32_t category);
+// Sets the site of the recorded allocation `id` (still live): the module that owns a parameter,
+// whatever module was running when it was made.
+void site_allocation(int64_t id, int32_t site);
 // Marks allocations as parameters for the current recording.
 void tag_parameter(int64_t id);
 // Storages of an allocator outside the shim whose data pointers say nothing (the estimator's meta

@@ -262,6 +262,9 @@ void gmt_recorder_set_phase(int32_t phase, int32_t iteration);
 void gmt_recorder_tag_tensor(const void* tensor, int32_t category);
 // The same for a tensor given by its c10::TensorImpl* (Python's Tensor._cdata).
 void gmt_recorder_tag_tensor_impl(const void* impl, int32_t category);
+// Sets the site (gmt_recorder_set_site's index) of the recorded allocation holding the storage of
+// the tensor whose c10::TensorImpl* is `impl`; no-op as above.
+void gmt_recorder_site_tensor_impl(const void* impl, int32_t site);
 size_t gmt_recorder_len(void);
 // Allocation ids tagged as parameters by the estimator; returns the count, fills up to `cap`.
 size_t gmt_recorder_parameter_ids(int64_t* out, size_t cap);  // highest live bytes among recorded allocations

@@ -283,6 +283,8 @@ extern "C" {
     pub fn gmt_recorder_tag_tensor(tensor: *const c_void, category: i32);
     /// `impl_` is a live `c10::TensorImpl*` (Python's `Tensor._cdata`).
     pub fn gmt_recorder_tag_tensor_impl(impl_: *const c_void, category: i32);
+    /// `impl_` is a live `c10::TensorImpl*`.
+    pub fn gmt_recorder_site_tensor_impl(impl_: *const c_void, site: i32);
     pub fn gmt_recorder_len() -> usize;
     pub fn gmt_recorder_start_history(device_kind: i32, max_events: usize, with_stacks: c_int) -> gmt_error;
     pub fn gmt_recorder_active() -> c_int;

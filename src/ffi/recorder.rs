@@ -195,6 +195,16 @@ pub(crate) unsafe fn recorder_tag_tensor_impl(impl_ptr: *const c_void, category:
     unsafe { sys::gmt_recorder_tag_tensor_impl(impl_ptr, category_code(category)) }
 }
 
+/// Sets the site of the recorded allocation holding a tensor's storage.
+///
+/// # Safety
+/// `impl_ptr` must point to a live `c10::TensorImpl` for the duration of the call.
+pub(crate) unsafe fn recorder_site_tensor_impl(impl_ptr: *const c_void, site: Option<usize>) {
+    let site = site.and_then(|s| i32::try_from(s).ok()).unwrap_or(-1);
+    // SAFETY: the caller keeps the TensorImpl alive; the shim reads its storage under the lock.
+    unsafe { sys::gmt_recorder_site_tensor_impl(impl_ptr, site) }
+}
+
 /// Tags the recorded allocation holding `t`'s storage with a `GMT_CAT_*` category.
 #[cfg(feature = "tch")]
 pub(crate) fn recorder_tag_tensor(t: &tch::Tensor, category: Category) {

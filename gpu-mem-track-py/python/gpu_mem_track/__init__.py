@@ -23,7 +23,8 @@ import gc
 
 import torch
 
-from ._estimate import Estimate, estimate
+from ._estimate import Breakdown, Estimate, estimate, fit
+from ._estimator import Estimator
 from ._load import TorchVersionMismatch
 from ._load import native as _native
 from ._tracker import MemTracker, name_tensor_classes
@@ -35,12 +36,15 @@ TORCH_VERSION = _native.TORCH_VERSION
 
 __all__ = [
     "TORCH_VERSION",
+    "Breakdown",
     "Estimate",
+    "Estimator",
     "GpuMemTrackError",
     "MemTracker",
     "TorchVersionMismatch",
     "capabilities",
     "estimate",
+    "fit",
 ]
 
 

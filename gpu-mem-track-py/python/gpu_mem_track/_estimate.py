@@ -1,17 +1,75 @@
-"""``estimate()``: will a model fit on a GPU? The estimator's meta-device run, in-process."""
+"""``estimate()`` and ``fit()``: will a model fit on a GPU? Its own code, run on meta in-process.
+
+The one-call forms of :class:`Estimator`: ``estimate(model, *args, **kwargs)`` runs a training
+step (or a forward) of a model already built, on meta copies of its parameters (its own weights
+are neither copied nor touched); ``fit(step, ...)`` searches the largest batch (or sequence) whose
+step fits a GPU.
+"""
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
+from ._estimator import Estimator
 from ._load import native as _native
 
-_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+#: What ``optimizer=`` names, as the torch optimizer a step makes.
+OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=1e-3, foreach=True),
+    "momentum": lambda params: torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True),
+    "adam": lambda params: torch.optim.Adam(params, foreach=True),
+    "adamw": lambda params: torch.optim.AdamW(params, foreach=True),
+}
+_CATEGORIES = (
+    "parameter",
+    "buffer",
+    "optimizer_state",
+    "gradient",
+    "input",
+    "activation",
+    "workspace",
+    "temporary",
+    "unknown",
+)
+
+
+class Breakdown(dict):
+    """What each module held at the peak, by category (bytes): ``{module path: {category: bytes}}``,
+    largest module first. ``str()`` is a table. ``""`` is memory allocated outside any module's
+    forward or backward (the loss, the optimizer step, the input)."""
+
+    def __init__(self, rows: dict[str, dict[str, int]], workspaces: int) -> None:
+        super().__init__(sorted(rows.items(), key=lambda kv: -sum(kv[1].values())))
+        self.workspaces = workspaces
+
+    def by_category(self) -> dict[str, int]:
+        """Bytes of each category at the peak, over all modules, with the GPU's workspaces."""
+        out: dict[str, int] = {}
+        for cats in self.values():
+            for c, b in cats.items():
+                out[c] = out.get(c, 0) + b
+        if self.workspaces:
+            out["workspace"] = out.get("workspace", 0) + self.workspaces
+        return dict(sorted(out.items(), key=lambda kv: _CATEGORIES.index(kv[0]) if kv[0] in _CATEGORIES else 99))
+
+    def __str__(self) -> str:
+        cats = [c for c in _CATEGORIES if any(c in v for v in self.values())]
+        width = max([len("module")] + [len(m or "(outside modules)") for m in self]) + 2
+        head = f"{'module':<{width}}{'total MiB':>11}" + "".join(f"{c.replace('_', ' '):>17}" for c in cats)
+        lines = [head]
+        for module, v in self.items():
+            row = f"{module or '(outside modules)':<{width}}{sum(v.values()) / 2**20:>11.1f}"
+            lines.append(row + "".join(f"{v.get(c, 0) / 2**20:>17.1f}" for c in cats))
+        total = self.by_category()
+        lines.append(
+            "at the peak: " + ", ".join(f"{c.replace('_', ' ')} {b / 2**20:.1f} MiB" for c, b in total.items())
+        )
+        return "\n".join(lines)
 
 
 class Estimate(dict):
@@ -19,8 +77,13 @@ class Estimate(dict):
 
     Bytes throughout. ``["peak"]["bytes"]`` is the peak of the tensors the step holds at once;
     ``["cuda"]`` the caching allocator model's figures on a plain CUDA device; ``["gpu"]`` the
-    prediction for the GPU asked for (``device``), with ``fits``.
+    prediction for the GPU asked for (``device``), with ``fits``; ``["breakdown"]`` what each
+    module and category held at the peak. ``str()`` is the text ``estimate`` prints.
     """
+
+    def __init__(self, figures: dict, text: str = "") -> None:
+        super().__init__(figures)
+        self.text = text
 
     @property
     def peak_bytes(self) -> int:
@@ -29,7 +92,7 @@ class Estimate(dict):
 
     @property
     def gpu(self) -> dict | None:
-        """The prediction for the GPU asked for, or ``None`` (``device='cuda'`` or ``'none'``)."""
+        """The prediction for the GPU asked for, or ``None`` (``device='cuda'`` or ``'all'``)."""
         return self.get("gpu")
 
     @property
@@ -37,71 +100,183 @@ class Estimate(dict):
         """Whether the step fits the GPU asked for (``None`` without one)."""
         return None if self.gpu is None else self.gpu["fits"]
 
+    def breakdown(self, depth: int | None = None) -> Breakdown:
+        """What each module held at the peak, by category. ``depth`` sums each module into its
+        ancestor at that depth (0: the model as one row, 1: its children, ...); ``None``: every
+        module as itself."""
+        rows: dict[str, dict[str, int]] = {}
+        for r in self.get("breakdown", []):
+            module = r["module"]
+            if depth is not None and module:
+                module = ".".join(module.split(".")[: depth + 1])
+            cats = rows.setdefault(module, {})
+            cats[r["category"]] = cats.get(r["category"], 0) + r["bytes"]
+        gpu = self.gpu or {}
+        return Breakdown(rows, gpu.get("cublas_workspace", 0) + gpu.get("cudnn_workspace_max", 0))
+
+    def __str__(self) -> str:
+        return self.text or dict.__repr__(self)
+
     def __repr__(self) -> str:
         gpu = self.gpu
         where = f", {gpu['profile']['name']}: fits={gpu['fits']}" if gpu else ""
         return f"Estimate(peak={self.peak_bytes / 2**20:.1f} MiB{where})"
 
 
-def _scripted(model: torch.nn.Module, inputs: tuple) -> torch.jit.ScriptModule:
-    if isinstance(model, torch.jit.ScriptModule):
-        return model
-    try:
-        return torch.jit.script(model)
-    except Exception as scripting:  # noqa: BLE001 - any scripting failure falls back to tracing
-        try:
-            with torch.no_grad():
-                return torch.jit.trace(model, inputs)
-        except Exception as tracing:
-            raise ValueError(
-                f"estimate(): {type(model).__name__} can be neither scripted ({scripting}) nor traced "
-                f"with example_inputs ({tracing})"
-            ) from tracing
+def _loss_of(output: Any) -> torch.Tensor:
+    """The loss a training step backpropagates: the output's ``loss`` (a Hugging Face
+    ``ModelOutput`` given labels), else the sum of every floating tensor in the output, as the
+    command line does for a model file."""
+    loss = getattr(output, "loss", None)
+    if isinstance(output, dict) and loss is None:
+        loss = output.get("loss")
+    if isinstance(loss, torch.Tensor):
+        return loss
+    parts = [t.sum() for t in _floats(output)]
+    if not parts:
+        raise ValueError("estimate(): the model's output holds no floating tensor to train on")
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p
+    return total
+
+
+def _floats(tree: Any) -> list[torch.Tensor]:
+    if hasattr(tree, "to_tuple"):  # transformers' ModelOutput
+        tree = tree.to_tuple()
+    found: list[torch.Tensor] = []
+
+    def note(v: Any) -> Any:
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.requires_grad:
+            found.append(v)
+        return v
+
+    tree_map(note, tree)
+    return found
 
 
 def estimate(
     model: torch.nn.Module,
-    example_inputs: Any,
+    *args: Any,
     mode: str = "train",
     optimizer: str = "adamw",
     device: str = "h100-80g",
-    *,
-    lifetimes: str = "eager",
+    iterations: int = 2,
+    gpu_memory: int | None = None,
+    world_size: int = 1,
+    shard: str = "none",
+    precision: str = "fp32",
+    **kwargs: Any,
 ) -> Estimate:
-    """Estimates the memory of one step of ``model`` without a GPU, as ``gpu-mem-track estimate``.
+    """Estimates the memory of ``model(*args, **kwargs)`` without a GPU, in this process.
 
-    The model is scripted (or traced with ``example_inputs`` when it cannot be), then run on the
-    meta device in this process: exact shapes, no compute, no memory. ``mode='train'`` is forward,
-    backward and an ``optimizer`` step (``sgd``, ``momentum``, ``adam``, ``adamw``) over two
-    iterations; ``'inference'`` one forward without grad. ``device`` names a GPU profile
-    (``a100-80g``, ``h100-80g``, ``rtx4090``, ``l4``, ``t4``, ... or a profile ``.json``), ``'all'``
-    for every preset, ``'cuda'`` for none. ``lifetimes='eager'`` frees values as eager PyTorch does;
-    ``'torchscript'`` as the TorchScript interpreter does.
-
-    ``example_inputs`` is one batch-first tensor (or a 1-tuple of it): its shape, and its dtype
-    (integer: token ids; float16/bfloat16: the model runs in that precision), are what count.
+    The model runs on meta: meta copies of its parameters and buffers stand in for them (its own
+    weights are neither copied nor changed; tied weights stay tied), the tensors in ``args`` and
+    ``kwargs`` become meta tensors of the same shapes and dtypes. ``mode='train'`` runs
+    ``iterations`` steps of forward, backward (of the output's ``loss``, else the sum of its
+    floating tensors) and ``optimizer`` (``sgd``, ``momentum``, ``adam``, ``adamw``: torch's
+    foreach implementations, as on a GPU); ``'inference'`` one forward without grad. Precision is
+    the model's and its inputs' (``.half()``, ``bfloat16``); ``torch.autocast`` and activation
+    checkpointing inside the model apply as on a GPU. ``device`` and the rest are
+    :class:`Estimator`'s.
 
     Raises:
-        ValueError: an input, option or profile the estimator cannot take, or a model that can be
-            neither scripted nor traced.
+        ValueError: an option, profile or output the estimator cannot take.
+        TypeError: a TorchScript module (its file goes to the command line).
         GpuMemTrackError: an op without a meta kernel, or another failure of the run (named).
     """
-    inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
-    if len(inputs) != 1 or not isinstance(inputs[0], torch.Tensor):
-        raise ValueError("estimate(): example_inputs must be one tensor (the model's batch-first input)")
-    x = inputs[0]
-    is_index = not (x.dtype.is_floating_point or x.dtype.is_complex)
-    dtype = "f32" if is_index else _DTYPES.get(x.dtype)
-    if dtype is None:
-        raise ValueError(f"estimate(): input dtype {x.dtype} (use float32, float16, bfloat16 or integer ids)")
+    if mode not in ("train", "inference"):
+        raise ValueError(f"estimate(): mode {mode!r} (use 'train' or 'inference')")
+    if mode == "train" and optimizer not in OPTIMIZERS:
+        raise ValueError(f"estimate(): optimizer {optimizer!r} (use {', '.join(OPTIMIZERS)})")
+    if isinstance(model, torch.jit.ScriptModule):
+        raise TypeError(
+            "estimate(): a TorchScript module; estimate the Python model, or the file with "
+            "`gpu-mem-track estimate model.pt`"
+        )
+    if iterations < 1:
+        raise ValueError(f"estimate(): iterations={iterations} (at least 1)")
+    train = mode == "train"
     was_training = model.training
-    model.train(mode == "train")
+    est = Estimator(device, gpu_memory=gpu_memory, world_size=world_size, shard=shard, precision=precision)
     try:
-        scripted = _scripted(model, inputs)
+        with est:
+            twins = _meta_twins(model)
+            inputs = tree_map(_meta_input, (args, kwargs))
+            model.train(train)
+            trainable = list({id(t): t for t in twins.values() if t.requires_grad}.values())  # tied once
+            opt = OPTIMIZERS[optimizer](trainable) if train else None
+            for it in range(iterations if train else 1):
+                with torch.set_grad_enabled(train):
+                    out = torch.func.functional_call(model, twins, inputs[0], inputs[1], tie_weights=True, strict=False)
+                if not train:
+                    del out
+                    break
+                loss = _loss_of(out)
+                del out
+                loss.backward()
+                del loss
+                opt.step()
+                if it + 1 < iterations:
+                    opt.zero_grad(set_to_none=True)
     finally:
         model.train(was_training)
-    with tempfile.TemporaryDirectory(prefix="gpu_mem_track-") as folder:
-        path = os.path.join(folder, "model.pt")
-        torch.jit.save(scripted, path)
-        text = _native.estimate(path, list(x.shape), is_index, mode, optimizer, device, lifetimes, dtype)
-    return Estimate(json.loads(text))
+    return est.result
+
+
+def _meta_twins(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A meta tensor of the same shape, dtype and ``requires_grad`` for each parameter and buffer,
+    by name; a tensor shared under two names (tied weights) gets one twin."""
+    twins: dict[str, torch.Tensor] = {}
+    made: dict[int, torch.Tensor] = {}
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    for name, t in named:
+        twin = made.get(id(t))
+        if twin is None:
+            # No tensor argument: the CPU-means-meta mode would first make a meta twin of it.
+            empty = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta")
+            twin = (
+                torch.nn.Parameter(empty, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else empty
+            )
+            made[id(t)] = twin
+        twins[name] = twin
+    return twins
+
+
+def _meta_input(v: Any) -> Any:
+    if isinstance(v, torch.Tensor) and v.device.type != "meta":
+        t = torch.empty_strided(v.size(), v.stride(), dtype=v.dtype, device="meta")
+        return t.requires_grad_(v.requires_grad)
+    return v
+
+
+def fit(
+    step: Callable[[int], Any],
+    *,
+    device: str = "h100-80g",
+    max: int = 4096,
+    dimension: str = "batch",
+    gpu_memory: int | None = None,
+    world_size: int = 1,
+    shard: str = "none",
+    precision: str = "fp32",
+) -> dict:
+    """The largest value in ``1..max`` for which ``step(value)`` fits the GPU ``device``: ``step``
+    runs the program's step for a batch (or sequence length, ``dimension='seq'``) of that size -
+    building the model if it likes - and runs under an :class:`Estimator` for each value tried
+    (about log2(max) of them). Returns ``gpu-mem-track fit --json``'s object: ``largest`` (``None``
+    when even 1 does not fit), ``prediction`` for it, and every probe.
+
+    Raises:
+        ValueError: ``device`` is not one GPU profile, or another option is wrong.
+    """
+    if device in ("cuda", "all", "none"):
+        raise ValueError(f"fit(): device={device!r}; name one GPU profile (h100-80g, a100-40g, ...)")
+
+    def probe(value: int) -> Any:
+        est = Estimator(device, gpu_memory=gpu_memory, world_size=world_size, shard=shard, precision=precision)
+        with est:
+            step(value)
+        return est._finished
+
+    return json.loads(_native.fit_search(probe, max, dimension))

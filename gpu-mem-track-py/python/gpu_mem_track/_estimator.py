@@ -1,0 +1,422 @@
+"""``Estimator``: will it fit? The program's own PyTorch code, run on the meta device in-process.
+
+Inside ``with Estimator(device="h100-80g") as est:`` every tensor is a meta tensor (exact sizes,
+no data, no compute): the model is built there with no memory behind its weights, ``"cuda"`` and
+``"cpu"`` mean meta, and each storage is counted as it is allocated and freed, when Python frees
+it. The block's phases are read from the program itself: a forward of a module called outside
+any other starts an iteration, ``Tensor.backward`` the backward, an optimizer's ``step`` the
+optimizer step. Each allocation is charged to the module running (module hooks, forward and
+backward) and to a category (parameters, buffers, input, activations, gradients, optimizer state,
+temporaries). On leaving the block, the recording goes through the model of the GPU's CUDA
+caching allocator and its cuBLAS / cuDNN workspaces (``device``): ``est.result`` is the
+``Estimate``, the same figures as ``gpu-mem-track estimate --json``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import warnings
+import weakref
+from typing import Any
+
+import torch
+import torch.optim.optimizer as _optim  # the module (torch.optim's namespace hides it)
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map
+
+from . import _autocast
+from ._load import native as _native
+
+_META = torch.device("meta")
+#: Constructors that write the caller's data into the CPU tensor they make: they run with the CPU
+#: being the CPU (a meta tensor has no memory to write into); asked for a GPU, the result is then
+#: copied to meta, as a real run copies it to the GPU.
+_FROM_DATA = frozenset({"tensor", "as_tensor", "asarray", "new_tensor", "frombuffer", "from_numpy"})
+
+#: Optimizer classes the estimator's figures name (others are named by the state they keep).
+_OPTIMIZERS = {"SGD": "sgd", "Adam": "adam", "AdamW": "adamw"}
+
+
+def _meta_device(d: Any) -> Any:
+    """A CUDA device (``"cuda"``, ``"cuda:1"``, ``torch.device("cuda")``) as meta; others as they are."""
+    if isinstance(d, torch.device):
+        return _META if d.type == "cuda" else d
+    if isinstance(d, str) and (d == "cuda" or d.startswith("cuda:")):
+        return _META
+    return d
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+
+    def note(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        return v
+
+    tree_map(note, tree)
+    return found
+
+
+class _MetaMode(TorchFunctionMode):
+    """Sees every torch call of the block: CUDA devices become meta before torch would initialise
+    CUDA for them, ``Tensor.backward`` starts the backward phase, and autocast("cuda") casts meta
+    tensors as it casts CUDA ones."""
+
+    def __init__(self, estimator: Estimator) -> None:
+        super().__init__()
+        self._estimator = estimator
+        self._casts = _autocast.Casts()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if "device" in kwargs:
+            kwargs = {**kwargs, "device": _meta_device(kwargs["device"])}
+        if name == "cuda":  # Tensor.cuda(device=None, non_blocking=False, ...): stays on meta
+            return torch.Tensor.to(args[0], _META)
+        if name == "pin_memory":  # meta memory cannot be pinned (and needs no pinning)
+            return args[0]
+        if name == "to" and len(args) > 1:
+            device = args[1]
+            if isinstance(device, int) and not isinstance(device, bool):
+                device = _META  # x.to(0): CUDA device 0
+            args = (args[0], _meta_device(device), *args[2:])
+        if name in _FROM_DATA:
+            recording = self._estimator._recording
+            recording.pause()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                recording.resume()
+        if name in ("backward", "grad") and func in (torch.Tensor.backward, torch.autograd.grad):
+            self._estimator._enter_backward()
+            out = func(*args, **kwargs)
+            self._estimator._own_gradients()
+            return out
+        if _autocast.enabled():
+            args, kwargs = self._casts.apply(func, args, kwargs)
+            return _autocast.cross_entropy(func, args, kwargs)
+        self._casts.clear()
+        return func(*args, **kwargs)
+
+
+class _Sites:
+    """The module running as each allocation is made: the innermost module whose forward, or
+    backward, has begun and not ended, as ``ModTracker`` sees them (by their path from the root,
+    ``GPT2LMHeadModel.transformer.h.0.attn``); its index is the recorder's site."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._index: dict[str, int] = {}
+        self._active: list[str] = []  # in the order they began
+
+    def enter(self, fqn: str | None) -> None:
+        if fqn is None:  # a module no longer alive in backward
+            return
+        self._active.append(fqn)
+        self._set()
+
+    def leave(self, fqn: str | None) -> None:
+        for i in range(len(self._active) - 1, -1, -1):
+            if self._active[i] == fqn:
+                del self._active[i]
+                break
+        self._set()
+
+    def idle(self) -> bool:
+        return not self._active
+
+    def _set(self) -> None:
+        if not self._active:
+            _native.recording_site(None)
+            return
+        depth = max(a.count(".") for a in self._active)
+        current = next(a for a in reversed(self._active) if a.count(".") == depth)
+        _native.recording_site(self.index(current))
+
+    def index(self, fqn: str) -> int:
+        """The site index of a module path."""
+        index = self._index.get(fqn)
+        if index is None:
+            index = self._index[fqn] = len(self.names)
+            self.names.append(fqn)
+        return index
+
+
+class Estimator:
+    """Estimates the GPU memory of the code run inside ``with``, without a GPU.
+
+    ``device``: a GPU profile (``h100-80g``, ``a100-80g``, ``a100-40g``, ``rtx4090``, ``l4``,
+    ``t4``, ... or a profile ``.json``), ``"all"`` for every preset, ``"cuda"`` for the caching
+    allocator model alone. ``gpu_memory``: the GPU's memory in bytes, replacing the profile's.
+    ``world_size``, ``shard`` (``none``, ``zero1``, ``zero2``, ``zero3``/``fsdp``) and
+    ``precision`` (``fp32``, ``bf16``, ``amp-bf16``, ...): the GPU figures are those of one rank of
+    a data-parallel job.
+
+    After the block, ``result`` is the :class:`Estimate`; ``print(est)`` shows it and
+    :meth:`breakdown` says what each module and category held at the peak. The block runs on the
+    thread that entered it; one estimate runs at a time in a process.
+
+    Raises (on entering): ``GpuMemTrackError`` when another estimate or memory history records.
+    Raises (on leaving): ``ValueError`` for an unknown profile or option.
+    """
+
+    def __init__(
+        self,
+        device: str = "h100-80g",
+        *,
+        gpu_memory: int | None = None,
+        world_size: int = 1,
+        shard: str = "none",
+        precision: str = "fp32",
+    ) -> None:
+        self.device = device
+        self.gpu_memory = gpu_memory
+        self.parallel = (int(world_size), shard, precision)
+        self.result: Any = None
+        self._recording: Any = None
+
+    # -- what the program's hooks say --------------------------------------------------------
+
+    def _enter_backward(self) -> None:
+        if self._phase != "backward":
+            self._phase = "backward"
+            self._backward_ran = True
+            _native.recording_phase("backward", max(self._iteration, 1))
+
+    def _root_forward(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        if self._phase != "forward":
+            self._iteration += 1
+            self._phase = "forward"
+            _native.recording_phase("forward", self._iteration)
+        if id(module) not in self._roots:
+            self._roots[id(module)] = module
+            self._note_model(module)
+        if self._input is None:
+            tensors = _tensors((args, kwargs))
+            self._input = tensors
+            for t in tensors:
+                if t.device.type == "meta":
+                    _native.recording_tag(t._cdata, "input")
+
+    def _note_model(self, module: torch.nn.Module) -> None:
+        off_meta = [n for n, p in module.named_parameters() if p.device.type != "meta"]
+        if off_meta:
+            raise ValueError(
+                f"Estimator: {type(module).__name__} has parameters on {module.get_parameter(off_meta[0]).device} "
+                f"({off_meta[0]}, ...): it was built before the block. Build it inside `with Estimator():`, "
+                "or estimate a built model with gpu_mem_track.estimate(model, ...), which leaves its weights alone."
+            )
+        # Parameters, buffers, gradients and optimizer state belong to the module that holds the
+        # parameter (named as ModTracker names it: the class, then the attribute path).
+        root = module._get_name()
+        for name, sub in module.named_modules():
+            site = self._sites.index(f"{root}.{name}" if name else root)
+            for p in sub.parameters(recurse=False):
+                _native.recording_tag(p._cdata, "parameter")
+                _native.recording_owner(p._cdata, site)
+                self._owners[id(p)] = (p, site)
+            for b in sub.buffers(recurse=False):
+                if b.device.type == "meta":
+                    _native.recording_tag(b._cdata, "buffer")
+                    _native.recording_owner(b._cdata, site)
+
+    def _own_gradients(self) -> None:
+        """Charges each parameter's gradient to the parameter's module."""
+        for p, site in self._owners.values():
+            g = p.grad
+            if g is not None and g.device.type == "meta":
+                _native.recording_owner(g._cdata, site)
+
+    def _own_state(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """Charges an optimizer's state of each parameter to the parameter's module."""
+        for p, state in optimizer.state.items():
+            owner = self._owners.get(id(p))
+            if owner is None or owner[0] is not p:
+                continue
+            for v in state.values():
+                if isinstance(v, torch.Tensor) and v.device.type == "meta":
+                    _native.recording_owner(v._cdata, owner[1])
+
+    def _optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._own_gradients()
+        self._optimizers[id(optimizer)] = weakref.ref(optimizer)
+        if self._phase != "optimizer":
+            self._phase = "optimizer"
+            _native.recording_phase("optimizer", max(self._iteration, 1))
+
+    # -- the block ---------------------------------------------------------------------------
+
+    def __enter__(self) -> Estimator:  # noqa: PYI034 - typing.Self is Python 3.11+, the package 3.9+
+        if self._recording is not None:
+            raise RuntimeError("Estimator: this estimator's block is running already")
+        from torch.distributed._tools.mod_tracker import ModTracker
+
+        self.result = None
+        self._thread = threading.get_ident()
+        self._phase = "load"
+        self._iteration = 0
+        self._backward_ran = False
+        self._roots: dict[int, torch.nn.Module] = {}
+        self._owners: dict[int, tuple[torch.Tensor, int]] = {}
+        self._optimizers: dict[int, weakref.ref] = {}
+        self._input: list[torch.Tensor] | None = None
+        self._sites = _Sites()
+        self._recording = _native.Recording()
+        self._undo: list = []
+        try:
+            self._patch_torch()
+            tracker = ModTracker()
+            sites = self._sites
+
+            def pre_forward(module, args):
+                if threading.get_ident() == self._thread:
+                    sites.enter(tracker.get_known_fqn(module))
+
+            def post_forward(module, args, output):
+                if threading.get_ident() == self._thread:
+                    sites.leave(tracker.get_known_fqn(module))
+
+            def pre_backward(module, grad_output):
+                self._enter_backward()
+                sites.enter(tracker.get_known_fqn(module))
+
+            def post_backward(module, grad_input):
+                sites.leave(tracker.get_known_fqn(module))
+
+            tracker.register_user_hooks(pre_forward, post_forward, pre_backward, post_backward)
+            # A module called outside any other's forward is the model: its call starts an
+            # iteration's forward. Module.__call__, not a global forward pre-hook, which would
+            # not see keyword arguments (`input_ids=...`), the input of most models.
+            call = torch.nn.Module.__call__
+
+            def module_call(module, *args, **kwargs):
+                if sites.idle() and not tracker.is_bw and threading.get_ident() == self._thread:
+                    self._root_forward(module, args, kwargs)
+                return call(module, *args, **kwargs)
+
+            torch.nn.Module.__call__ = module_call
+            self._undo.append(lambda: setattr(torch.nn.Module, "__call__", call))
+            tracker.__enter__()
+            self._undo.append(lambda: tracker.__exit__(None, None, None))
+            pre = _optim.register_optimizer_step_pre_hook(self._optimizer_step)
+            self._undo.append(pre.remove)
+            post = _optim.register_optimizer_step_post_hook(self._own_state)
+            self._undo.append(post.remove)
+            mode = _MetaMode(self)
+            mode.__enter__()
+            self._undo.append(lambda: mode.__exit__(None, None, None))
+        except BaseException:
+            self._take_down()
+            self._recording.cancel()
+            self._recording = None
+            raise
+        return self
+
+    def _patch_torch(self) -> None:
+        """What the block changes in torch, given back on leaving it."""
+
+        def patch(owner: Any, name: str, value: Any) -> None:
+            old = getattr(owner, name)
+            setattr(owner, name, value)
+            self._undo.append(lambda: setattr(owner, name, old))
+
+        optim = _optim
+        # Optimizers pick their implementation by the parameters' device: on a GPU, foreach
+        # (the multi-tensor kernels, with their own temporaries); meta counts as a GPU here.
+        foreach_devices = optim._get_foreach_kernels_supported_devices
+        patch(optim, "_get_foreach_kernels_supported_devices", lambda: [*foreach_devices(), "meta"])
+        # autocast("cuda") without a GPU disables itself; inside the block meta is the GPU.
+        amp_common = torch.cuda.amp.common
+        patch(amp_common, "amp_definitely_not_available", lambda: False)
+        patch(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+        # Code that asks autocast about its tensors' device (`x.device.type`) asks about meta.
+        autocast_init = torch.autocast.__init__
+
+        def init(this, device_type, *args, **kwargs):
+            autocast_init(this, "cuda" if device_type == "meta" else device_type, *args, **kwargs)
+
+        patch(torch.autocast, "__init__", init)
+        for name in ("is_autocast_enabled", "get_autocast_dtype"):
+            original = getattr(torch, name)
+
+            def asked(*args, _original=original):
+                if args and args[0] == "meta":
+                    args = ("cuda", *args[1:])
+                return _original(*args)
+
+            patch(torch, name, asked)
+
+    def _take_down(self) -> None:
+        while self._undo:
+            try:
+                self._undo.pop()()
+            except Exception:  # noqa: BLE001 - every hook is taken down, whatever one raises
+                warnings.warn("Estimator: a hook could not be removed", RuntimeWarning, stacklevel=3)
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        recording, self._recording = self._recording, None
+        self._take_down()
+        if exc_type is not None:
+            recording.cancel()
+            return False
+        finished = recording.finish(*self._options(), self.device, self.gpu_memory, self.parallel)
+        from ._estimate import Estimate
+
+        self._finished = finished
+        self.result = Estimate(json.loads(finished.json), finished.text)
+        return False
+
+    def _options(self) -> tuple:
+        params: dict[int, torch.Tensor] = {}
+        buffers: dict[int, torch.Tensor] = {}
+        for m in self._roots.values():
+            params.update((id(p), p) for p in m.parameters())
+            buffers.update((id(b), b) for b in m.buffers())
+
+        def nbytes(ts) -> int:
+            return sum(t.numel() * t.element_size() for t in ts)
+
+        trainable = [p for p in params.values() if p.requires_grad]
+        optimizers = [o for o in (r() for r in self._optimizers.values()) if o is not None]
+        state = 0
+        for o in optimizers:
+            for s in o.state.values():
+                state += nbytes(v for v in s.values() if isinstance(v, torch.Tensor) and v.device.type == "meta")
+        first = self._input[0] if self._input else None
+        shape = list(first.shape) if first is not None else []
+        is_index = first is not None and not (first.is_floating_point() or first.is_complex())
+        dtypes = [p.dtype for p in params.values()]
+        dtype = max(set(dtypes), key=dtypes.count) if dtypes else torch.float32
+        precision = {torch.float16: "f16", torch.bfloat16: "bf16"}.get(dtype, "f32")
+        if optimizers:
+            optimizer = _OPTIMIZERS.get(type(optimizers[0]).__name__)
+            if optimizer == "sgd" and optimizers[0].defaults.get("momentum"):
+                optimizer = "momentum"
+            if optimizer is None:  # named by the state it keeps per parameter byte
+                ratio = state / max(nbytes(trainable), 1)
+                optimizer = "adamw" if ratio >= 1.5 else "momentum" if ratio >= 0.5 else "sgd"
+        else:
+            optimizer = "sgd" if self._backward_ran else None
+        sizes = {
+            "param_count": sum(p.numel() for p in params.values()),
+            "param_bytes": nbytes(params.values()),
+            "buffer_bytes": nbytes(buffers.values()),
+            "input_bytes": nbytes(self._input or []),
+            "grad_bytes": nbytes(trainable) if self._backward_ran else 0,
+            "optimizer_state_bytes": state,
+        }
+        return shape, is_index, precision, optimizer, sizes, self._sites.names
+
+    def __str__(self) -> str:
+        if self.result is None:
+            return "Estimator(no result yet: run a block under `with`)"
+        return str(self.result)
+
+    def breakdown(self, depth: int | None = None) -> Any:
+        """What each module and category held at the peak (see :meth:`Estimate.breakdown`)."""
+        if self.result is None:
+            raise RuntimeError("Estimator.breakdown(): no result yet (run a block under `with` first)")
+        return self.result.breakdown(depth)

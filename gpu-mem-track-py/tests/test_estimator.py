@@ -1,0 +1,216 @@
+"""``Estimator`` and ``estimate()``: a program's own PyTorch code on the meta device, in-process.
+
+One forked process per test (the allocation recorder is process-wide and one records at a time).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import gpu_mem_track
+import pytest
+import torch
+from gpu_mem_track import Estimator
+
+MIB = 2**20
+
+
+def nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class Blocks(torch.nn.Module):
+    """``depth`` MLP blocks of width ``width``, optionally each under activation checkpointing."""
+
+    def __init__(self, depth: int = 6, width: int = 256, checkpoint: bool = False) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width))
+            for _ in range(depth)
+        )
+        self.checkpoint = checkpoint
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=False) if self.checkpoint else b(x)
+        return x
+
+
+def test_one_call_trains_a_built_model_without_touching_its_weights():
+    torch.manual_seed(0)
+    model = Blocks(depth=2, width=64)
+    before = [p.detach().clone() for p in model.parameters()]
+    params = nbytes(model.parameters())
+    e = gpu_mem_track.estimate(model, torch.randn(32, 64), optimizer="adamw", device="h100-80g")
+    assert e["param_bytes"] == params and e["grad_bytes"] == params
+    assert e["optimizer_state_bytes"] == 2 * params  # AdamW: exp_avg and exp_avg_sq
+    assert e["input_bytes"] == 32 * 64 * 4
+    # Parameters, gradients and both moments are live at the optimizer step.
+    assert e.peak_bytes >= 4 * params and e["peak"]["phase"] == "optimizer"
+    assert e.fits is True and e.gpu["profile"]["name"] == "h100-80g"
+    assert all(p.device.type == "cpu" and torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    assert model.training
+
+
+def test_the_breakdown_charges_each_module_its_parameters_gradients_and_state():
+    model = Blocks(depth=2, width=64)
+    e = gpu_mem_track.estimate(model, torch.randn(32, 64), optimizer="adam", device="h100-80g")
+    rows = e.breakdown()
+    first = rows["Blocks.blocks.0.0"]  # Linear(64, 256): weight and bias
+    linear = (64 * 256 + 256) * 4
+    assert first["parameter"] == linear and first["gradient"] == linear and first["optimizer_state"] == 2 * linear
+    # The model as one row holds every parameter.
+    assert e.breakdown(depth=0)["Blocks"]["parameter"] == e["param_bytes"]
+    totals = rows.by_category()
+    assert sum(totals.values()) - totals.get("workspace", 0) == e.peak_bytes
+    assert totals["workspace"] == e.gpu["cublas_workspace"] > 0
+    text = str(rows)
+    assert "Blocks.blocks.1.2" in text and "optimizer state" in text
+
+
+def test_a_dict_forward_that_branches_in_python():
+    class Heads(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.trunk = torch.nn.Linear(32, 128)
+            self.a = torch.nn.Linear(128, 10)
+            self.b = torch.nn.Linear(128, 1000)
+
+        def forward(self, batch: dict) -> dict:
+            h = torch.relu(self.trunk(batch["x"]))
+            logits = self.a(h) if batch["task"] == "small" else self.b(h)
+            return {"loss": torch.nn.functional.cross_entropy(logits, batch["y"]), "logits": logits}
+
+    with Estimator(device="a100-40g") as est:
+        model = Heads()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for task in ("small", "large"):
+            out = model({"x": torch.randn(64, 32), "task": task, "y": torch.zeros(64, dtype=torch.long)})
+            out["loss"].backward()
+            opt.step()
+            opt.zero_grad()
+    e = est.result
+    params = nbytes(Heads().parameters())
+    assert e["param_bytes"] == params and e["optimizer_state_bytes"] == params  # one momentum buffer each
+    assert e["options"]["mode"] == {"train": "sgdmomentum"}
+    # The branch taken second ran head b: its logits (64 x 1000 floats) are in the second forward.
+    rows = e.breakdown()
+    assert "Heads.b" in rows and [p["iteration"] for p in e["phases"]][-1] == 2
+    assert e.fits is True and e.gpu["profile"]["name"] == "a100-40g"
+
+
+def test_autocast_bfloat16_computes_in_half_the_bytes():
+    def run(autocast: bool):
+        with Estimator(device="cuda") as est:
+            model = Blocks(depth=4, width=512)
+            opt = torch.optim.AdamW(model.parameters())
+            x = torch.randn(2048, 512, device="cuda")
+            for _ in range(2):
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                    y = model(x)
+                y.float().sum().backward()
+                opt.step()
+                opt.zero_grad()
+        return est.result
+
+    full, mixed = run(False), run(True)
+    # Weights, gradients and optimizer state stay float32 under autocast.
+    assert (
+        mixed["param_bytes"] == full["param_bytes"] and mixed["optimizer_state_bytes"] == full["optimizer_state_bytes"]
+    )
+    f, m = full.breakdown().by_category(), mixed.breakdown().by_category()
+    # What the forward keeps for backward: bfloat16 activations and the weights' bfloat16 copies
+    # autocast caches, against float32 activations.
+    assert m["activation"] < 0.75 * f["activation"], (m, f)
+    assert mixed["live_after_forward"] < full["live_after_forward"]
+
+
+def test_checkpointing_frees_the_activations_of_the_checkpointed_blocks():
+    def run(checkpoint: bool):
+        with Estimator(device="h100-80g") as est:
+            model = Blocks(depth=6, width=256, checkpoint=checkpoint)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            x = torch.randn(4096, 256)
+            model(x).sum().backward()
+            opt.step()
+        return est.result
+
+    plain, ckpt = run(False), run(True)
+    # Without checkpointing each block keeps its hidden activations (4096 x 1024 floats, before and
+    # after GELU) for backward; with it, only each block's input.
+    hidden = 4096 * 1024 * 4
+    assert plain["live_after_forward"] - ckpt["live_after_forward"] >= 6 * 2 * hidden * 0.9
+    assert ckpt.peak_bytes < plain.peak_bytes
+    assert ckpt["param_bytes"] == plain["param_bytes"]
+
+
+def test_a_hugging_face_causal_lm_from_a_config():
+    transformers = pytest.importorskip("transformers", reason="needs transformers")
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, n_positions=256)
+    ids = torch.randint(0, 1000, (4, 128))
+    mask = torch.ones(4, 128, dtype=torch.long)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with Estimator(device="h100-80g") as est:
+            model = transformers.AutoModelForCausalLM.from_config(cfg)
+            opt = torch.optim.AdamW(model.parameters())
+            for _ in range(2):
+                # As on a GPU: the batch is copied to the device, and only the loss is kept.
+                loss = model(input_ids=ids.cuda(), attention_mask=mask.cuda(), labels=ids.cuda()).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+    assert not [w for w in seen if "jit" in str(w.message).lower()], [str(w.message) for w in seen]
+    e = est.result
+    with torch.device("meta"):
+        params = nbytes(transformers.AutoModelForCausalLM.from_config(cfg).parameters())
+    assert e["param_bytes"] == params and e["optimizer_state_bytes"] == 2 * params
+    assert e["options"]["input_shape"] == [4, 128] and e["options"]["input_is_index"] is True
+    assert e.fits is True
+    rows = e.breakdown(depth=3)
+    assert rows["GPT2LMHeadModel.transformer.h.0"]["parameter"] > 0
+    assert "GPT2LMHeadModel.transformer.h.1" in rows
+    # The one-call form of the same step (which keeps the loss, not the output, for backward), on
+    # a model built outside: the same peak (within the few bytes two ways of making the batch and
+    # the optimizer differ by).
+    built = transformers.AutoModelForCausalLM.from_config(cfg)
+    one = gpu_mem_track.estimate(built, input_ids=ids, attention_mask=mask, labels=ids, device="h100-80g")
+    assert one.peak_bytes == pytest.approx(e.peak_bytes, rel=1e-3) and one["param_bytes"] == params
+
+
+def test_sharding_and_fit_from_python():
+    def step(batch: int) -> None:
+        model = Blocks(depth=2, width=1024)
+        opt = torch.optim.AdamW(model.parameters())
+        model(torch.randn(batch, 1024)).sum().backward()
+        opt.step()
+
+    with Estimator(device="h100-80g", world_size=8, shard="zero3") as est:
+        step(16)
+    rank = est.result["rank"]
+    params = est.result["param_bytes"]
+    assert rank["parallelism"]["world_size"] == 8 and rank["model_states"]["parameters"] < params
+    budget = 512 * MIB  # parameters, gradients and AdamW's moments take 256 MiB
+    found = gpu_mem_track.fit(step, device="h100-80g", gpu_memory=budget + 540 * MIB, max=1 << 16)
+    largest = found["largest"]
+    assert largest is not None and 1 <= largest < 1 << 16
+    fits = {p["value"]: p["fits"] for p in found["probes"]}
+    assert fits[largest] is True and all(not ok for v, ok in fits.items() if v > largest)
+
+
+def test_bad_input_names_the_problem():
+    model = Blocks(depth=1, width=8)
+    x = torch.randn(2, 8)
+    with pytest.raises(ValueError, match="optimizer"):
+        gpu_mem_track.estimate(model, x, optimizer="lion")
+    with pytest.raises(ValueError, match="mode"):
+        gpu_mem_track.estimate(model, x, mode="finetune")
+    with pytest.raises(ValueError, match="no-such-gpu"):
+        gpu_mem_track.estimate(model, x, device="no-such-gpu")
+    with pytest.raises(ValueError, match="built before the block"), Estimator():
+        model(x)
+    with pytest.raises(ValueError, match="one GPU profile"):
+        gpu_mem_track.fit(lambda b: None, device="cuda")
+    # After a failed block the next one runs.
+    e = gpu_mem_track.estimate(model, x, mode="inference", device="cuda")
+    assert e.gpu is None and e["param_bytes"] == nbytes(model.parameters())
