@@ -41,6 +41,7 @@ pub struct MemTrackerBuilder {
     op_names: bool,
     views: ViewLines,
     cpu_memory_limit: Option<u64>,
+    rank: Option<u32>,
 }
 
 impl Default for MemTrackerBuilder {
@@ -55,6 +56,7 @@ impl Default for MemTrackerBuilder {
             op_names: false,
             views: ViewLines::Folded,
             cpu_memory_limit: None,
+            rank: None,
         }
     }
 }
@@ -84,6 +86,14 @@ impl MemTrackerBuilder {
     /// (` | (+2 views)`), and a view that comes or goes alone prints nothing.
     pub fn detail_views(mut self, on: bool) -> Self {
         self.views = if on { ViewLines::Separate } else { ViewLines::Folded };
+        self
+    }
+
+    /// The rank of this process in a distributed job, for the log's name (default: what the
+    /// launcher set in `RANK`, `SLURM_PROCID` or `LOCAL_RANK`, else none). The Python package
+    /// passes `torch.distributed`'s rank once it is initialised.
+    pub fn rank(mut self, rank: u32) -> Self {
+        self.rank = Some(rank);
         self
     }
 
@@ -127,8 +137,9 @@ impl MemTrackerBuilder {
     }
 
     /// Installs the registry and allocator hooks, creates the log file and writes its header.
-    /// The file is `<prefix><timestamp>-<device>[-rank<R>]-gpu_mem_track.txt`; the rank comes from
-    /// `RANK`, `SLURM_PROCID` or `LOCAL_RANK` when a launcher set them.
+    /// The file is `<prefix><timestamp>-<device>[-rank<R>]-gpu_mem_track.txt`; the rank is
+    /// [`rank`](Self::rank)'s, else from `RANK`, `SLURM_PROCID` or `LOCAL_RANK` when a launcher
+    /// set them.
     ///
     /// # Errors
     /// [`LogError::InvalidPrefix`](gpu_mem_track_core::Error::InvalidPrefix) (inside [`Error::Log`]);
@@ -159,7 +170,8 @@ impl MemTrackerBuilder {
             }
         };
         let timestamp = chrono::Local::now().format(TIMESTAMP_FORMAT).to_string();
-        let stem = log_file_stem(&self.prefix, &timestamp, &device.file_tag(), launcher_rank());
+        let stem =
+            log_file_stem(&self.prefix, &timestamp, &device.file_tag(), self.rank.or_else(launcher_rank));
         let open_nvml = || match (device, self.nvml) {
             (TrackedDevice::Cuda(_), true) => NvmlReader::open().map_err(|e| nvml::warn_once(&e)).ok(),
             _ => None,
@@ -514,25 +526,38 @@ impl MemTracker {
     /// in the log (their lines say `| optimizer state`) and in a recorded history, where memory it
     /// frees again is temporary. Returns what the closure returns.
     pub fn optimizer_step<R>(&self, step: impl FnOnce() -> R) -> R {
-        // What the step makes and keeps is optimizer state in the log (and in a history).
-        struct Stepping;
-        impl Drop for Stepping {
+        struct Stepping<'a>(&'a MemTracker);
+        impl Drop for Stepping<'_> {
             fn drop(&mut self) {
-                ffi::registry_optimizer_step(false);
+                self.0.end_optimizer_step();
             }
         }
+        self.begin_optimizer_step();
+        let _stepping = Stepping(self);
+        step()
+    }
+
+    /// Marks what is made from now until [`end_optimizer_step`](Self::end_optimizer_step) as an
+    /// optimizer step's, as [`optimizer_step`](Self::optimizer_step) does around its closure: for
+    /// hooks that see a step begin and end apart (Python's global optimizer step hooks).
+    pub fn begin_optimizer_step(&self) {
+        // What the step makes and keeps is optimizer state in the log (and in a history).
         ffi::registry_optimizer_step(true);
-        let _stepping = Stepping;
         if !ffi::recorder_active() {
-            return step();
+            return;
         }
         // Gradients live now are tagged before the step can drop them.
         ffi::registry_tag_allocations();
         let n = self.optimizer_steps.fetch_add(1, Ordering::Relaxed) + 1;
         ffi::recorder_set_phase(Some(gpu_mem_track_core::Phase::Optimizer), n);
-        let out = step();
-        ffi::recorder_set_phase(None, n);
-        out
+    }
+
+    /// Ends what [`begin_optimizer_step`](Self::begin_optimizer_step) began.
+    pub fn end_optimizer_step(&self) {
+        if ffi::recorder_active() {
+            ffi::recorder_set_phase(None, self.optimizer_steps.load(Ordering::Relaxed));
+        }
+        ffi::registry_optimizer_step(false);
     }
 
     /// Stops recording; the history stays readable.

@@ -74,9 +74,10 @@ struct PyTracker {
 
 #[pymethods]
 impl PyTracker {
-    /// `device`: `cpu` or `cuda:N`; `log_dir` must exist; `prefix` goes before the timestamp.
+    /// `device`: `cpu` or `cuda:N`; `log_dir` must exist; `prefix` goes before the timestamp;
+    /// `rank`: the process's rank for the log's name (else the launcher's variables say it).
     #[new]
-    #[pyo3(signature = (device, log_dir, prefix="", detail=true, nvml=true, op_names=false, sample_every=None, cpu_memory_limit=None, views=false))]
+    #[pyo3(signature = (device, log_dir, prefix="", detail=true, nvml=true, op_names=false, sample_every=None, cpu_memory_limit=None, views=false, rank=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -89,6 +90,7 @@ impl PyTracker {
         sample_every: Option<f64>,
         cpu_memory_limit: Option<u64>,
         views: bool,
+        rank: Option<u32>,
     ) -> PyResult<Self> {
         let device: TrackedDevice = device.parse().map_err(to_py)?;
         let mut builder = MemTracker::builder()
@@ -111,6 +113,9 @@ impl PyTracker {
         if let Some(bytes) = cpu_memory_limit {
             builder = builder.cpu_memory_limit(bytes);
         }
+        if let Some(rank) = rank {
+            builder = builder.rank(rank);
+        }
         let inner = py.detach(|| builder.build()).map_err(to_py)?;
         Ok(PyTracker { inner })
     }
@@ -126,6 +131,16 @@ impl PyTracker {
         let site = Site { file: intern_file(file), line, function: function.into() };
         let point = py.detach(|| self.inner.track_at(&site)).map_err(to_py)?;
         point_dict(py, &point)
+    }
+
+    /// Marks what is made from now on as an optimizer step's: what it keeps is optimizer state.
+    fn begin_optimizer_step(&self, py: Python<'_>) {
+        py.detach(|| self.inner.begin_optimizer_step());
+    }
+
+    /// Ends what `begin_optimizer_step` began.
+    fn end_optimizer_step(&self, py: Python<'_>) {
+        py.detach(|| self.inner.end_optimizer_step());
     }
 
     /// Releases the CUDA caching allocator's unused blocks; the bytes released (0 on the CPU).

@@ -153,3 +153,33 @@ def test_history_snapshot(logdir):  # noqa: F811
     with pytest.raises(gpu_mem_track.GpuMemTrackError, match="already running"):
         tracker.record_history()
         tracker.record_history()
+
+
+def test_an_optimizers_state_is_named_as_such(logdir):  # noqa: F811
+    tracker = MemTracker(device="cpu")
+    model = torch.nn.Linear(64, 32)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    tracker.track()
+    with open(tracker.log_path) as f:
+        text = f.read()
+    # exp_avg and exp_avg_sq of the weight, made and kept by the step.
+    state = [line for line in text.splitlines() if "Size:(32, 64)" in line and "optimizer state" in line]
+    assert state and "2 * Size:(32, 64)" in state[0], text
+
+    # A step that raises ends its marking: what is made afterwards is no optimizer state.
+    class Failing(torch.optim.SGD):
+        def step(self, closure=None):
+            raise RuntimeError("no step today")
+
+    failing = Failing(model.parameters(), lr=0.1)
+    with pytest.raises(RuntimeError, match="no step today"):
+        failing.step()
+    opt.step()  # the next step's hooks end the failed one's marking first
+    after = torch.zeros(5, 13)
+    tracker.track()
+    last = parse_blocks(tracker.log_path)[-1][0]
+    assert [line for line in last if line[2] == "(5, 13)"], last
+    assert "(5, 13)" not in [line[2] for line in last if "optimizer" in str(line)], last
+    del after

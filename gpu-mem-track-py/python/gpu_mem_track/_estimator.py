@@ -15,6 +15,7 @@ caching allocator and its cuBLAS / cuDNN workspaces (``device``): ``est.result``
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import warnings
 import weakref
@@ -266,6 +267,7 @@ class Estimator:
         self._sites = _Sites()
         self._recording = _native.Recording()
         self._undo: list = []
+        self._stance: Any = None
         try:
             self._patch_torch()
             tracker = ModTracker()
@@ -348,6 +350,22 @@ class Estimator:
                 return _original(*args)
 
             patch(torch, name, asked)
+        # torch.compile'd code runs eagerly in the block, as the estimate of an eager step; its
+        # compiler (dynamo) is imported by torch.compile, before the block or inside it.
+        self._eager_compile()
+        compile_ = torch.compile
+
+        def compile_eagerly(*args, **kwargs):
+            compiled = compile_(*args, **kwargs)
+            self._eager_compile()
+            return compiled
+
+        patch(torch, "compile", compile_eagerly)
+
+    def _eager_compile(self) -> None:
+        if self._stance is None and "torch._dynamo" in sys.modules:
+            self._stance = torch.compiler.set_stance("force_eager")
+            self._undo.append(lambda: self._stance.__exit__(None, None, None))
 
     def _take_down(self) -> None:
         while self._undo:

@@ -6,16 +6,22 @@ import gc
 import os
 import sys
 import warnings
+import weakref
 from typing import IO, Any
 
 import torch
+import torch.optim.optimizer as _optim  # the module (torch.optim's namespace hides it)
 
 from ._load import native as _native
 
 
 def _device_name(device: Any) -> str:
-    """``cpu`` or ``cuda:N`` for what a user passes; an int (the Python tool's default ``0``) is a
-    CUDA index, and means the CPU, with one warning, where there is no GPU."""
+    """``cpu`` or ``cuda:N`` for what a user passes; ``None`` (the default) is the current CUDA
+    device, as Pytorch-Memory-Utils reads it (each torchrun rank's, after
+    ``torch.cuda.set_device(local_rank)``); an int is a CUDA index. Either means the CPU, with one
+    warning, where there is no GPU."""
+    if device is None:
+        device = torch.cuda.current_device() if torch.cuda.is_available() else 0
     if isinstance(device, bool):
         raise TypeError(f"device={device!r}: expected an int, a str or a torch.device")
     if isinstance(device, int):
@@ -57,6 +63,15 @@ def name_tensor_classes() -> None:
     _named_classes = len(torch.Tensor.__subclasses__())
 
 
+def _rank() -> int | None:
+    """This process's rank once ``torch.distributed`` is initialised (launchers' variables, read by
+    the core, name it before that)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return None
+
+
 def _split_path(path: str | os.PathLike) -> tuple[str, str]:
     """Pytorch-Memory-Utils' ``path`` is put before the file name: ``'logs/run1-'`` writes
     ``logs/run1-<timestamp>-gpu_mem_track.txt``, ``''`` into the working folder."""
@@ -77,8 +92,9 @@ class MemTracker:
         detail: write the ``+``/``-`` tensor-group lines (off: only ``At`` lines).
         path: put before the log's file name (a folder, a prefix, or both).
         verbose: print each block to stdout as well.
-        device: a CUDA index, ``'cuda:N'``, ``'cpu'`` or a ``torch.device``. An int where there is
-            no GPU tracks the CPU, with one warning.
+        device: a CUDA index, ``'cuda:N'``, ``'cpu'`` or a ``torch.device``; by default the
+            current CUDA device (``torch.cuda.current_device()``). An index, or the default, where
+            there is no GPU tracks the CPU, with one warning.
         op_names: group tensors by the op that made them too, and name it on each line.
         views: print views (tensors sharing another tensor's storage: ``.t()``, ``.view()``) as
             lines of their own, ``Memory: 0.0 M``, as Pytorch-Memory-Utils does. Off by default: a
@@ -95,7 +111,7 @@ class MemTracker:
         detail: bool = True,
         path: str | os.PathLike = "",
         verbose: bool = False,
-        device: Any = 0,
+        device: Any = None,
         *,
         op_names: bool = False,
         sample_every: float | None = None,
@@ -118,7 +134,42 @@ class MemTracker:
             sample_every=sample_every,
             cpu_memory_limit=cpu_memory_limit,
             views=views,
+            rank=_rank(),
         )
+        # Every optimizer's step, through PyTorch's global step hooks: what a step makes and keeps
+        # prints as `| optimizer state`, as Rust's `MemTracker::optimizer_step` marks it.
+        self._stepping = False
+        me = weakref.ref(self)
+
+        def step_begins(optimizer, args, kwargs) -> None:
+            tracker = me()
+            if tracker is not None:
+                tracker._step(True)
+
+        def step_ends(optimizer, args, kwargs) -> None:
+            tracker = me()
+            if tracker is not None:
+                tracker._step(False)
+
+        self._step_hooks = [
+            _optim.register_optimizer_step_pre_hook(step_begins),
+            _optim.register_optimizer_step_post_hook(step_ends),
+        ]
+
+    def _step(self, begins: bool) -> None:
+        # A step that raised never reached its post hook: it ends before the next one begins.
+        if self._stepping:
+            self._tracker.end_optimizer_step()
+            self._stepping = False
+        if begins:
+            self._tracker.begin_optimizer_step()
+            self._stepping = True
+
+    def __del__(self) -> None:
+        for hook in getattr(self, "_step_hooks", ()):
+            hook.remove()
+        if getattr(self, "_stepping", False):
+            self._tracker.end_optimizer_step()
 
     @property
     def device(self) -> torch.device:

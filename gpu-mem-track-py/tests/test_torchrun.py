@@ -1,0 +1,62 @@
+"""Under torchrun: each rank's ``MemTracker`` writes a log of its own, named by its rank, with its
+own tensors and DDP's gradient bucket, and ``gpu-mem-track report`` reads the ranks' logs together.
+Two gloo ranks on the CPU (``torch.distributed.run``, what the ``torchrun`` command runs)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+SCRIPT = """
+import os, sys
+import torch, torch.distributed as dist
+from gpu_mem_track import MemTracker
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+tracker = MemTracker(path=os.path.join(sys.argv[1], "run-"), device="cpu")
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 32))
+mine = torch.zeros(rank + 3, 7)  # a tensor only this rank holds
+tracker.track()
+model(torch.randn(16, 64)).sum().backward()
+tracker.track()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="this torch has no torch.distributed")
+def test_two_gloo_ranks_log_their_own_tensors_and_report_reads_both(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_PROCID")}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    out = subprocess.run(
+        [*launch, str(script), str(tmp_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    logs = sorted(glob.glob(str(tmp_path / "run-*gpu_mem_track.txt")))
+    assert [os.path.basename(p).split("-")[-2] for p in logs] == ["rank0", "rank1"], logs
+    for rank, log in enumerate(logs):
+        with open(log) as f:
+            text = f.read()
+        assert f"Size:({rank + 3}, 7)" in text, text
+        assert f"Size:({4 - rank}, 7)" not in text, "another rank's tensor in this rank's log"
+        # DDP's gradient bucket: one flat tensor holding every parameter's gradient (64*32 + 32).
+        assert "Size:(2080,)" in text, text
+    report = subprocess.run(
+        [sys.executable, "-m", "gpu_mem_track", "report", *logs], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert report.returncode == 0, report.stderr
+    assert "rank 0" in report.stdout and "rank 1" in report.stdout, report.stdout
