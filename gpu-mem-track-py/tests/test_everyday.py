@@ -3,7 +3,9 @@ or an exception of the program."""
 
 from __future__ import annotations
 
+import re
 import threading
+import warnings
 
 import gpu_mem_track
 import pytest
@@ -183,3 +185,53 @@ def test_an_optimizers_state_is_named_as_such(logdir):  # noqa: F811
     assert [line for line in last if line[2] == "(5, 13)"], last
     assert "(5, 13)" not in [line[2] for line in last if "optimizer" in str(line)], last
     del after
+
+
+def test_regions_and_functions_are_tracked_on_entry_and_exit(logdir):  # noqa: F811
+    tracker = MemTracker(device="cpu")
+
+    @tracker.track_function
+    def make(n):
+        return torch.zeros(n, 11)
+
+    with tracker.region("forward"):
+        kept = make(3)
+    at = [line for _, line in parse_blocks(tracker.log_path)]
+    assert [re.search(r"line \d+: (.*?) +Total Tensor", a).group(1) for a in at] == [
+        "forward (enter)",
+        "test_regions_and_functions_are_tracked_on_entry_and_exit.<locals>.make (enter)",
+        "test_regions_and_functions_are_tracked_on_entry_and_exit.<locals>.make (exit)",
+        "forward (exit)",
+    ], at
+    blocks = parse_blocks(tracker.log_path)
+    # The tensor appears at the function's exit, and the exit lines name where each one ends.
+    assert [line[2] for line in blocks[2][0]] == ["(3, 11)"], blocks
+    assert kept.shape == (3, 11)
+    # get_tensors(): the tracked device's tensors Python holds, this one among them.
+    assert any(t is kept for t in tracker.get_tensors())
+
+
+def test_a_failing_track_warns_once_per_distinct_failure_and_returns_none(logdir):  # noqa: F811
+    tracker = MemTracker(device="cpu")
+    real = tracker._tracker
+
+    class Failing:
+        """The native tracker, failing as a full disk or a lost GPU would."""
+
+        errors = iter([OSError("No space left on device"), OSError("No space left on device"),
+                       gpu_mem_track.GpuMemTrackError("CUDA error: device lost")])  # fmt: skip
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def track(self, *args):
+            raise next(self.errors)
+
+    tracker._tracker = Failing()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert [tracker.track() for _ in range(3)] == [None, None, None]
+    failures = [str(w.message) for w in seen if "track failed" in str(w.message)]
+    assert len(failures) == 2 and "No space left" in failures[0] and "device lost" in failures[1], failures
+    tracker._tracker = real
+    assert tracker.track() is not None

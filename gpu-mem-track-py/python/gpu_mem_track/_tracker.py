@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import dis
+import functools
 import gc
 import os
 import sys
 import warnings
 import weakref
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 import torch
@@ -122,7 +126,7 @@ class MemTracker:
         folder, prefix = _split_path(path)
         self.print_detail = detail
         self.verbose = verbose
-        self._warned = False
+        self._warned: set[str] = set()
         name_tensor_classes()
         self._tracker = _native.Tracker(
             _device_name(device),
@@ -190,24 +194,70 @@ class MemTracker:
         """Appends a block for the caller's line; returns its figures (bytes) and lines.
 
         Like the Rust ``track!()``, a failure never reaches the program it watches: it is a
-        warning (the first time) and ``None``.
+        warning naming it (once per distinct failure) and ``None``.
         """
-        if len(torch.Tensor.__subclasses__()) != _named_classes:
-            name_tensor_classes()
         frame = sys._getframe(1)
-        code = frame.f_code
         try:
-            point = self._tracker.track(code.co_filename, frame.f_lineno, code.co_name)
-        except (OSError, _native.GpuMemTrackError) as e:
-            if not self._warned:
-                self._warned = True
-                warnings.warn(f"gpu_mem_track: track failed: {e}", RuntimeWarning, stacklevel=2)
-            return None
+            return self._track_at(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
         finally:
             del frame
+
+    def _track_at(self, file: str, line: int, function: str) -> dict | None:
+        if len(torch.Tensor.__subclasses__()) != _named_classes:
+            name_tensor_classes()
+        try:
+            point = self._tracker.track(file, line, function)
+        except (OSError, _native.GpuMemTrackError) as e:
+            message = f"gpu_mem_track: track failed: {e}"
+            if message not in self._warned:
+                self._warned.add(message)
+                warnings.warn(message, RuntimeWarning, stacklevel=4)
+            return None
         if self.verbose:
             print("\n".join([*point["lines"], "", point["at"]]))
         return point
+
+    @contextlib.contextmanager
+    def region(self, name: str) -> Iterator[None]:
+        """``with tracker.region("forward"):`` tracks as the block begins and as it ends, the
+        ``At`` lines naming it ``forward (enter)`` and ``forward (exit)`` with the lines of the
+        ``with`` and of the block's end, as Rust's ``#[track_memory]`` names a function's."""
+        frame = sys._getframe(2)  # the caller's (contextmanager's __enter__ is between)
+        file = frame.f_code.co_filename
+        self._track_at(file, frame.f_lineno, f"{name} (enter)")
+        try:
+            yield
+        finally:
+            self._track_at(file, frame.f_lineno, f"{name} (exit)")
+            del frame
+
+    def track_function(self, fn: Callable) -> Callable:
+        """Decorator: tracks on entering ``fn`` and on leaving it (returning or raising), the
+        ``At`` lines naming ``<qualname> (enter)`` at its ``def`` line and ``(exit)`` at its last
+        line, as Rust's ``#[track_memory]`` does."""
+        code = fn.__code__
+        last = max((line for _, line in dis.findlinestarts(code) if line is not None), default=code.co_firstlineno)
+
+        @functools.wraps(fn)
+        def tracked(*args: Any, **kwargs: Any) -> Any:
+            self._track_at(code.co_filename, code.co_firstlineno, f"{fn.__qualname__} (enter)")
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._track_at(code.co_filename, last, f"{fn.__qualname__} (exit)")
+
+        return tracked
+
+    def get_tensors(self) -> list[torch.Tensor]:
+        """The live tensors on the tracked device that Python holds (a garbage-collector walk, as
+        Pytorch-Memory-Utils' ``get_tensors`` makes; tensors only libtorch holds are in the log)."""
+        device = self.device
+        found = []
+        for obj in gc.get_objects():
+            # type(), not isinstance(): isinstance reads __class__, which some objects compute.
+            if issubclass(type(obj), torch.Tensor) and obj.device == device:
+                found.append(obj)
+        return found
 
     def clear_cache(self) -> int:
         """Collects garbage and releases the CUDA caching allocator's unused blocks; returns the
