@@ -235,3 +235,16 @@ def test_a_failing_track_warns_once_per_distinct_failure_and_returns_none(logdir
     assert len(failures) == 2 and "No space left" in failures[0] and "device lost" in failures[1], failures
     tracker._tracker = real
     assert tracker.track() is not None
+
+
+def test_watch_names_a_models_parameters_by_module_path(logdir, capsys):  # noqa: F811
+    tracker = MemTracker(device="cpu")
+    model = tracker.watch(torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4)), "net")
+    extra = tracker.register(torch.zeros(3, 5), "my.extra")
+    tracker.print_all_gpu_tensor()
+    out = capsys.readouterr().out
+    for name in ("net.0.weight", "net.0.bias", "net.1.weight", "net.1.running_mean", "my.extra"):
+        assert any(line.startswith(name + " ") for line in out.splitlines()), (name, out)
+    with pytest.raises(TypeError, match="expected a tensor"):
+        tracker.register([1, 2], "not.a.tensor")
+    assert extra.shape == (3, 5) and isinstance(model, torch.nn.Sequential)

@@ -248,6 +248,24 @@ class MemTracker:
 
         return tracked
 
+    def watch(self, model: torch.nn.Module, name: str | None = None) -> torch.nn.Module:
+        """Names ``model``'s parameters and buffers by their module path (``name`` or the class,
+        then ``.layer1.0.conv1.weight``), as Rust's ``watch_varstore`` names a VarStore's:
+        :meth:`print_all_gpu_tensor` shows the names, and a named parameter's gradient is marked
+        ``gradient``. Returns ``model``."""
+        root = name or type(model).__name__
+        for path, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+            self.register(t, f"{root}.{path}")
+        return model
+
+    def register(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        """Names ``tensor`` in :meth:`print_all_gpu_tensor`'s lines (and counts it, if no op made
+        it since the tracker started: ``torch.from_numpy``). Returns ``tensor``."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"register(): expected a tensor, got {type(tensor).__name__}")
+        _native.register_tensor(tensor._cdata, name)
+        return tensor
+
     def get_tensors(self) -> list[torch.Tensor]:
         """The live tensors on the tracked device that Python holds (a garbage-collector walk, as
         Pytorch-Memory-Utils' ``get_tensors`` makes; tensors only libtorch holds are in the log)."""
