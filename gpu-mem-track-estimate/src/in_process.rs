@@ -41,6 +41,24 @@ pub struct InProcessRun {
     // What earlier spans of "the CPU means meta" saw (before a pause).
     cpu_tensors: CpuTensors,
     _recording: RecorderGuard,
+    // Last: the next recording (a memory history) does not walk at its peaks.
+    _peak_walks: PeakWalks,
+}
+
+/// Asks the recorder to walk the live tensors at each new peak while it lives.
+struct PeakWalks;
+
+impl PeakWalks {
+    fn on() -> Self {
+        recorder::walk_peaks(true);
+        PeakWalks
+    }
+}
+
+impl Drop for PeakWalks {
+    fn drop(&mut self) {
+        recorder::walk_peaks(false);
+    }
 }
 
 /// What an in-process run gives.
@@ -80,11 +98,8 @@ impl InProcessRun {
         ffi::meta_allocator_install()?;
         let start = Instant::now();
         let meta_counters = ffi::MetaCounters::begin();
-        recorder::walk_peaks(true);
-        if let Err(e) = recorder::start(DeviceKind::Meta) {
-            recorder::walk_peaks(false);
-            return Err(e.into());
-        }
+        let peak_walks = PeakWalks::on();
+        recorder::start(DeviceKind::Meta)?;
         let recording = RecorderGuard;
         recorder::set_phase(Some(Phase::Load), 0);
         recorder::set_site(None);
@@ -95,6 +110,7 @@ impl InProcessRun {
             cpu_means_meta,
             cpu_tensors: CpuTensors::default(),
             _recording: recording,
+            _peak_walks: peak_walks,
         })
     }
 
@@ -124,7 +140,8 @@ impl InProcessRun {
     /// Ends the recording and turns it into the estimate. `options` says what ran (its input,
     /// precision and mode, as the caller saw them); `sizes` what the model and its optimizer hold.
     pub fn finish(self, options: &EstimateOptions, sizes: ModelSizes) -> InProcessEstimate {
-        let InProcessRun { start, meta_counters, cpu_means_meta, mut cpu_tensors, _recording } = self;
+        let InProcessRun { start, meta_counters, cpu_means_meta, mut cpu_tensors, _recording, _peak_walks } =
+            self;
         if let Some(seen) = cpu_means_meta.as_ref().map(ffi::CpuMeansMeta::counts) {
             cpu_tensors.made_on_cpu += seen.made_on_cpu;
             cpu_tensors.moved_to_meta += seen.moved_to_meta;
@@ -134,7 +151,7 @@ impl InProcessRun {
         drop(cpu_means_meta);
         recorder::set_site(None);
         drop(_recording);
-        recorder::walk_peaks(false);
+        drop(_peak_walks);
         let (events, names) = recorder::events();
         let (meta_scalar_reads, cpu_fallback) = meta_counters.since();
         let run = ffi::RunFigures { sizes, meta_scalar_reads, cpu_fallback, cpu_tensors };
