@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 # Ops that run in the autocast dtype (float16 / bfloat16).
 LOWER_PRECISION = frozenset(
@@ -189,7 +189,7 @@ class Casts:
         if name == "cross_entropy" and args and isinstance(args[0], torch.Tensor) and args[0].dtype in _LOW:
             return args, {**kwargs, _CROSS_ENTROPY: True}
         if name in PROMOTE:
-            tensors = [a for a in _leaves(args, kwargs) if a.is_floating_point()]
+            tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor) and a.is_floating_point()]
             if tensors:
                 widest = max((t.dtype for t in tensors), key=lambda d: torch.finfo(d).bits)
                 return self._map(args, kwargs, lambda t: self._cast(t, widest, cache=False))
@@ -223,15 +223,3 @@ def cross_entropy(func: Callable, args: tuple, kwargs: dict) -> Any:
         ignore_index=bound.get("ignore_index", -100),
         reduction=bound.get("reduction", "mean"),
     )
-
-
-def _leaves(args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-
-    def note(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            found.append(v)
-        return v
-
-    tree_map(note, (args, kwargs))
-    return found

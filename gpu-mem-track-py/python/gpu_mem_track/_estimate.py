@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from ._estimator import Estimator
 from ._load import native as _native
@@ -144,15 +144,7 @@ def _loss_of(output: Any) -> torch.Tensor:
 def _floats(tree: Any) -> list[torch.Tensor]:
     if hasattr(tree, "to_tuple"):  # transformers' ModelOutput
         tree = tree.to_tuple()
-    found: list[torch.Tensor] = []
-
-    def note(v: Any) -> Any:
-        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.requires_grad:
-            found.append(v)
-        return v
-
-    tree_map(note, tree)
-    return found
+    return [v for v in tree_leaves(tree) if isinstance(v, torch.Tensor) and v.is_floating_point() and v.requires_grad]
 
 
 def estimate(

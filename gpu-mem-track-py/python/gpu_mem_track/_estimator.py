@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.optim.optimizer as _optim  # the module (torch.optim's namespace hides it)
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves
 
 from . import _autocast
 from ._load import native as _native
@@ -46,18 +46,6 @@ def _meta_device(d: Any) -> Any:
     if isinstance(d, str) and (d == "cuda" or d.startswith("cuda:")):
         return _META
     return d
-
-
-def _tensors(tree: Any) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-
-    def note(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            found.append(v)
-        return v
-
-    tree_map(note, tree)
-    return found
 
 
 class _MetaMode(TorchFunctionMode):
@@ -196,7 +184,7 @@ class Estimator:
             self._roots[id(module)] = module
             self._note_model(module)
         if self._input is None:
-            tensors = _tensors((args, kwargs))
+            tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
             self._input = tensors
             for t in tensors:
                 if t.device.type == "meta":
