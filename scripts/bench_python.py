@@ -1,7 +1,10 @@
 """Benchmark of the Python package (run by `scripts/dev bench python`, in a virtualenv holding
 torch and the wheel).
 
-1. `MemTracker.track()` at 1 000, 10 000 and 100 000 live CPU tensors, beside Pytorch-Memory-Utils'
+1. `MemTracker.track()` at 1 000, 10 000 and 100 000 live tensors (on the CPU, or on CUDA with
+   --device cuda), in the mix of `benches/track.rs`: 16 shapes, a quarter of the tensors views. Beside
+   it, the Rust core's own track (`track!()`) timed in Rust on the same tensors, and their ratio (the
+   Python call, the caller's frame and the returned dict); and Pytorch-Memory-Utils'
    `track()` in the same process when GMT_PMU_TRACKER (or --reference) names its
    `gpu_mem_track.py`. Its `get_tensors()` yields CUDA tensors only; the copy loaded here has that
    one test (`if tensor.is_cuda:`) made true, so it counts the CPU tensors, and nothing else
@@ -29,7 +32,14 @@ import gpu_mem_track
 import torch
 from gpu_mem_track import MemTracker
 
-SHAPES = [(1,), (7,), (3, 5), (16,), (2, 2, 2), (64,), (8, 8), (5, 3)]
+
+def live_tensors(n: int, device: str) -> list[torch.Tensor]:
+    """The mix of `benches/track.rs`: 16 shapes, every fourth tensor a view of its own base."""
+    out = []
+    for i in range(n):
+        base = torch.zeros((i % 16 + 1, 4), device=device)
+        out.append(base.view(-1) if i % 4 == 0 else base)
+    return out
 
 
 def load_reference(path: str):
@@ -61,14 +71,23 @@ def spread(samples: list[float]) -> str:
     return f"{fmt(statistics.median(samples))} (min {fmt(min(samples))}, max {fmt(max(samples))})"
 
 
-def bench_track(sizes: list[int], reference, reference_all: bool, folder: str) -> None:
-    print(f"track() from Python, live CPU tensors (torch {torch.__version__}, {os.cpu_count()} cores)")
-    print(f"{'live tensors':>12} | {'gpu_mem_track':>38} | {'Pytorch-Memory-Utils':>38} | ratio")
+def bench_track(sizes: list[int], device: str, reference, reference_all: bool, folder: str) -> None:
+    print(
+        f"track() from Python, live {device} tensors, a quarter of them views (torch {torch.__version__}, "
+        f"{os.cpu_count()} cores)"
+    )
+    print(
+        f"{'live tensors':>12} | {'gpu_mem_track, Python':>38} | {'Rust core, same tensors':>38} | Python/Rust"
+        f" | {'Pytorch-Memory-Utils':>38} | ratio"
+    )
     for n in sizes:
-        tensors = [torch.empty(SHAPES[i % len(SHAPES)]) for i in range(n)]
-        ours = MemTracker(device="cpu", path=os.path.join(folder, f"ours-{n}-"))
+        tensors = live_tensors(n, device)
+        ours = MemTracker(device=device, path=os.path.join(folder, f"ours-{n}-"))
         ours.track()  # the first block lists them all
-        mine = timed(ours.track, 50 if n <= 10_000 else 10)
+        runs = 50 if n <= 10_000 else 10
+        mine = timed(ours.track, runs)
+        rust = ours._tracker.time_tracks(__file__, 0, "bench_track", runs)
+        versus = f"{statistics.median(mine) / statistics.median(rust):.2f}x"
         theirs_text, ratio = "not run", ""
         if reference is not None and (n <= 10_000 or reference_all):
             theirs = reference.MemTracker(path=os.path.join(folder, f"pmu-{n}-"))
@@ -78,7 +97,7 @@ def bench_track(sizes: list[int], reference, reference_all: bool, folder: str) -
             ratio = f"{statistics.median(samples) / statistics.median(mine):,.0f}x"
         elif reference is not None:
             theirs_text = "not run (quadratic; --reference-all)"
-        print(f"{n:>12,} | {spread(mine):>38} | {theirs_text:>38} | {ratio}")
+        print(f"{n:>12,} | {spread(mine):>38} | {spread(rust):>38} | {versus:>11} | {theirs_text:>38} | {ratio}")
         del tensors
 
 
@@ -146,6 +165,7 @@ def main() -> None:
         help="Pytorch-Memory-Utils' gpu_mem_track.py (default: $GMT_PMU_TRACKER)",
     )
     parser.add_argument("--reference-all", action="store_true", help="run the reference at every size")
+    parser.add_argument("--device", default="cpu", help="where the live tensors are: cpu (default) or cuda")
     parser.add_argument("--rounds", type=int, default=7, help="alternating rounds of the per-op figures")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
@@ -156,7 +176,7 @@ def main() -> None:
             file=sys.stderr,
         )
     with tempfile.TemporaryDirectory() as folder:
-        bench_track(sizes, reference, args.reference_all, folder)
+        bench_track(sizes, args.device, reference, args.reference_all, folder)
     bench_per_op(args.rounds)
 
 

@@ -221,6 +221,8 @@ impl Walk {
     }
 }
 
+pub use crate::ffi::with_gil_held;
+
 /// One live tensor, for `MemTracker::print_all_tensors`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorInfo {

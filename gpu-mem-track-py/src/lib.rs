@@ -3,9 +3,11 @@
 //! walk, the caller's frame, the version check) is in `python/gpu_mem_track/`; this module only
 //! turns Python values into the core's types and the core's errors into Python exceptions.
 //!
-//! Threads: every call that walks the registry or writes the log detaches from the interpreter
-//! (the GIL), since the registry's op callback runs on any thread without it and a pinned
-//! tensor's release may need the GIL on another thread.
+//! Threads: a call that walks the registry keeps the GIL for the whole walk. Under the GIL a
+//! tensor with a Python object cannot die, so `track()` reads those without pinning them
+//! (`gpu_mem_track::walk::with_gil_held`: a pin would take the GIL once more); and a pin's
+//! release, which may need the GIL, never waits for it under the registry's lock, which the op
+//! callback (on any thread, never waiting for the GIL) takes. The other calls detach.
 use std::collections::HashSet;
 use std::ffi::c_void;
 use std::path::PathBuf;
@@ -80,7 +82,7 @@ impl PyTracker {
     #[pyo3(signature = (device, log_dir, prefix="", detail=true, nvml=true, op_names=false, sample_every=None, cpu_memory_limit=None, views=false, rank=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        py: Python<'_>,
+        _py: Python<'_>,
         device: &str,
         log_dir: PathBuf,
         prefix: &str,
@@ -116,7 +118,8 @@ impl PyTracker {
         if let Some(rank) = rank {
             builder = builder.rank(rank);
         }
-        let inner = py.detach(|| builder.build()).map_err(to_py)?;
+        // SAFETY: as in `track`: building walks the registry once, under the GIL `_py` holds.
+        let inner = unsafe { gpu_mem_track::walk::with_gil_held(|| builder.build()) }.map_err(to_py)?;
         Ok(PyTracker { inner })
     }
 
@@ -129,8 +132,26 @@ impl PyTracker {
         function: &str,
     ) -> PyResult<Bound<'py, PyDict>> {
         let site = Site { file: intern_file(file), line, function: function.into() };
-        let point = py.detach(|| self.inner.track_at(&site)).map_err(to_py)?;
+        // SAFETY: `py` says this thread holds the GIL, and track_at runs no Python code, so it
+        // keeps it for the whole call.
+        let point =
+            unsafe { gpu_mem_track::walk::with_gil_held(|| self.inner.track_at(&site)) }.map_err(to_py)?;
         point_dict(py, &point)
+    }
+
+    /// The seconds each of `times` tracks takes in Rust alone, at the site `file:line` (for the
+    /// benchmark: the core's `track!()` on the Python program's own tensors, without the Python
+    /// call, the caller's frame and the returned dict).
+    fn time_tracks(&self, file: &str, line: u32, function: &str, times: usize) -> PyResult<Vec<f64>> {
+        let site = Site { file: intern_file(file), line, function: function.into() };
+        let mut seconds = Vec::with_capacity(times);
+        for _ in 0..times {
+            let started = std::time::Instant::now();
+            // SAFETY: as in `track`; this method holds the GIL (it never detaches).
+            unsafe { gpu_mem_track::walk::with_gil_held(|| self.inner.track_at(&site)) }.map_err(to_py)?;
+            seconds.push(started.elapsed().as_secs_f64());
+        }
+        Ok(seconds)
     }
 
     /// Marks what is made from now on as an optimizer step's: what it keeps is optimizer state.
@@ -149,15 +170,15 @@ impl PyTracker {
     }
 
     /// One line per live tensor on the device and a total, as text.
-    fn tensors_text(&self, py: Python<'_>) -> PyResult<String> {
+    fn tensors_text(&self) -> PyResult<String> {
         let mut out = Vec::new();
-        py.detach(|| self.inner.print_all_tensors(&mut out)).map_err(to_py)?;
+        self.inner.print_all_tensors(&mut out).map_err(to_py)?;
         Ok(String::from_utf8_lossy(&out).into_owned())
     }
 
     /// Bytes in the storages of the live tensors on the device, each storage counted once.
-    fn tensor_bytes(&self, py: Python<'_>) -> PyResult<u64> {
-        let tensors = py.detach(|| self.inner.live_tensors()).map_err(to_py)?;
+    fn tensor_bytes(&self) -> PyResult<u64> {
+        let tensors = self.inner.live_tensors().map_err(to_py)?;
         Ok(tensors.iter().filter(|t| t.owns_storage).map(|t| t.storage_nbytes).sum())
     }
 
@@ -591,6 +612,23 @@ fn cpu_allocated() -> u64 {
     gpu_mem_track::cpu_allocator_stats().map_or(0, |s| s.current)
 }
 
+/// `gpu-mem-track report` on `logs`: the text it prints and its `--json` dict, as JSON text.
+/// Reading the logs detaches from the interpreter (a log may be long).
+#[pyfunction]
+#[pyo3(signature = (logs, top=5))]
+fn report(py: Python<'_>, logs: Vec<PathBuf>, top: usize) -> PyResult<(String, String)> {
+    use gpu_mem_track_core::report::{analyse_file, combine, render_text};
+    if logs.is_empty() {
+        return Err(PyValueError::new_err("report(): give at least one log file"));
+    }
+    let combined = py
+        .detach(|| logs.iter().map(|path| analyse_file(path, top)).collect::<Result<Vec<_>, _>>())
+        .map_err(|e| to_py(Error::Log(e)))?;
+    let combined = combine(combined);
+    let json = serde_json::to_string(&combined).map_err(|e| GpuMemTrackError::new_err(e.to_string()))?;
+    Ok((render_text(&combined), json))
+}
+
 /// Runs the `gpu-mem-track` command line (report, plot, watch, timeline) on `args`, the program
 /// name first; returns its exit code.
 #[pyfunction]
@@ -627,5 +665,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(capabilities, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_allocated, m)?)?;
     m.add_function(wrap_pyfunction!(cli, m)?)?;
+    m.add_function(wrap_pyfunction!(report, m)?)?;
     Ok(())
 }

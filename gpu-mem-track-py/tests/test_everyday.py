@@ -3,6 +3,8 @@ or an exception of the program."""
 
 from __future__ import annotations
 
+import gc
+import os
 import re
 import threading
 import warnings
@@ -187,6 +189,42 @@ def test_an_optimizers_state_is_named_as_such(logdir):  # noqa: F811
     del after
 
 
+def test_what_a_steps_closure_makes_is_not_optimizer_state(logdir):  # noqa: F811
+    # LBFGS and Lightning run the forward and backward in a closure inside the step: the closure's
+    # gradients and activations are not optimizer state; SGD's momentum buffers are. The closure's
+    # result and its exception reach the program unchanged.
+    tracker = MemTracker(device="cpu")
+    model = torch.nn.Linear(48, 24)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(4, 48)
+
+    def closure():
+        opt.zero_grad()
+        loss = model(x).sum()
+        loss.backward()
+        return loss
+
+    loss = opt.step(closure)
+    assert isinstance(loss, torch.Tensor) and loss.requires_grad
+    tracker.track()
+    marked = [line for line in parse_blocks(tracker.log_path)[-1][0] if line[2] == "(24, 48)"]
+    assert ("+", 1, "(24, 48)", 0.0044, "<class 'torch.Tensor'>", "torch.float32") in marked, marked
+    with open(tracker.log_path) as f:
+        state = [line for line in f if "Size:(24, 48)" in line and "optimizer state" in line]
+    assert len(state) == 1 and "1 * Size:(24, 48)" in state[0], state
+
+    def failing():
+        raise ValueError("closure says no")
+
+    with pytest.raises(ValueError, match="closure says no"):
+        opt.step(failing)
+    after = torch.zeros(6, 11)
+    tracker.track()
+    last = parse_blocks(tracker.log_path)[-1][0]
+    assert [line for line in last if line[2] == "(6, 11)" and "optimizer" not in str(line)], last
+    del after
+
+
 def test_regions_and_functions_are_tracked_on_entry_and_exit(logdir):  # noqa: F811
     tracker = MemTracker(device="cpu")
 
@@ -248,3 +286,101 @@ def test_watch_names_a_models_parameters_by_module_path(logdir, capsys):  # noqa
     with pytest.raises(TypeError, match="expected a tensor"):
         tracker.register([1, 2], "not.a.tensor")
     assert extra.shape == (3, 5) and isinstance(model, torch.nn.Sequential)
+
+
+def mix(n: int) -> list[torch.Tensor]:
+    """The mix of ``benches/track.rs``: 16 shapes, every fourth tensor a view of its own base."""
+    out = []
+    for i in range(n):
+        base = torch.zeros((i % 16 + 1, 4))
+        out.append(base.view(-1) if i % 4 == 0 else base)
+    return out
+
+
+def test_a_large_walk_of_views_and_parameters_counts_each_tensor_once(logdir):  # noqa: F811
+    # 8 192 tensors: the walk splits them among its helper threads, which read the tensors that
+    # have a Python object without pinning them (the GIL keeps them alive).
+    tracker = MemTracker(device="cpu")
+    tensors = mix(8192)
+    weight = torch.nn.Parameter(torch.zeros(1000, 3))
+    weight_view = weight[:10]  # a view of a parameter: not one itself
+    tracker.track()
+    lines, _ = parse_blocks(tracker.log_path)[-1]
+    counts = {(shape, cls): n for sign, n, shape, _, cls, _ in lines if sign == "+"}
+    # Shape (k, 4) is tensor i's base for i % 16 == k - 1, and tensor i is a view of it when
+    # i % 4 == 0: the view keeps its base alive, and is counted on the base's line.
+    for k in range(1, 17):
+        assert counts[(f"({k}, 4)", "<class 'torch.Tensor'>")] == 8192 // 16, k
+    with open(tracker.log_path) as f:
+        assert f.read().count("| (+512 views)") == 4
+    assert counts[("(1000, 3)", "<class 'torch.nn.parameter.Parameter'>")] == 1
+    assert tracker.get_tensor_usage() * 2**20 >= sum(t.untyped_storage().nbytes() for t in tensors) + 12_000
+    del tensors, weight_view
+
+
+def test_track_while_other_threads_make_and_drop_views(logdir):  # noqa: F811
+    # Threads that make views, drop them and run autograd while the main thread walks thousands of
+    # tensors: every walk ends, and the last one counts exactly what is left.
+    tracker = MemTracker(device="cpu")
+    gc.collect()
+    before = tracker._tracker.tensor_bytes()
+    kept = mix(6000)
+    stop = threading.Event()
+    errors = []
+
+    def churn(seed: int) -> None:
+        try:
+            g = torch.Generator().manual_seed(seed)
+            w = torch.randn(64, 64, generator=g, requires_grad=True)
+            while not stop.is_set():
+                views = [t.view(-1)[:2] for t in mix(300)]
+                loss = (w.view(-1)[:100] * 2).sum() + sum(v.sum() for v in views[:10])
+                loss.backward()
+                del views, loss
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=churn, args=(s,)) for s in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(60):
+            assert tracker.track() is not None
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads)
+    gc.collect()
+    point = tracker.track()
+    assert point is not None
+    # The threads' tensors are gone: what is left is what this test keeps (each storage once).
+    kept_bytes = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in kept}.values())
+    assert point["tensor_bytes"] - before == kept_bytes
+    del kept
+
+
+def test_a_notebook_shows_the_last_block_and_the_report(logdir):  # noqa: F811
+    tracker = MemTracker(device="cpu")
+    assert "no block yet" in tracker._repr_html_()
+    weights = torch.zeros(300, 7)
+    tracker.track()
+    del weights
+    tracker.track()
+    shown = tracker._repr_html_()
+    # The last block: the freed group in red, its figures in cells, the At line as the caption.
+    assert '<td style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;color:#cf222e">-</td>' in shown
+    assert ">(300, 7)<" in shown and ">0.008<" in shown and "&lt;class &#x27;torch.Tensor&#x27;&gt;" in shown
+    assert "<caption" in shown and "test_everyday.py line" in shown
+
+    report = gpu_mem_track.report(tracker.log_path)
+    assert str(report) == report.text and "peak" in report.text.lower()
+    assert report.data["logs"][0]["points"] == 2
+    table = report._repr_html_()
+    assert os.path.basename(tracker.log_path) in table and "<details>" in table
+    assert tracker.report().data == report.data
+    with pytest.raises(ValueError, match="at least one log"):
+        gpu_mem_track.report()
+    with pytest.raises(OSError, match="missing.txt"):
+        gpu_mem_track.report("missing.txt")

@@ -43,7 +43,7 @@ inline bool has_autograd_meta(const c10::TensorImpl* impl) { return (impl->*memb
 // Whether a pinned tensor is a leaf that requires grad (printed as a Parameter), without
 // requires_grad()'s out-of-line wrapper. is_leaf() first: a view's requires_grad() reads its base
 // tensor (a cache miss per view), and a view autograd made (of an activation) is no leaf.
-inline bool is_parameter(const c10::TensorImpl* impl, const at::Tensor& t) {
+inline bool is_parameter(const c10::TensorImpl* impl, const at::TensorBase& t) {
   const c10::AutogradMetaInterface* meta = (impl->*member_of(AutogradMetaField{})).get();
   return meta && t.is_leaf() && meta->requires_grad();
 }
@@ -57,7 +57,43 @@ inline bool is_parameter(const c10::TensorImpl* impl, const at::Tensor& t) {
 struct WalkFilter {
   int32_t device_kind;
   int32_t device_index;
-  bool detail;  // group the tensors (else only the totals)
+  bool detail;      // group the tensors (else only the totals)
+  bool gil_held;    // the calling thread holds Python's GIL for the whole walk
+};
+
+// The calling thread's word that it holds the GIL (gmt_registry_walks_hold_gil).
+thread_local bool t_gil_held = false;
+
+// Whether a tensor cannot die while the walk runs without being pinned: under the GIL, one that
+// has a Python object. From torch 2.10 on, a TensorImpl with a Python object holds its last
+// reference through that object ("PyObject preservation"): the object's own release, and a C++
+// owner's hand-over of the last reference to it (decref_pyobject), both need the GIL, which the
+// calling thread holds until every helper is done. Pinning such a tensor instead would take the
+// GIL itself (try_incref_pyobject, then decref_pyobject on release), on a helper thread a new
+// Python thread state each time: most of a walk's time when a quarter of the tensors are views.
+inline bool alive_under_gil(const WalkFilter& filter, const c10::TensorImpl* impl) {
+#if GMT_PYTHON_CLASS
+  return filter.gil_held && impl->pyobj_slot()->load_pyobj() != nullptr;
+#else
+  (void)filter;
+  (void)impl;
+  return false;
+#endif
+}
+
+// A tensor read in place, its reference count untouched (as c10::MaybeOwned borrows one): for a
+// tensor that alive_under_gil keeps alive.
+class Borrowed {
+ public:
+  explicit Borrowed(c10::TensorImpl* impl)
+      : t_(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim(impl)) {}
+  ~Borrowed() { t_.unsafeReleaseTensorImpl(); }
+  Borrowed(const Borrowed&) = delete;
+  Borrowed& operator=(const Borrowed&) = delete;
+  const at::TensorBase& get() const { return t_; }
+
+ private:
+  at::TensorBase t_;
 };
 
 // Walks entries [begin, end) as one thread of a grouped walk (the caller holds r.mu; other
@@ -103,6 +139,12 @@ void walk_chunk(Registry& r, const WalkFilter& filter, gmt_walk& s, WalkShare& s
       continue;
     }
     const c10::TensorImpl* impl = e.impl();
+    // A Python subclass's TensorImpl may answer its device and sizes from Python (FakeTensor,
+    // wrapper subclasses), which takes the GIL: never on a helper while the caller holds it.
+    if (helper && filter.gil_held && impl->is_python_dispatch()) {
+      later(i);
+      continue;
+    }
     auto met_shared = [&](const c10::StorageImpl* storage, const SharedUse& use) {
       if (helper) share.shared.push_back(WalkShare::SharedMet{static_cast<uint32_t>(i), e.shared_slot, storage, use});
       else s.meet_shared(share, storage, e.shared_slot, use);
@@ -135,30 +177,39 @@ void walk_chunk(Registry& r, const WalkFilter& filter, gmt_walk& s, WalkShare& s
         continue;
       }
     }
+    // A live tensor that cannot die meanwhile (pinned, or kept alive by the GIL), read whole.
+    auto read = [&](const at::TensorBase& t) {
+      const c10::StorageImpl* storage = nullptr;
+      uint32_t storage_uses = 0;
+      // has_storage() is out of line; a plain TensorImpl has storage when storage_ is set.
+      if (impl->unsafe_storage()) {
+        const c10::Storage& st = impl->unsafe_storage();
+        storage = st.unsafeGetStorageImpl();
+        storage_uses = static_cast<uint32_t>(st.use_count());
+        if (storage != e.storage._unsafe_get_target()) {
+          if (helper) share.released_storages.push_back(std::move(e.storage));
+          e.storage = st.getWeakStorageImpl();
+        }
+      }
+      if (on_device(impl, filter.device_kind, filter.device_index)) {
+        const bool parameter = is_parameter(impl, t);
+        const int32_t group = filter.detail ? r.held_group(e, impl, parameter) : -1;
+        if (filter.detail && group < 0) later(i);
+        else share.tally(impl, group, e.seq, storage, storage_uses, met_shared);
+      }
+    };
+    // SAFETY: alive_under_gil says the tensor outlives the walk; e.weak keeps its memory.
+    if (alive_under_gil(filter, impl)) {
+      read(Borrowed(const_cast<c10::TensorImpl*>(impl)).get());
+      continue;
+    }
     auto strong = e.weak.lock();
     if (!strong) {
       later(i);
       continue;
     }
     at::Tensor t(std::move(strong));
-    const c10::StorageImpl* storage = nullptr;
-    uint32_t storage_uses = 0;
-    // has_storage() is out of line; a plain TensorImpl has storage when storage_ is set.
-    if (impl->unsafe_storage()) {
-      const c10::Storage& st = impl->unsafe_storage();
-      storage = st.unsafeGetStorageImpl();
-      storage_uses = static_cast<uint32_t>(st.use_count());
-      if (storage != e.storage._unsafe_get_target()) {
-        if (helper) share.released_storages.push_back(std::move(e.storage));
-        e.storage = st.getWeakStorageImpl();
-      }
-    }
-    if (on_device(impl, filter.device_kind, filter.device_index)) {
-      const bool parameter = is_parameter(impl, t);
-      const int32_t group = filter.detail ? r.held_group(e, impl, parameter) : -1;
-      if (filter.detail && group < 0) later(i);
-      else share.tally(impl, group, e.seq, storage, storage_uses, met_shared);
-    }
+    read(t);
     if (helper) share.pins.push_back(std::move(t));
   }
   share.spans.push_back(WalkShare::Span{chunk, later_begin, static_cast<uint32_t>(share.later.size())});
@@ -327,7 +378,7 @@ gmt_error take_grouped(gmt_walk* s, int32_t device_kind, int32_t device_index, b
     s->totals = gmt_walk_totals{};
     ++s->walk;
     s->walk_slots.clear();
-    const WalkFilter filter{device_kind, device_index, detail};
+    const WalkFilter filter{device_kind, device_index, detail, t_gil_held};
     {
       Registry& r = registry();
       std::lock_guard<std::mutex> lock(r.mu);
@@ -429,6 +480,12 @@ gmt_error take_grouped(gmt_walk* s, int32_t device_kind, int32_t device_index, b
 using namespace gmt_registry;
 
 extern "C" {
+
+int gmt_registry_walks_hold_gil(int held) {
+  const bool was = t_gil_held;
+  t_gil_held = held != 0;
+  return was ? 1 : 0;
+}
 
 size_t gmt_registry_walk_threads(void) { return WalkHelpers::get().threads(); }
 void gmt_registry_set_walk_threads(size_t threads) { WalkHelpers::get().set_threads(threads); }

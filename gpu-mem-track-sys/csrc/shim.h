@@ -57,6 +57,10 @@ uint64_t gmt_registry_callbacks(void);         // op callbacks seen since instal
 // Threads a grouped walk of a large registry uses, the caller's included (default: the cores, at
 // most 4); set: from 1 (walk alone) to 16.
 size_t gmt_registry_walk_threads(void);
+// The calling thread's word (held != 0) that it holds Python's GIL for its walks from now on, so
+// that a walk reads the tensors that have a Python object without pinning them; 0 withdraws it.
+// Returns the word it replaces. Only a thread that holds the GIL for all its walks may give it.
+int gmt_registry_walks_hold_gil(int held);
 void gmt_registry_set_walk_threads(size_t threads);
 const char* gmt_registry_name(int32_t id);     // stable for the process lifetime
 const char* gmt_registry_op_name(int32_t id);  // the op of gmt_tensor_record.op_id; stable; NULL if unknown

@@ -222,6 +222,8 @@ extern "C" {
     pub fn gmt_registry_entries() -> usize;
     pub fn gmt_registry_callbacks() -> u64;
     pub fn gmt_registry_walk_threads() -> usize;
+    /// Only a thread that holds Python's GIL for every walk while `held` is non-zero may give it.
+    pub fn gmt_registry_walks_hold_gil(held: c_int) -> c_int;
     pub fn gmt_registry_set_walk_threads(threads: usize);
     pub fn gmt_registry_name(id: i32) -> *const c_char;
     pub fn gmt_registry_op_name(id: i32) -> *const c_char;

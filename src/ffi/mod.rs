@@ -17,6 +17,7 @@ pub(crate) use recorder::*;
 // The recorder's events are public API (the `recorder` module), for the estimator crate.
 pub use recorder::{op_name, AllocEvent, EventKind};
 use registry::tidy_op_name;
+pub use registry::with_gil_held;
 pub(crate) use registry::*;
 
 use std::ffi::CString;

@@ -90,6 +90,50 @@ pub(crate) fn registry_tag_allocations() {
     unsafe { sys::gmt_registry_tag_allocations() }
 }
 
+/// Tells the registry's walks on this thread whether it holds Python's GIL; returns the word it
+/// replaces.
+///
+/// # Safety
+/// With `held` true, the calling thread must hold the GIL for every walk it runs until the word
+/// is withdrawn: a walk then reads the tensors that have a Python object without pinning them.
+pub(crate) unsafe fn set_walks_hold_gil(held: bool) -> bool {
+    // SAFETY: sets a thread-local flag; the caller answers for what it claims.
+    unsafe { sys::gmt_registry_walks_hold_gil(i32::from(held)) != 0 }
+}
+
+/// Runs `f` with this thread's registry walks told that it holds CPython's GIL throughout: a
+/// walk then reads the tensors that have a Python object without pinning them. From torch 2.10
+/// on, a pin of a tensor whose only owner is its Python object takes the GIL, and on the walk's
+/// helper threads a new Python thread state, twice: most of a walk's time when a quarter of a
+/// Python program's tensors are views. Under the GIL such a tensor cannot die mid-walk, so the
+/// pin is not needed. What the Python package's `track()` runs in; a Rust program has no use
+/// for it.
+///
+/// ```no_run
+/// # fn f(tracker: &gpu_mem_track::MemTracker) -> gpu_mem_track::Result<()> {
+/// // In a Python extension, with the GIL held (a pyo3 `Python<'_>` token in scope):
+/// // SAFETY: the GIL is held for the whole call, and track_at never releases it.
+/// let point = unsafe { gpu_mem_track::walk::with_gil_held(|| tracker.track()) }?;
+/// # Ok(()) }
+/// ```
+///
+/// # Safety
+/// The calling thread must hold the GIL of the interpreter that owns the tensors' Python objects
+/// for all of `f`, and `f` must not release it.
+pub unsafe fn with_gil_held<R>(f: impl FnOnce() -> R) -> R {
+    /// Gives back the word it replaced, however `f` ends.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: restores what the thread said before `with_gil_held`.
+            unsafe { set_walks_hold_gil(self.0) };
+        }
+    }
+    // SAFETY: the caller holds the GIL for all of `f` (this function's contract).
+    let _restore = Restore(unsafe { set_walks_hold_gil(true) });
+    f()
+}
+
 /// Threads a grouped walk of a large registry uses, the caller's included (for walk.rs's tests).
 #[cfg(all(test, feature = "tch"))]
 pub(crate) fn walk_threads() -> usize {

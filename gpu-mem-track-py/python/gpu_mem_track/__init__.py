@@ -23,6 +23,7 @@ import gc
 
 import torch
 
+from ._display import Report, report
 from ._estimate import Breakdown, Estimate, estimate, fit
 from ._estimator import Estimator
 from ._load import TorchVersionMismatch
@@ -41,10 +42,12 @@ __all__ = [
     "Estimator",
     "GpuMemTrackError",
     "MemTracker",
+    "Report",
     "TorchVersionMismatch",
     "capabilities",
     "estimate",
     "fit",
+    "report",
 ]
 
 

@@ -6,6 +6,7 @@ import contextlib
 import dis
 import functools
 import gc
+import html
 import os
 import sys
 import warnings
@@ -16,6 +17,7 @@ from typing import IO, Any
 import torch
 import torch.optim.optimizer as _optim  # the module (torch.optim's namespace hides it)
 
+from ._display import Report, block_html, report
 from ._load import native as _native
 
 
@@ -127,6 +129,7 @@ class MemTracker:
         self.print_detail = detail
         self.verbose = verbose
         self._warned: set[str] = set()
+        self._last: dict | None = None
         name_tensor_classes()
         self._tracker = _native.Tracker(
             _device_name(device),
@@ -145,10 +148,22 @@ class MemTracker:
         self._stepping = False
         me = weakref.ref(self)
 
-        def step_begins(optimizer, args, kwargs) -> None:
+        def step_begins(optimizer, args, kwargs):
             tracker = me()
-            if tracker is not None:
-                tracker._step(True)
+            if tracker is None:
+                return None
+            tracker._step(True)
+            # A closure (Lightning's, LBFGS's) runs the forward and backward inside the step:
+            # what it makes is not optimizer state. It runs wrapped, outside the step's marking.
+            # The hooks get the step's arguments with the optimizer first (as `self`).
+            at = 1 if args and args[0] is optimizer else 0
+            closure = kwargs.get("closure") if "closure" in kwargs else (args[at] if len(args) > at else None)
+            if not callable(closure):
+                return None
+            wrapped = tracker._outside_step(closure)
+            if "closure" in kwargs:
+                return args, {**kwargs, "closure": wrapped}
+            return (*args[:at], wrapped, *args[at + 1 :]), kwargs
 
         def step_ends(optimizer, args, kwargs) -> None:
             tracker = me()
@@ -168,6 +183,19 @@ class MemTracker:
         if begins:
             self._tracker.begin_optimizer_step()
             self._stepping = True
+
+    def _outside_step(self, closure: Callable) -> Callable:
+        """``closure``, run with the step's marking suspended (its result and errors unchanged)."""
+
+        @functools.wraps(closure)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            self._step(False)
+            try:
+                return closure(*args, **kwargs)
+            finally:
+                self._step(True)
+
+        return run
 
     def __del__(self) -> None:
         for hook in getattr(self, "_step_hooks", ()):
@@ -213,6 +241,7 @@ class MemTracker:
                 self._warned.add(message)
                 warnings.warn(message, RuntimeWarning, stacklevel=4)
             return None
+        self._last = point
         if self.verbose:
             print("\n".join([*point["lines"], "", point["at"]]))
         return point
@@ -318,3 +347,14 @@ class MemTracker:
 
     def __repr__(self) -> str:
         return f"MemTracker(device={self._tracker.device!r}, log={self.log_path!r})"
+
+    def _repr_html_(self) -> str:
+        """A notebook shows the last block: its group lines as a table, its ``At`` line below."""
+        head = f"<div style=\"font-family:monospace\">{html.escape(repr(self))}</div>"
+        if self._last is None:
+            return head + "<div><i>no block yet: call track()</i></div>"
+        return head + block_html(self._last["lines"], self._last["at"])
+
+    def report(self, top: int = 5) -> Report:
+        """``gpu-mem-track report`` on this tracker's log (see :func:`gpu_mem_track.report`)."""
+        return report(self.log_path, top=top)
