@@ -3,8 +3,8 @@
 The compiled part links libtorch, which has no stable ABI across minor versions, so the wheel's
 metadata says ``Requires-Dist: torch>=2.13,<2.14`` (for torch 2.13.x) instead of the source
 tree's wide range, and its file name carries the minor version as a build tag
-(``gpu_mem_track-0.1.0-213-cp39-abi3-...whl``) so wheels for several torch versions can sit in
-one folder. The RECORD's hashes are rewritten to match.
+(``gpu_mem_track-0.1.0-213-cp39-abi3-...whl``), replacing one it already has. The RECORD's hashes
+are rewritten to match.
 
     python scripts/pin_wheel.py WHEEL TORCH_VERSION OUT_DIR
 """
@@ -30,8 +30,10 @@ def pin(wheel: str, torch_version: str, out_dir: str) -> str:
     build_tag = f"{major}{minor}"
     name = os.path.basename(wheel)
     parts = name[: -len(".whl")].split("-")
+    if len(parts) == 6:  # pinned before: its build tag is replaced
+        parts = [*parts[:2], *parts[3:]]
     if len(parts) != 5:
-        raise SystemExit(f"{name}: expected name-version-python-abi-platform.whl (no build tag yet)")
+        raise SystemExit(f"{name}: expected name-version[-build]-python-abi-platform.whl")
     out_name = "-".join([*parts[:2], build_tag, *parts[2:]]) + ".whl"
     files: dict[str, bytes] = {}
     with zipfile.ZipFile(wheel) as z:

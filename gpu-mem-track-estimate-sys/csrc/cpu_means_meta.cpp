@@ -34,6 +34,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <array>
@@ -398,7 +399,11 @@ void cpu_means_meta(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch
     uint64_t bits = 0;
     for (size_t i = 0; i < n; ++i) bits |= backend_bits((*stack)[base + i]);
     const uint64_t functionality = ks.raw_repr() & ~static_cast<uint64_t>(c10::full_backend_mask);
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 8
+    ks = c10::DispatchKeySet(c10::DispatchKeySet::RAW, functionality | bits);  // from_raw_repr came in 2.8
+#else
     ks = c10::DispatchKeySet::from_raw_repr(functionality | bits);
+#endif
   }
   if (meta_in_place_noop(op, stack)) return;
   {

@@ -11,6 +11,14 @@
 #include "common.h"
 #include "cuda.h"
 
+// c10::DeviceAllocator, the device-generic caching allocator, arrived in torch 2.9; before it the
+// counters come through the CUDA caching allocator (gmt::cuda_caching_allocator_counters).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+#define GMT_DEVICE_ALLOCATOR 1
+#else
+#define GMT_DEVICE_ALLOCATOR 0
+#endif
+
 namespace {
 int32_t device_count() noexcept {
   try {
@@ -21,11 +29,13 @@ int32_t device_count() noexcept {
   }
 }
 
+#if GMT_DEVICE_ALLOCATOR
 // The CUDA caching allocator, after CUDA's lazy init (gmt::require_cuda), for one device's figures.
 c10::DeviceAllocator* cuda_allocator(int32_t device) {
   gmt::require_cuda(device);
   return c10::getDeviceAllocator(c10::DeviceType::CUDA);
 }
+#endif
 }  // namespace
 
 namespace gmt {
@@ -58,6 +68,15 @@ const char* gmt_libtorch_location(void) {
 }
 
 gmt_error gmt_cuda_stats_read(int32_t device, int reset_peak, gmt_cuda_stats* out) {
+#if !GMT_DEVICE_ALLOCATOR
+  GMT_TRY({
+    const gmt::CudaCounters c = gmt::cuda_caching_allocator_counters(device, reset_peak != 0);
+    if (out) {
+      *out = gmt_cuda_stats{c.allocated_current, c.allocated_peak, c.reserved_current, c.reserved_peak,
+                            c.active_current,    c.num_alloc_retries, c.num_ooms};
+    }
+  })
+#else
   GMT_TRY({
     c10::DeviceAllocator* alloc = cuda_allocator(device);
     const auto stats = alloc->getDeviceStats(static_cast<c10::DeviceIndex>(device));
@@ -73,17 +92,18 @@ gmt_error gmt_cuda_stats_read(int32_t device, int reset_peak, gmt_cuda_stats* ou
     if (reset_peak) alloc->resetPeakStats(static_cast<c10::DeviceIndex>(device));
     if (out) *out = s;
   })
+#endif
 }
 
 gmt_error gmt_cuda_device_free(int32_t device, int64_t* free_bytes) {
   GMT_TRY({
-    c10::DeviceAllocator* alloc = cuda_allocator(device);
     int64_t free_out = -1;  // unknown, never a made-up number
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
     // DeviceAllocator::getMemoryInfo arrived in 2.10; it returns (free, total).
+    c10::DeviceAllocator* alloc = cuda_allocator(device);
     free_out = static_cast<int64_t>(alloc->getMemoryInfo(static_cast<c10::DeviceIndex>(device)).first);
 #else
-    (void)alloc;
+    gmt::require_cuda(device);
 #endif
     if (free_bytes) *free_bytes = free_out;
   })
@@ -91,8 +111,12 @@ gmt_error gmt_cuda_device_free(int32_t device, int64_t* free_bytes) {
 
 gmt_error gmt_cuda_empty_cache(void) {
   GMT_TRY({
+#if GMT_DEVICE_ALLOCATOR
     gmt::require_cuda_any();
     c10::getDeviceAllocator(c10::DeviceType::CUDA)->emptyCache();
+#else
+    gmt::cuda_caching_allocator_empty_cache();
+#endif
   })
 }
 

@@ -117,6 +117,26 @@ gmt_error gmt_cuda_oom_observer_attach(void) {
 }
 }  // extern "C"
 
+namespace gmt {
+CudaCounters cuda_caching_allocator_counters(int32_t device, bool reset_peak) {
+  require_cuda(device);
+  namespace alloc = c10::cuda::CUDACachingAllocator;
+  const auto stats = alloc::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+  constexpr auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  const CudaCounters c{stats.allocated_bytes[agg].current,  stats.allocated_bytes[agg].peak,
+                       stats.reserved_bytes[agg].current,   stats.reserved_bytes[agg].peak,
+                       stats.active_bytes[agg].current,     static_cast<int64_t>(stats.num_alloc_retries),
+                       static_cast<int64_t>(stats.num_ooms)};
+  if (reset_peak) alloc::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+  return c;
+}
+
+void cuda_caching_allocator_empty_cache() {
+  require_cuda_any();
+  c10::cuda::CUDACachingAllocator::emptyCache();
+}
+}  // namespace gmt
+
 #else  // no CUDA headers at build time
 
 extern "C" {
@@ -149,4 +169,20 @@ gmt_error gmt_cuda_oom_observer_attach(void) {
   })
 }
 }  // extern "C"
+
+namespace gmt {
+CudaCounters cuda_caching_allocator_counters(int32_t device, bool) {
+  require_cuda(device);
+  throw std::runtime_error(
+      "this build cannot read the CUDA allocator's counters: torch before 2.9 has no device-generic allocator, and "
+      "the CUDA runtime headers or libc10_cuda were missing when gpu-mem-track-sys was compiled");
+}
+
+void cuda_caching_allocator_empty_cache() {
+  require_cuda_any();
+  throw std::runtime_error(
+      "this build cannot empty the CUDA cache: torch before 2.9 has no device-generic allocator, and the CUDA "
+      "runtime headers or libc10_cuda were missing when gpu-mem-track-sys was compiled");
+}
+}  // namespace gmt
 #endif

@@ -82,7 +82,7 @@ gmt_error take_records(gmt_walk* s, int32_t device_kind, int32_t device_index, b
         rec.dims_offset = static_cast<int64_t>(s->dims.size());
         rec.ndim = static_cast<int32_t>(sizes.size());
         s->dims.insert(s->dims.end(), sizes.begin(), sizes.end());
-        rec.scalar_type = static_cast<int32_t>(impl->dtype().toScalarType());
+        rec.scalar_type = static_cast<int32_t>(c10::typeMetaToScalarType(impl->dtype()));
         rec.device_kind = kind;
         rec.device_index = index;
         rec.name_id = origin.name_id;

@@ -239,7 +239,7 @@ struct Registry {
     const GroupDef& g = groups[e.group];
     const c10::IntArrayRef sizes = impl->sizes();
     // A loop rather than std::equal: that calls memcmp, slow for a few dimensions.
-    bool same = g.scalar_type == static_cast<int32_t>(impl->dtype().toScalarType()) &&
+    bool same = g.scalar_type == static_cast<int32_t>(c10::typeMetaToScalarType(impl->dtype())) &&
                 (g.python_class || (g.class_id == kParameterClass) == parameter) && g.sizes.size() == sizes.size();
     for (size_t d = 0; same && d < sizes.size(); ++d) same = g.sizes[d] == sizes[d];
     return __builtin_expect(same, 1) ? e.group : -1;
@@ -252,7 +252,7 @@ struct Registry {
     const int32_t held = held_group(e, impl, parameter);
     if (held >= 0) return held;
     const auto [class_id, python] = class_of(impl, parameter);
-    e.group = intern_group(impl->sizes(), static_cast<int32_t>(impl->dtype().toScalarType()), class_id, python,
+    e.group = intern_group(impl->sizes(), static_cast<int32_t>(c10::typeMetaToScalarType(impl->dtype())), class_id, python,
                            origins[i].op_id, role_of(origins[i], impl));
     return e.group;
   }
