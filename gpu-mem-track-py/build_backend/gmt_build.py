@@ -15,7 +15,7 @@ import sys
 
 import maturin
 
-SUPPORTED = "torch 2.9 to 2.15"
+SUPPORTED = "torch 2.8 to 2.15"
 
 
 def _torch_or_exit() -> None:
@@ -38,35 +38,23 @@ def _torch_or_exit() -> None:
     os.environ.setdefault("PYO3_PYTHON", sys.executable)
 
 
-def get_requires_for_build_wheel(config_settings=None):
-    _torch_or_exit()
-    return maturin.get_requires_for_build_wheel(config_settings)
+def _checked(hook):
+    """maturin's ``hook``, after the check for torch."""
+
+    def run(*args, **kwargs):
+        _torch_or_exit()
+        return hook(*args, **kwargs)
+
+    run.__name__ = run.__qualname__ = hook.__name__
+    return run
 
 
-def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
-    _torch_or_exit()
-    return maturin.prepare_metadata_for_build_wheel(metadata_directory, config_settings)
-
-
-def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    _torch_or_exit()
-    return maturin.build_wheel(wheel_directory, config_settings, metadata_directory)
-
-
-def get_requires_for_build_editable(config_settings=None):
-    _torch_or_exit()
-    return maturin.get_requires_for_build_editable(config_settings)
-
-
-def prepare_metadata_for_build_editable(metadata_directory, config_settings=None):
-    _torch_or_exit()
-    return maturin.prepare_metadata_for_build_editable(metadata_directory, config_settings)
-
-
-def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
-    _torch_or_exit()
-    return maturin.build_editable(wheel_directory, config_settings, metadata_directory)
-
-
+# What builds the compiled part checks for torch first; the sdist needs none.
+get_requires_for_build_wheel = _checked(maturin.get_requires_for_build_wheel)
+prepare_metadata_for_build_wheel = _checked(maturin.prepare_metadata_for_build_wheel)
+build_wheel = _checked(maturin.build_wheel)
+get_requires_for_build_editable = _checked(maturin.get_requires_for_build_editable)
+prepare_metadata_for_build_editable = _checked(maturin.prepare_metadata_for_build_editable)
+build_editable = _checked(maturin.build_editable)
 get_requires_for_build_sdist = maturin.get_requires_for_build_sdist
 build_sdist = maturin.build_sdist
