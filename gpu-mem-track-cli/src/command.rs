@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use gpu_mem_track_core::nvml::NvmlReader;
 use gpu_mem_track_core::plot::plot_log_file;
-use gpu_mem_track_core::report::{analyse_file, combine, render_text};
+use gpu_mem_track_core::report::{analyse_files, render_text};
 use gpu_mem_track_core::simulated_nvml::SimulatedNvml;
 use gpu_mem_track_core::trace::read_snapshot_trace;
 use gpu_mem_track_core::watch::{run_watch, NvmlSource, StopReason, WatchConfig, WatchTarget};
@@ -225,12 +225,8 @@ fn find_on_path(program: &OsString) -> bool {
 }
 
 fn report(logs: &[PathBuf], json: bool, top: usize) -> Result<()> {
-    let mut reports = Vec::new();
-    for path in logs {
-        // Streams the file: memory stays bounded for logs of any length.
-        reports.push(analyse_file(path, top)?);
-    }
-    let combined = combine(reports);
+    // Streams each file: memory stays bounded for logs of any length.
+    let combined = analyse_files(logs, top)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&combined)?);
     } else {

@@ -74,6 +74,16 @@ struct PyTracker {
     inner: MemTracker,
 }
 
+impl PyTracker {
+    /// One track at `site`, its walk under the GIL that a `&self` method of a pyclass holds (the
+    /// methods that call it never detach).
+    fn track_holding_gil(&self, site: &Site) -> PyResult<TrackPoint> {
+        // SAFETY: pyo3 runs every method of this class with the GIL held, and track_at runs no
+        // Python code, so the GIL stays held for the whole call.
+        unsafe { gpu_mem_track::walk::with_gil_held(|| self.inner.track_at(site)) }.map_err(to_py)
+    }
+}
+
 #[pymethods]
 impl PyTracker {
     /// `device`: `cpu` or `cuda:N`; `log_dir` must exist; `prefix` goes before the timestamp;
@@ -131,11 +141,8 @@ impl PyTracker {
         line: u32,
         function: &str,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let site = Site { file: intern_file(file), line, function: function.into() };
-        // SAFETY: `py` says this thread holds the GIL, and track_at runs no Python code, so it
-        // keeps it for the whole call.
         let point =
-            unsafe { gpu_mem_track::walk::with_gil_held(|| self.inner.track_at(&site)) }.map_err(to_py)?;
+            self.track_holding_gil(&Site { file: intern_file(file), line, function: function.into() })?;
         point_dict(py, &point)
     }
 
@@ -147,8 +154,7 @@ impl PyTracker {
         let mut seconds = Vec::with_capacity(times);
         for _ in 0..times {
             let started = std::time::Instant::now();
-            // SAFETY: as in `track`; this method holds the GIL (it never detaches).
-            unsafe { gpu_mem_track::walk::with_gil_held(|| self.inner.track_at(&site)) }.map_err(to_py)?;
+            self.track_holding_gil(&site)?;
             seconds.push(started.elapsed().as_secs_f64());
         }
         Ok(seconds)
@@ -617,14 +623,11 @@ fn cpu_allocated() -> u64 {
 #[pyfunction]
 #[pyo3(signature = (logs, top=5))]
 fn report(py: Python<'_>, logs: Vec<PathBuf>, top: usize) -> PyResult<(String, String)> {
-    use gpu_mem_track_core::report::{analyse_file, combine, render_text};
+    use gpu_mem_track_core::report::{analyse_files, render_text};
     if logs.is_empty() {
         return Err(PyValueError::new_err("report(): give at least one log file"));
     }
-    let combined = py
-        .detach(|| logs.iter().map(|path| analyse_file(path, top)).collect::<Result<Vec<_>, _>>())
-        .map_err(|e| to_py(Error::Log(e)))?;
-    let combined = combine(combined);
+    let combined = py.detach(|| analyse_files(&logs, top)).map_err(|e| to_py(Error::Log(e)))?;
     let json = serde_json::to_string(&combined).map_err(|e| GpuMemTrackError::new_err(e.to_string()))?;
     Ok((render_text(&combined), json))
 }

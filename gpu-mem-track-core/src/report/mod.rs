@@ -596,6 +596,16 @@ impl Analyser {
     }
 }
 
+/// The report of several logs (one per rank or GPU), each streamed from its file: what
+/// `gpu-mem-track report` prints, from the command line and from Python.
+///
+/// # Errors
+/// The first log that cannot be read.
+pub fn analyse_files(paths: &[PathBuf], top: usize) -> Result<CombinedReport> {
+    let reports = paths.iter().map(|path| analyse_file(path, top)).collect::<Result<Vec<_>>>()?;
+    Ok(combine(reports))
+}
+
 /// Combines per-log reports.
 pub fn combine(logs: Vec<LogReport>) -> CombinedReport {
     let sum_of_peaks_mib = logs.iter().filter_map(|l| l.peak.as_ref().map(|p| p.mib)).sum();
