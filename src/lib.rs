@@ -35,7 +35,7 @@
 //! + | 1 * Size:(64, 64, 3, 3)       | Memory: 0.1406 M | <class 'torch.nn.parameter.Parameter'> | torch.float32
 //! + | 2 * Size:(64,)                | Memory: 0.0005 M | <class 'torch.nn.parameter.Parameter'> | torch.float32
 //!
-//! At examples/train.rs line 61: main                    Total Tensor Used Memory:0.1    Mb Total Allocated Memory:0.1    Mb Peak Allocated Memory:0.2    Mb
+//! At examples/train.rs line 61: main                    Total Tensor Used Memory:0.1    Mb Total Allocated Memory:0.1    Mb Peak Allocated Memory:0.2    Mb Unattributed Memory:0.0    Mb
 //! ```
 //!
 //! * A `+`/`-` line is the **net** change of one group of tensors with the same shape, dtype and
@@ -45,8 +45,11 @@
 //!   Memory` is the allocator's own count (exact on CPU through a wrapped allocator, and
 //!   `memory_allocated` on CUDA), so the two differ by whatever no tensor owns.
 //! * Extensions are appended to the `At` line only: `Peak Allocated Memory` (the highest
-//!   allocation since the previous line), `Reserved Memory` (CUDA) and `NVML Used Memory` (this
-//!   process, from the driver). Old readers of the format keep working.
+//!   allocation since the previous line), `Workspace Memory` (CUDA: the workspaces cuBLAS and
+//!   cuBLASLt keep, one per handle and stream), `Unattributed Memory` (what neither tensors nor
+//!   workspaces explain: tensors + workspaces + unattributed = `Total Allocated Memory`),
+//!   `Reserved Memory` (CUDA) and `NVML Used Memory` (this process, from the driver). Old readers
+//!   of the format keep working.
 //!
 //! ## How live tensors are found
 //!
@@ -100,6 +103,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod attribution;
 mod capabilities;
 pub mod device;
 mod error;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
+use crate::attribution;
 use crate::device::{AllocatorCounters, AllocatorReading, DeviceKind, TrackedDevice, DEVICE_READING_MAX_AGE};
 use crate::error::{Error, Result};
 use crate::ffi::{self, RegistryWalk};
@@ -16,6 +17,7 @@ use crate::oom::{OomParts, OomSink, OomWatch};
 use crate::sampler::{DeviceSource, SampledPeak, Sampler};
 use crate::site::Site;
 use crate::walk::{self, GroupKey, GroupTotals, TensorInfo, Walk};
+use gpu_mem_track_core::cuda_libraries;
 use gpu_mem_track_core::diff::{diff_groups, GroupChange, ViewLines};
 use gpu_mem_track_core::log::format::{self, MIB};
 use gpu_mem_track_core::log::writer::{launcher_rank, log_file_stem, validate_prefix, TIMESTAMP_FORMAT};
@@ -186,6 +188,12 @@ impl MemTrackerBuilder {
         };
         let mut allocator = AllocatorCounters::for_device(device);
         let mut raw = RegistryWalk::new()?;
+        // The walks tell a CUDA library's workspace from a tensor of its size by these.
+        let workspace_sizes = match device {
+            TrackedDevice::Cuda(_) => cuda_libraries::workspace_sizes_from_env(),
+            TrackedDevice::Cpu => Vec::new(),
+        };
+        raw.watch_storage_sizes(&workspace_sizes);
         let (filter_kind, filter_index) = device.shim_filter();
         // The header's total only: no groups, no record per tensor.
         let (_, totals) = raw.take_grouped(filter_kind, filter_index, false)?;
@@ -209,6 +217,7 @@ impl MemTrackerBuilder {
             last_site: None,
             alloc_retries: reading.alloc_retries.unwrap_or(0),
             ooms: 0,
+            workspace_sizes,
         }));
         let sink: Arc<Mutex<dyn OomSink>> = state.clone();
         crate::oom::watch(OomWatch {
@@ -258,6 +267,8 @@ struct State {
     alloc_retries: u64,
     /// Out-of-memory blocks written so far.
     ooms: u32,
+    /// The sizes a CUDA library's workspace has in this process (none on the CPU).
+    workspace_sizes: Vec<u64>,
 }
 
 impl OomSink for State {
@@ -285,6 +296,12 @@ pub struct TrackPoint {
     pub tensor_count: usize,
     /// Allocator counters.
     pub allocator: AllocatorReading,
+    /// CUDA: bytes of the workspaces cuBLAS and cuBLASLt keep (`Workspace Memory`).
+    pub workspace_bytes: Option<u64>,
+    /// Allocated bytes neither tensors nor workspaces explain (`Unattributed Memory`):
+    /// `tensor_bytes + workspace_bytes + unattributed_bytes == allocator.allocated` unless tensors
+    /// count more than is allocated (storages made outside the allocator).
+    pub unattributed_bytes: u64,
     /// NVML reading (CUDA with a driver only).
     pub nvml: Option<NvmlReading>,
     /// Maxima the background sampler saw since the previous track point (when sampling is on).
@@ -304,6 +321,8 @@ impl TrackPoint {
                 tensor_bytes: self.tensor_bytes,
                 allocated: self.allocator.allocated,
                 peak_allocated: self.allocator.peak_since_previous,
+                workspace: self.workspace_bytes,
+                unattributed: Some(self.unattributed_bytes),
                 reserved: self.allocator.reserved,
                 device_free: self.allocator.device_free,
                 alloc_retries: self.alloc_retries_since_previous,
@@ -405,6 +424,13 @@ impl MemTracker {
         // One clock read dates both cached readings (free memory and NVML).
         let now = Instant::now();
         let allocator = state.allocator.read(now)?;
+        let attribution = attribution::split(
+            self.device,
+            allocator.allocated,
+            snap.tensor_bytes,
+            &state.workspace_sizes,
+            state.raw.watched(),
+        );
         let retries = allocator.alloc_retries.unwrap_or(0);
         let alloc_retries_since_previous = retries.saturating_sub(state.alloc_retries);
         state.alloc_retries = retries;
@@ -427,6 +453,9 @@ impl MemTracker {
             tensor_bytes: snap.tensor_bytes,
             tensor_count: snap.tensor_count,
             allocator,
+            workspace_bytes: matches!(self.device, TrackedDevice::Cuda(_))
+                .then_some(attribution.workspace_bytes),
+            unattributed_bytes: attribution.unattributed_bytes,
             nvml,
             sampled,
             alloc_retries_since_previous,
@@ -809,6 +838,8 @@ mod tests {
                 device_free: Some(300 << 20),
                 alloc_retries: Some(5),
             },
+            workspace_bytes: Some(0),
+            unattributed_bytes: 0,
             nvml: None,
             sampled: None,
             alloc_retries_since_previous: 2,

@@ -360,3 +360,40 @@ fn the_demo_step_logs_the_same_lines_with_history_on_and_off() {
         on.len()
     );
 }
+
+/// On CUDA the log explains the cuBLAS workspaces (this test lives here to ship in the GPU
+/// bundle's one test binary): after a first matmul, `Workspace Memory` counts them, a tensor of
+/// a workspace's size stays a tensor, and tensors + workspaces + unattributed = Total Allocated
+/// Memory, to the byte.
+#[cfg_attr(not(gmt_gpu), ignore = "needs a CUDA GPU (run it with the GPU bundle where one is lent)")]
+#[test]
+fn a_cuda_log_adds_up_with_the_cublas_workspaces() {
+    use gpu_mem_track::log::{parse_log_file, ALLOCATED, TENSOR_USED, UNATTRIBUTED, WORKSPACE};
+    use gpu_mem_track::{MemTracker, TrackedDevice};
+    let dir = tempfile::tempdir().unwrap();
+    let t = MemTracker::builder().device(TrackedDevice::Cuda(0)).log_dir(dir.path()).build().unwrap();
+    let adds_up = |p: &gpu_mem_track::TrackPoint| {
+        let w = p.workspace_bytes.expect("a CUDA line has the workspace figure");
+        assert_eq!(p.tensor_bytes + w + p.unattributed_bytes, p.allocator.allocated, "{p:?}");
+        w
+    };
+    let a = Tensor::randn([512, 512], (Kind::Float, Device::Cuda(0)));
+    let before = adds_up(&track!(t).unwrap());
+    let b = a.matmul(&a);
+    let after = adds_up(&track!(t).unwrap());
+    let sizes = gpu_mem_track_core::cuda_libraries::workspace_sizes_from_env();
+    assert!(
+        after >= before + sizes[0],
+        "a matmul's handle keeps a workspace: {before} -> {after} ({sizes:?})"
+    );
+    // A tensor of the largest workspace size is a tensor.
+    let largest = *sizes.last().unwrap();
+    let lookalike = Tensor::zeros([i64::try_from(largest / 4).unwrap()], (Kind::Float, Device::Cuda(0)));
+    let p = track!(t).unwrap();
+    assert_eq!(adds_up(&p), after, "the lookalike tensor is no workspace");
+    let log = parse_log_file(t.log_path()).unwrap();
+    let at = &log.blocks.last().unwrap().at;
+    let sum: f64 = [TENSOR_USED, WORKSPACE, UNATTRIBUTED].iter().map(|f| at.field(f).unwrap()).sum();
+    assert!((sum - at.field(ALLOCATED).unwrap()).abs() <= 0.15, "{}", at.render());
+    drop((a, b, lookalike));
+}

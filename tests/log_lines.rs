@@ -3,7 +3,7 @@
 mod common;
 
 use common::{cpu_tracker, last_group_lines, line, raw_blocks, PARAM, TENSOR};
-use gpu_mem_track::log::{parse_log_file, ALLOCATED, PEAK_ALLOCATED, TENSOR_USED};
+use gpu_mem_track::log::{parse_log_file, ALLOCATED, PEAK_ALLOCATED, TENSOR_USED, UNATTRIBUTED, WORKSPACE};
 use gpu_mem_track::{cpu_allocator_stats, track, MemTracker, TrackedDevice};
 use tch::{Device, Kind, Tensor};
 
@@ -107,7 +107,20 @@ fn at_line_totals_are_live_storages_and_the_allocator_count() {
     let mib = |b: u64| (b as f64 / 1048576.0 * 10.0).round() / 10.0;
     assert_eq!(at.field(TENSOR_USED), Some(mib(4_008_000)));
     assert_eq!(at.field(ALLOCATED), Some(mib(stats.current)));
-    drop((x, y, z));
+    // What tensors do not explain is printed as such; the CPU has no library workspaces.
+    assert_eq!(p.tensor_bytes + p.unattributed_bytes, p.allocator.allocated);
+    assert_eq!(at.field(UNATTRIBUTED), Some(mib(p.unattributed_bytes)));
+    assert_eq!((p.workspace_bytes, at.field(WORKSPACE)), (None, None));
+
+    // 2 MiB the registry never saw (a library's buffer, to the log): unattributed.
+    gpu_mem_track::set_registry_enabled(false).unwrap();
+    let hidden = Tensor::zeros([512 * 1024], (Kind::Float, Device::Cpu));
+    gpu_mem_track::set_registry_enabled(true).unwrap();
+    let q = track!(t).unwrap();
+    assert_eq!(q.tensor_bytes, p.tensor_bytes);
+    assert_eq!(q.unattributed_bytes, p.unattributed_bytes + (2 << 20));
+    assert_eq!(q.tensor_bytes + q.unattributed_bytes, q.allocator.allocated);
+    drop((x, y, z, hidden));
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! What CUDA libraries take from PyTorch's caching allocator for themselves: which ops call cuBLAS
 //! and how large its workspaces are. The estimator places these workspaces in its GPU replay; the
-//! tracker's CUDA history names them (category [`Workspace`](crate::trace::Category::Workspace)).
+//! tracker's CUDA history names them (category [`Workspace`](crate::trace::Category::Workspace)),
+//! and its log's `Workspace Memory` figure counts them ([`attribute`]).
 //!
 //! Sources: PyTorch 2.13, `aten/src/ATen/cuda/CublasHandlePool.cpp`. A cuBLAS handle's workspace
 //! (`getChosenWorkspaceSize`) and its cuBLASLt workspace (`getCUDABlasLtWorkspace`) are allocated
@@ -98,10 +99,125 @@ pub fn workspace_sizes_from_env() -> Vec<u64> {
     sizes
 }
 
+/// A block an allocator has handed out and not taken back: where it starts, its size (what
+/// `Total Allocated Memory` counts) and the bytes asked for it (a cached block may be larger).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveBlock {
+    /// Its first byte's address.
+    pub address: u64,
+    /// Bytes the block holds.
+    pub size: u64,
+    /// Bytes its allocation asked for.
+    pub requested: u64,
+}
+
+/// How a track point's allocated bytes split: live tensors' storages (counted apart), the
+/// workspaces CUDA libraries keep, and what nothing the tracker knows of explains.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Attribution {
+    /// Bytes of the blocks that are library workspaces.
+    pub workspace_bytes: u64,
+    /// How many workspaces (one per cuBLAS or cuBLASLt handle and stream).
+    pub workspaces: usize,
+    /// Allocated bytes neither tensors nor workspaces explain: the allocator's rounding of
+    /// blocks, storages no tensor holds (a bare `UntypedStorage`), buffers libraries allocate
+    /// without a tensor. Zero when tensors count more than is allocated (storages made outside
+    /// the allocator, such as `from_blob`'s).
+    pub unattributed_bytes: u64,
+}
+
+impl Attribution {
+    /// The split when no block is a workspace.
+    pub fn without_workspaces(allocated: u64, tensor_bytes: u64) -> Attribution {
+        Attribution {
+            workspace_bytes: 0,
+            workspaces: 0,
+            unattributed_bytes: allocated.saturating_sub(tensor_bytes),
+        }
+    }
+}
+
+/// Whether some workspace may be among the allocated bytes that tensors leave unexplained: only
+/// then is the allocator's block list worth reading (a snapshot of every segment).
+pub fn may_hold_workspace(allocated: u64, tensor_bytes: u64, workspace_sizes: &[u64]) -> bool {
+    workspace_sizes.iter().min().is_some_and(|&least| allocated.saturating_sub(tensor_bytes) >= least)
+}
+
+/// Splits `allocated` bytes, of which live tensors' storages hold `tensor_bytes`: a block is a
+/// library workspace when the bytes asked for it are a workspace size of this process
+/// (`workspace_sizes`, see [`workspace_sizes_from_env`]) and no live tensor's storage of that size
+/// starts in it (`tensor_data`: the data addresses of those storages). Tensors + workspaces +
+/// unattributed = `allocated` whenever tensors count no more than is allocated.
+pub fn attribute(
+    allocated: u64,
+    tensor_bytes: u64,
+    blocks: &[LiveBlock],
+    workspace_sizes: &[u64],
+    tensor_data: &[u64],
+) -> Attribution {
+    let unexplained = allocated.saturating_sub(tensor_bytes);
+    let mut workspace_bytes = 0u64;
+    let mut workspaces = 0usize;
+    for b in blocks {
+        if !workspace_sizes.contains(&b.requested) {
+            continue;
+        }
+        let end = b.address.saturating_add(b.size);
+        if tensor_data.iter().any(|&a| a >= b.address && a < end) {
+            continue;
+        }
+        workspace_bytes = workspace_bytes.saturating_add(b.size);
+        workspaces += 1;
+    }
+    // Counters and blocks are read at slightly different moments: never more than is left.
+    let workspace_bytes = workspace_bytes.min(unexplained);
+    Attribution { workspace_bytes, workspaces, unattributed_bytes: unexplained - workspace_bytes }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     const MIB: u64 = 1024 * 1024;
+
+    fn block(address: u64, size: u64) -> LiveBlock {
+        LiveBlock { address, size, requested: size }
+    }
+
+    #[test]
+    fn a_workspace_sized_block_no_tensor_holds_is_a_workspace() {
+        let sizes = [MIB, 32 * MIB];
+        // A tensor of 10 MiB, a 32 MiB cuBLAS workspace, a 1 MiB cuBLASLt one, and a 32 MiB
+        // tensor (a workspace's size, but a tensor's data starts in it), in 512-byte-rounded blocks.
+        let blocks = [
+            LiveBlock { address: 0, size: 10 * MIB + 512, requested: 10 * MIB + 100 },
+            block(1 << 30, 32 * MIB),
+            block(2 << 30, MIB),
+            block(3 << 30, 32 * MIB),
+        ];
+        let tensor_bytes = 10 * MIB + 100 + 32 * MIB;
+        let allocated = blocks.iter().map(|b| b.size).sum::<u64>();
+        let a = attribute(allocated, tensor_bytes, &blocks, &sizes, &[3 << 30]);
+        assert_eq!(a.workspaces, 2);
+        assert_eq!(a.workspace_bytes, 33 * MIB);
+        assert_eq!(a.unattributed_bytes, 412, "the first block's rounding");
+        assert_eq!(tensor_bytes + a.workspace_bytes + a.unattributed_bytes, allocated);
+        // Without the tensor's address the 32 MiB tensor would be taken for a workspace, and
+        // the split clamped to what the tensors leave.
+        let wrong = attribute(allocated, tensor_bytes, &blocks, &sizes, &[]);
+        assert_eq!(wrong.workspaces, 3);
+        assert_eq!(tensor_bytes + wrong.workspace_bytes + wrong.unattributed_bytes, allocated);
+        assert_eq!(wrong.unattributed_bytes, 0);
+    }
+
+    #[test]
+    fn blocks_are_read_only_when_a_workspace_could_hide_in_the_gap() {
+        assert!(!may_hold_workspace(10 * MIB, 10 * MIB, &[MIB]));
+        assert!(may_hold_workspace(11 * MIB, 10 * MIB, &[MIB, 32 * MIB]));
+        assert!(!may_hold_workspace(11 * MIB, 10 * MIB, &[]));
+        assert!(!may_hold_workspace(MIB, 10 * MIB, &[MIB]), "more tensors than allocated");
+        let a = Attribution::without_workspaces(MIB, 10 * MIB);
+        assert_eq!((a.workspace_bytes, a.unattributed_bytes), (0, 0));
+    }
 
     #[test]
     fn ops_are_matched_by_name_and_overload_not_prefix() {

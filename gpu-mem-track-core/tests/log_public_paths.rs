@@ -17,7 +17,7 @@ use gpu_mem_track_core::log::{
     LogEvent, LogHeader, LogParseError, LogReader, LogWriter, MemoryField, ParsedLog, SourceLocation,
     ALLOCATED, ALLOC_RETRIES, DEVICE_FREE, DEVICE_TOTAL, DEVICE_USED, MAX_BLOCK_CHANGES, MAX_BLOCK_NOTES,
     MAX_LINE_BYTES, MEMORY_LIMIT, NVML_USED, PEAK_ALLOCATED, PEAK_NVML_USED, REQUESTED, RESERVED,
-    TENSOR_USED,
+    TENSOR_USED, UNATTRIBUTED, WORKSPACE,
 };
 
 #[test]
@@ -42,6 +42,8 @@ fn the_labels_are_the_fields_labels() {
         TENSOR_USED,
         ALLOCATED,
         PEAK_ALLOCATED,
+        WORKSPACE,
+        UNATTRIBUTED,
         RESERVED,
         NVML_USED,
         PEAK_NVML_USED,

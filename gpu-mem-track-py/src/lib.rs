@@ -229,6 +229,8 @@ fn point_dict<'py>(py: Python<'py>, point: &TrackPoint) -> PyResult<Bound<'py, P
     d.set_item("tensor_count", point.tensor_count)?;
     d.set_item("allocated", point.allocator.allocated)?;
     d.set_item("peak_allocated", point.allocator.peak_since_previous)?;
+    d.set_item("workspace_bytes", point.workspace_bytes)?;
+    d.set_item("unattributed_bytes", point.unattributed_bytes)?;
     d.set_item("reserved", point.allocator.reserved)?;
     d.set_item("nvml_used", point.nvml.and_then(|n| n.process_used))?;
     let lines: Vec<String> = point.group_lines().iter().map(|l| l.render()).collect();

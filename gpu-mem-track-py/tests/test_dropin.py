@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import warnings
 
 import torch
@@ -109,3 +110,30 @@ def test_usage_figures_count_each_storage_once(logdir):
     assert abs(tracker.get_tensor_usage() - before - 4.0) < 1e-9
     assert tracker.get_allocate_usage() >= 4.0
     del big, view
+
+
+def test_the_at_line_adds_up_tensors_workspaces_and_the_rest(logdir):
+    # Memory no tensor holds (a bare storage, as a library's buffer would be) is printed as
+    # unattributed; on CUDA a first matmul's cuBLAS workspaces as workspaces. The three add up to
+    # Total Allocated Memory, to the byte in the figures and to the rounding in the line.
+    tracker = MemTracker(device=str(device()))
+    x = torch.randn(300, 300, device=device())
+    first = tracker.track()
+    # Allocated for a tensor (through the allocator the log counts), then kept without one.
+    bare = torch.empty(3 << 20, dtype=torch.uint8, device=device()).untyped_storage()
+    y = x @ x
+    point = tracker.track()
+    workspace = point["workspace_bytes"]
+    assert point["tensor_bytes"] + (workspace or 0) + point["unattributed_bytes"] == point["allocated"]
+    assert point["unattributed_bytes"] >= first["unattributed_bytes"] + (3 << 20)
+    fields = dict(re.findall(r" ([A-Za-z ]+?):(-?[0-9.]+) *Mb", point["at"]))
+    if GPU:
+        assert workspace >= 1 << 20, point
+        parts = ("Total Tensor Used Memory", "Workspace Memory", "Unattributed Memory")
+    else:
+        assert workspace is None and "Workspace Memory" not in fields, point["at"]
+        assert point["unattributed_bytes"] == first["unattributed_bytes"] + (3 << 20)
+        parts = ("Total Tensor Used Memory", "Unattributed Memory")
+    total = sum(float(fields[p]) for p in parts)
+    assert abs(total - float(fields["Total Allocated Memory"])) <= 0.15, point["at"]
+    del bare, y, x

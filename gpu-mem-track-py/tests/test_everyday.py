@@ -361,6 +361,41 @@ def test_track_while_other_threads_make_and_drop_views(logdir):  # noqa: F811
     del kept
 
 
+class AnswersFromPython(torch.Tensor):
+    """A subclass whose device() asks Python, as FakeTensor's does; counts the questions."""
+
+    asked: list[str] = []  # noqa: RUF012 - the class's own record
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor):
+        return torch.Tensor._make_subclass(cls, elem, False, dispatch_device=True)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        cls.asked.append(str(func))
+        if func is torch.ops.prim.device.default:
+            return torch.device("cpu")
+        return NotImplemented
+
+
+def test_a_walk_never_asks_python_while_it_holds_the_registry(logdir):  # noqa: F811
+    # Python code run under the registry's lock may hand the GIL to a thread that then waits for
+    # that lock: a hang (seen with a FakeTensor left by torch.compile, and threads making views).
+    # The walks read a subclass's stored device and sizes instead, so they count it all the same.
+    tracker = MemTracker(device="cpu")
+    gc.collect()
+    before = tracker.track()["tensor_bytes"]
+    t = AnswersFromPython(torch.zeros(1000))
+    assert t.device == torch.device("cpu")  # the subclass does answer when asked
+    AnswersFromPython.asked.clear()
+    point = tracker.track()
+    listing = tracker._tracker.tensors_text()  # the full walk, one line per tensor
+    assert AnswersFromPython.asked == []
+    assert point["tensor_bytes"] - before == 4000
+    assert "(1000,)" in listing, listing
+    del t
+
+
 def test_a_notebook_shows_the_last_block_and_the_report(logdir):  # noqa: F811
     tracker = MemTracker(device="cpu")
     assert "no block yet" in tracker._repr_html_()

@@ -16,7 +16,7 @@ namespace {
 int32_t category_of(const at::Tensor& t, int32_t name_id, const std::unordered_set<const void*>& grads) {
   if (name_id >= 0) return t.is_leaf() && t.requires_grad() ? GMT_CAT_PARAMETER : GMT_CAT_BUFFER;
   if (!t.has_storage()) return GMT_CAT_NONE;
-  const void* storage = t.storage().unsafeGetStorageImpl();
+  const void* storage = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
   if (grads.count(storage)) return GMT_CAT_GRADIENT;
   return gmt::allocation_category(gmt::allocation_id(storage));
 }
@@ -76,9 +76,9 @@ gmt_error take_records(gmt_walk* s, int32_t device_kind, int32_t device_index, b
           // Only one TensorImpl holds it: this tensor owns it without a lookup.
           rec.storage_shared = st.use_count() > 1 ? 1 : 0;
         }
-        rec.nbytes = impl->numel() * static_cast<int64_t>(impl->itemsize());
+        rec.nbytes = stored_numel(impl) * static_cast<int64_t>(impl->itemsize());
         rec.seq = e.seq;
-        const auto sizes = impl->sizes();
+        const auto sizes = stored_sizes(impl);
         rec.dims_offset = static_cast<int64_t>(s->dims.size());
         rec.ndim = static_cast<int32_t>(sizes.size());
         s->dims.insert(s->dims.end(), sizes.begin(), sizes.end());

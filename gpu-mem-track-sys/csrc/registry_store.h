@@ -16,6 +16,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <typeinfo>
 #include <unordered_map>
@@ -34,6 +35,60 @@ using WeakStorage = c10::weak_intrusive_ptr<c10::StorageImpl>;
 // Whether a TensorImpl is a plain one: exactly c10::TensorImpl (no subclass whose sizes, device
 // or storage come from elsewhere). Only these are read without a pin (see take_grouped).
 inline bool is_plain(const c10::TensorImpl* impl) { return typeid(*impl) == typeid(c10::TensorImpl); }
+
+// Fields of a TensorImpl read in place, through member pointers that an explicit template
+// instantiation may take of private members ([temp.spec.general]): the compiler's own offsets,
+// right for whatever libtorch the shim is built against.
+struct AutogradMetaField {
+  using type = std::unique_ptr<c10::AutogradMetaInterface> c10::TensorImpl::*;
+  friend type member_of(AutogradMetaField);
+};
+struct DeviceField {
+  using type = std::optional<c10::Device> c10::TensorImpl::*;
+  friend type member_of(DeviceField);
+};
+struct SizesField {
+  using type = c10::impl::SizesAndStrides c10::TensorImpl::*;
+  friend type member_of(SizesField);
+};
+struct StorageDataField {
+  using type = c10::DataPtr c10::StorageImpl::*;
+  friend type member_of(StorageDataField);
+};
+template <class Field, typename Field::type Member>
+struct PrivateMember {
+  friend typename Field::type member_of(Field) { return Member; }
+};
+template struct PrivateMember<AutogradMetaField, &c10::TensorImpl::autograd_meta_>;
+template struct PrivateMember<DeviceField, &c10::TensorImpl::device_opt_>;
+template struct PrivateMember<SizesField, &c10::TensorImpl::sizes_and_strides_>;
+template struct PrivateMember<StorageDataField, &c10::StorageImpl::data_ptr_>;
+
+// Whether the tensor has autograd metadata (without it, requires_grad() is false), as
+// TensorImpl::autograd_meta() would say without its call through the PLT (a walk reads it for
+// every tensor).
+inline bool has_autograd_meta(const c10::TensorImpl* impl) { return (impl->*member_of(AutogradMetaField{})) != nullptr; }
+
+// A tensor's sizes and device as its TensorImpl stores them. Walks read these, never sizes() or
+// device(): for a Python tensor subclass that answers them from Python (FakeTensor, wrapper
+// subclasses with custom sizes), those run Python code under the registry's lock, and Python
+// may hand the GIL to a thread that then waits for that lock, forever. A subclass's stored
+// sizes are those it was made with; its stored device is where its own storage is (FakeTensor's:
+// meta), which is what the memory log counts.
+inline c10::IntArrayRef stored_sizes(const c10::TensorImpl* impl) {
+  return impl->is_python_dispatch() ? (impl->*member_of(SizesField{})).sizes_arrayref() : impl->sizes();
+}
+// The address of a storage's data, as a number to compare (never to read through): the field
+// itself, as StorageImpl::data_ptr() would throw for a storage without data (FakeTensor's).
+inline uint64_t storage_address(const c10::StorageImpl* storage) {
+  return reinterpret_cast<uint64_t>((storage->*member_of(StorageDataField{})).get());
+}
+inline int64_t stored_numel(const c10::TensorImpl* impl) {
+  if (!impl->is_python_dispatch()) return impl->numel();
+  int64_t numel = 1;
+  for (int64_t d : stored_sizes(impl)) numel *= d;
+  return numel;
+}
 
 // A registered tensor as the walks read it: 32 bytes, two to a cache line (the walks stream the
 // entries; what only registration and full walks read is in EntryOrigin, beside it).
@@ -237,7 +292,7 @@ struct Registry {
                                                     bool parameter) const {
     if (e.group < 0) return -1;
     const GroupDef& g = groups[e.group];
-    const c10::IntArrayRef sizes = impl->sizes();
+    const c10::IntArrayRef sizes = stored_sizes(impl);
     // A loop rather than std::equal: that calls memcmp, slow for a few dimensions.
     bool same = g.scalar_type == static_cast<int32_t>(c10::typeMetaToScalarType(impl->dtype())) &&
                 (g.python_class || (g.class_id == kParameterClass) == parameter) && g.sizes.size() == sizes.size();
@@ -252,7 +307,7 @@ struct Registry {
     const int32_t held = held_group(e, impl, parameter);
     if (held >= 0) return held;
     const auto [class_id, python] = class_of(impl, parameter);
-    e.group = intern_group(impl->sizes(), static_cast<int32_t>(c10::typeMetaToScalarType(impl->dtype())), class_id, python,
+    e.group = intern_group(stored_sizes(impl), static_cast<int32_t>(c10::typeMetaToScalarType(impl->dtype())), class_id, python,
                            origins[i].op_id, role_of(origins[i], impl));
     return e.group;
   }
@@ -361,7 +416,8 @@ inline __attribute__((always_inline)) int32_t device_kind_of(c10::DeviceType t) 
 }
 
 inline __attribute__((always_inline)) int32_t device_index_of(const c10::TensorImpl* impl, int32_t kind) {
-  return impl->device().has_index() ? impl->device().index() : (kind == GMT_DEV_CUDA ? 0 : -1);
+  const std::optional<c10::Device>& device = impl->*member_of(DeviceField{});
+  return device && device->has_index() ? device->index() : (kind == GMT_DEV_CUDA ? 0 : -1);
 }
 
 // Whether the tensor is on the device a walk asked for (kind GMT_DEV_ANY: all; index -1: any).

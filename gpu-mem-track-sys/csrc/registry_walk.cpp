@@ -22,24 +22,6 @@
 
 namespace gmt_registry {
 namespace {
-// TensorImpl::autograd_meta() is out of line: a call through the PLT for every tensor a walk
-// reads. The walk reads the field itself, through a member pointer that an explicit template
-// instantiation may take of a private member ([temp.spec.general]): the compiler's own offset,
-// right for whatever libtorch the shim is built against.
-struct AutogradMetaField {
-  using type = std::unique_ptr<c10::AutogradMetaInterface> c10::TensorImpl::*;
-  friend type member_of(AutogradMetaField);
-};
-template <class Field, typename Field::type Member>
-struct PrivateMember {
-  friend typename Field::type member_of(Field) { return Member; }
-};
-template struct PrivateMember<AutogradMetaField, &c10::TensorImpl::autograd_meta_>;
-
-// Whether the tensor has autograd metadata (without it, requires_grad() is false), as
-// TensorImpl::autograd_meta() would say.
-inline bool has_autograd_meta(const c10::TensorImpl* impl) { return (impl->*member_of(AutogradMetaField{})) != nullptr; }
-
 // Whether a pinned tensor is a leaf that requires grad (printed as a Parameter), without
 // requires_grad()'s out-of-line wrapper. is_leaf() first: a view's requires_grad() reads its base
 // tensor (a cache miss per view), and a view autograd made (of an activation) is no leaf.
@@ -139,12 +121,6 @@ void walk_chunk(Registry& r, const WalkFilter& filter, gmt_walk& s, WalkShare& s
       continue;
     }
     const c10::TensorImpl* impl = e.impl();
-    // A Python subclass's TensorImpl may answer its device and sizes from Python (FakeTensor,
-    // wrapper subclasses), which takes the GIL: never on a helper while the caller holds it.
-    if (helper && filter.gil_held && impl->is_python_dispatch()) {
-      later(i);
-      continue;
-    }
     auto met_shared = [&](const c10::StorageImpl* storage, const SharedUse& use) {
       if (helper) share.shared.push_back(WalkShare::SharedMet{static_cast<uint32_t>(i), e.shared_slot, storage, use});
       else s.meet_shared(share, storage, e.shared_slot, use);
@@ -210,7 +186,7 @@ void walk_chunk(Registry& r, const WalkFilter& filter, gmt_walk& s, WalkShare& s
     }
     at::Tensor t(std::move(strong));
     read(t);
-    if (helper) share.pins.push_back(std::move(t));
+    if (helper || filter.gil_held) share.pins.push_back(std::move(t));
   }
   share.spans.push_back(WalkShare::Span{chunk, later_begin, static_cast<uint32_t>(share.later.size())});
 }
@@ -376,6 +352,7 @@ gmt_error take_grouped(gmt_walk* s, int32_t device_kind, int32_t device_index, b
     if (!s) throw std::invalid_argument("null walk");
     s->groups.clear();
     s->totals = gmt_walk_totals{};
+    s->watched.clear();
     ++s->walk;
     s->walk_slots.clear();
     const WalkFilter filter{device_kind, device_index, detail, t_gil_held};
@@ -388,7 +365,7 @@ gmt_error take_grouped(gmt_walk* s, int32_t device_kind, int32_t device_index, b
       WalkHelpers& helpers = WalkHelpers::get();
       const size_t workers = 1 + helpers.helpers_for(n);
       if (s->shares.size() < workers) s->shares.resize(workers);
-      for (size_t w = 0; w < workers; ++w) s->shares[w].reset(r.groups.size());
+      for (size_t w = 0; w < workers; ++w) s->shares[w].reset(r.groups.size(), &s->watch_sizes);
       const size_t chunks = workers > 1 ? (n + WalkHelpers::kChunk - 1) / WalkHelpers::kChunk : 1;
       if (workers > 1) {
         auto job = std::make_shared<WalkHelpers::Job>();
@@ -399,7 +376,6 @@ gmt_error take_grouped(gmt_walk* s, int32_t device_kind, int32_t device_index, b
           walk_chunk(r, filter, *s, s->shares[worker], worker != 0, chunk, begin, end);
         };
         helpers.run(job);
-        for (size_t w = 1; w < workers; ++w) s->shares[w].release_kept();
       } else {
         walk_chunk(r, filter, *s, s->shares[0], false, 0, 0, n);
       }
@@ -429,7 +405,7 @@ gmt_error take_grouped(gmt_walk* s, int32_t device_kind, int32_t device_index, b
             r.remove_at(i);
             continue;
           }
-          const at::Tensor t(std::move(strong));
+          const at::Tensor& t = caller.pins.emplace_back(std::move(strong));
           const c10::TensorImpl* impl = e.impl();
           const c10::StorageImpl* storage = nullptr;
           uint32_t storage_uses = 0;
@@ -457,8 +433,13 @@ gmt_error take_grouped(gmt_walk* s, int32_t device_kind, int32_t device_index, b
       for (size_t w = 1; w < workers; ++w) s->shares[w].merge_into(caller);
       r.prune_at = std::max(kMinPruneAt, entries.size() * 2);
     }
+    // The pins go after the registry's lock: a last reference's release runs the tensor's
+    // destructor, which may run Python (a subclass's finalizer), and Python may hand the GIL to
+    // a thread that then waits for that lock.
+    for (auto& share : s->shares) share.release_kept();
     WalkShare& caller = s->shares[0];
     s->totals = caller.totals;
+    s->watched.swap(caller.watched);
     s->forget_unmet_storages();
     for (uint32_t i : s->walk_slots) {
       const SharedUse& owner = s->shared[i].owner;
@@ -492,6 +473,16 @@ void gmt_registry_set_walk_threads(size_t threads) { WalkHelpers::get().set_thre
 
 gmt_error gmt_walk_run_grouped(gmt_walk* s, int32_t device_kind, int32_t device_index, int32_t detail) {
   return take_grouped(s, device_kind, device_index, detail != 0);
+}
+
+void gmt_walk_watch_storage_sizes(gmt_walk* s, const int64_t* sizes, size_t n) {
+  if (!s) return;
+  s->watch_sizes.assign(sizes, sizes + (sizes ? n : 0));
+}
+
+const uint64_t* gmt_walk_watched(const gmt_walk* s, size_t* len) {
+  if (len) *len = s ? s->watched.size() : 0;
+  return s ? s->watched.data() : nullptr;
 }
 
 const gmt_group_total* gmt_walk_groups(const gmt_walk* s, size_t* len) {

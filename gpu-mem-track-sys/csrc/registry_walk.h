@@ -40,14 +40,21 @@ struct WalkShare {
     uint32_t chunk, begin, end;  // a chunk's entries in `later`
   };
   std::vector<Span> spans;
-  // A helper's pins and replaced storage references, released by the calling thread: a last
-  // reference's release runs the tensor's destructor, which for a tensor owned by a Python
-  // object takes the GIL, and the caller may hold the GIL while it waits for the helpers.
+  // Pins and replaced storage references, released by the calling thread once the walk is done
+  // and the registry's lock is free: a last reference's release runs the tensor's destructor,
+  // which for a tensor owned by a Python object takes the GIL (the caller may hold it while it
+  // waits for the helpers) and may run Python code.
   std::vector<at::Tensor> pins;
   std::vector<WeakStorage> released_storages;
+  // The storage sizes the walk's caller watches (gmt_walk_watch_storage_sizes), and the
+  // addresses of the data of the storages met of those sizes (a storage once per tensor).
+  const std::vector<int64_t>* watch_sizes = nullptr;
+  std::vector<uint64_t> watched;
 
   // Empties this share for a walk (also after one that threw).
-  void reset(size_t groups) {
+  void reset(size_t groups, const std::vector<int64_t>* watch) {
+    watch_sizes = watch;
+    watched.clear();
     totals = gmt_walk_totals{};
     for (int32_t g : touched) by_group[g] = {0, 0, 0, 0};
     touched.clear();
@@ -59,8 +66,8 @@ struct WalkShare {
     released_storages.clear();
   }
 
-  // Releases the pins and references a helper kept (on the calling thread, under the registry
-  // lock, as a walk alone releases its own), fetching each tensor's refcount ahead.
+  // Releases the pins and references kept (on the calling thread, after the registry's lock),
+  // fetching each tensor's refcount ahead.
   void release_kept() {
     constexpr size_t kAhead = 16;
     for (size_t k = 0; k < pins.size(); ++k) {
@@ -95,10 +102,20 @@ struct WalkShare {
       return;
     }
     const auto storage_nbytes = static_cast<int64_t>(storage->nbytes());
+    if (__builtin_expect(!watch_sizes->empty(), 0)) {
+      for (int64_t w : *watch_sizes) {
+        // SAFETY: the storage's memory is live (the entry's weak reference); its data address
+        // is only compared, so a release racing with this read is harmless.
+        if (w == storage_nbytes) {
+          watched.push_back(storage_address(storage));
+          break;
+        }
+      }
+    }
     if (storage_uses > 1) {
       // numel from the sizes (as TensorImpl keeps it): numel_ may lie on a line read for it alone.
       int64_t numel = 1;
-      for (int64_t d : impl->sizes()) numel *= d;
+      for (int64_t d : stored_sizes(impl)) numel *= d;
       shared_storage(storage, SharedUse{storage_nbytes, numel * static_cast<int64_t>(impl->itemsize()), seq, group});
     } else {
       totals.tensor_bytes += storage_nbytes;
@@ -109,6 +126,7 @@ struct WalkShare {
 
   // Adds this share's totals and groups into `into`.
   void merge_into(WalkShare& into) const {
+    into.watched.insert(into.watched.end(), watched.begin(), watched.end());
     into.totals.tensor_count += totals.tensor_count;
     into.totals.tensor_bytes += totals.tensor_bytes;
     into.totals.storage_count += totals.storage_count;
@@ -128,6 +146,10 @@ struct gmt_walk {
   // gmt_walk_run_grouped: the totals per (group, view) and overall.
   std::vector<gmt_group_total> groups;
   gmt_walk_totals totals{};
+  // The storage sizes whose data addresses a grouped walk collects, and those it collected: the
+  // tracker tells a library's workspace from a tensor of the same size by them.
+  std::vector<int64_t> watch_sizes;
+  std::vector<uint64_t> watched;
   // Scratch of the grouped walk, kept between walks: what each of its threads adds up (the
   // calling thread's first, into which the others' are merged).
   std::vector<gmt_registry::WalkShare> shares;

@@ -102,6 +102,11 @@ typedef struct {
 static_assert(sizeof(gmt_walk_totals) == 24, "gmt_walk_totals is mirrored in gpu-mem-track-sys/src/lib.rs: change both");
 gmt_error gmt_walk_run_grouped(gmt_walk* s, int32_t device_kind, int32_t device_index, int32_t detail);
 const gmt_group_total* gmt_walk_groups(const gmt_walk* s, size_t* len);
+// The storage sizes (bytes) whose data addresses later grouped walks collect (none: the default).
+void gmt_walk_watch_storage_sizes(gmt_walk* s, const int64_t* sizes, size_t n);
+// The data addresses of the live storages of a watched size the last grouped walk met (a storage
+// may repeat: once per tensor holding it).
+const uint64_t* gmt_walk_watched(const gmt_walk* s, size_t* len);
 void gmt_walk_totals_of(const gmt_walk* s, gmt_walk_totals* out);
 // What the registry knows a tensor is, from the program's structure (the same with or without a
 // memory history): the gradient of a named parameter, what an optimizer step made, or what an op

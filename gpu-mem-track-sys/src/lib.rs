@@ -241,6 +241,8 @@ extern "C" {
         detail: i32,
     ) -> gmt_error;
     pub fn gmt_walk_groups(s: *const gmt_walk, len: *mut usize) -> *const gmt_group_total;
+    pub fn gmt_walk_watch_storage_sizes(s: *mut gmt_walk, sizes: *const i64, n: usize);
+    pub fn gmt_walk_watched(s: *const gmt_walk, len: *mut usize) -> *const u64;
     pub fn gmt_walk_totals_of(s: *const gmt_walk, out: *mut gmt_walk_totals);
     pub fn gmt_registry_group(
         id: i32,

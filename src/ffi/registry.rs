@@ -464,6 +464,31 @@ impl RegistryWalk {
     }
 }
 
+impl RegistryWalk {
+    /// Makes later grouped walks collect the data addresses of the live storages of these byte
+    /// sizes (see [`watched`](Self::watched)); empty: none, the default.
+    pub(crate) fn watch_storage_sizes(&mut self, sizes: &[u64]) {
+        let sizes: Vec<i64> = sizes.iter().filter_map(|&b| i64::try_from(b).ok()).collect();
+        // SAFETY: `self.ptr` is a live walk we own exclusively; the shim copies the sizes.
+        unsafe { sys::gmt_walk_watch_storage_sizes(self.ptr.as_ptr(), sizes.as_ptr(), sizes.len()) }
+    }
+
+    /// The data addresses of the storages of a watched size that the last grouped walk met (a
+    /// storage once per tensor holding it).
+    pub(crate) fn watched(&self) -> &[u64] {
+        let mut len = 0usize;
+        // SAFETY: the array lives until the next walk or drop, which need &mut self.
+        unsafe {
+            let data = sys::gmt_walk_watched(self.ptr.as_ptr(), &mut len);
+            if len == 0 || data.is_null() {
+                &[]
+            } else {
+                std::slice::from_raw_parts(data, len)
+            }
+        }
+    }
+}
+
 impl Drop for RegistryWalk {
     fn drop(&mut self) {
         // SAFETY: allocated by gmt_walk_new, freed once.

@@ -31,6 +31,13 @@ pub enum AtField {
     /// the same allocator (the wrapped CPU allocator's peak window, the CUDA caching allocator's
     /// peak statistic).
     PeakAllocated,
+    /// `Workspace Memory` (CUDA): bytes of the workspaces cuBLAS and cuBLASLt keep in the caching
+    /// allocator, one per handle and stream, apart from tensors (see
+    /// [`cuda_libraries::attribute`](crate::cuda_libraries::attribute)).
+    Workspace,
+    /// `Unattributed Memory`: the allocated bytes that neither tensors nor workspaces explain, so
+    /// that tensors + workspaces + unattributed = [`AtField::Allocated`].
+    Unattributed,
     /// `Reserved Memory` (CUDA): bytes the CUDA caching allocator holds (`memory_reserved`),
     /// allocated or cached.
     Reserved,
@@ -63,10 +70,12 @@ pub enum AtField {
 
 impl AtField {
     /// Every field, in the order of the variants.
-    pub const ALL: [AtField; 12] = [
+    pub const ALL: [AtField; 14] = [
         AtField::TensorUsed,
         AtField::Allocated,
         AtField::PeakAllocated,
+        AtField::Workspace,
+        AtField::Unattributed,
         AtField::Reserved,
         AtField::NvmlUsed,
         AtField::PeakNvmlUsed,
@@ -88,6 +97,8 @@ impl AtField {
             AtField::TensorUsed => "Total Tensor Used Memory",
             AtField::Allocated => "Total Allocated Memory",
             AtField::PeakAllocated => "Peak Allocated Memory",
+            AtField::Workspace => "Workspace Memory",
+            AtField::Unattributed => "Unattributed Memory",
             AtField::Reserved => "Reserved Memory",
             AtField::NvmlUsed => "NVML Used Memory",
             AtField::PeakNvmlUsed => "Peak NVML Used Memory",
@@ -120,6 +131,10 @@ pub const TENSOR_USED: &str = AtField::TensorUsed.label();
 pub const ALLOCATED: &str = AtField::Allocated.label();
 /// Extension: highest allocated bytes since the previous line ([`AtField::PeakAllocated`]).
 pub const PEAK_ALLOCATED: &str = AtField::PeakAllocated.label();
+/// Extension (CUDA): bytes of CUDA libraries' workspaces ([`AtField::Workspace`]).
+pub const WORKSPACE: &str = AtField::Workspace.label();
+/// Extension: allocated bytes neither tensors nor workspaces explain ([`AtField::Unattributed`]).
+pub const UNATTRIBUTED: &str = AtField::Unattributed.label();
 /// Extension (CUDA): bytes held by the caching allocator ([`AtField::Reserved`]).
 pub const RESERVED: &str = AtField::Reserved.label();
 /// Extension (CUDA + NVML): this process's usage as NVML reports it ([`AtField::NvmlUsed`]).
@@ -229,6 +244,10 @@ pub struct TrackFigures {
     pub allocated: u64,
     /// [`AtField::PeakAllocated`].
     pub peak_allocated: u64,
+    /// [`AtField::Workspace`] (CUDA).
+    pub workspace: Option<u64>,
+    /// [`AtField::Unattributed`].
+    pub unattributed: Option<u64>,
     /// [`AtField::Reserved`] (CUDA).
     pub reserved: Option<u64>,
     /// [`AtField::DeviceFree`] (CUDA).
@@ -258,6 +277,12 @@ impl AtLine {
             MemoryField::from_bytes(ALLOCATED, figures.allocated),
             MemoryField::from_bytes(PEAK_ALLOCATED, figures.peak_allocated),
         ];
+        if let Some(w) = figures.workspace {
+            fields.push(MemoryField::from_bytes(WORKSPACE, w));
+        }
+        if let Some(u) = figures.unattributed {
+            fields.push(MemoryField::from_bytes(UNATTRIBUTED, u));
+        }
         if let Some(r) = figures.reserved {
             fields.push(MemoryField::from_bytes(RESERVED, r));
         }

@@ -40,7 +40,7 @@ pub mod writer;
 pub use at_line::{
     AtField, AtLine, MemoryField, SourceLocation, TrackFigures, ALLOCATED, ALLOC_RETRIES, DEVICE_FREE,
     DEVICE_TOTAL, DEVICE_USED, MEMORY_LIMIT, NVML_USED, PEAK_ALLOCATED, PEAK_NVML_USED, REQUESTED, RESERVED,
-    TENSOR_USED,
+    TENSOR_USED, UNATTRIBUTED, WORKSPACE,
 };
 pub use block::{LogBlock, ParsedLog};
 pub use group_line::GroupLine;

@@ -221,6 +221,12 @@ class MemTracker:
     def track(self) -> dict | None:
         """Appends a block for the caller's line; returns its figures (bytes) and lines.
 
+        The figures: ``tensor_bytes`` (live tensors' storages, each once), ``tensor_count``,
+        ``allocated`` (the allocator's count), ``peak_allocated`` (since the previous line),
+        ``workspace_bytes`` (CUDA: cuBLAS and cuBLASLt workspaces; ``None`` on the CPU),
+        ``unattributed_bytes`` (the rest of ``allocated``: tensors + workspaces + unattributed =
+        allocated), ``reserved`` and ``nvml_used`` (CUDA); ``lines`` and ``at``, the block's text.
+
         Like the Rust ``track!()``, a failure never reaches the program it watches: it is a
         warning naming it (once per distinct failure) and ``None``.
         """
