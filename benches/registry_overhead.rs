@@ -5,7 +5,13 @@
 //!
 //! The baselines run first, before anything is installed in this process. The number of op
 //! callbacks per step is printed so the overhead can be read per op.
+//!
+//! The `two_threads` rows are CUDA's pattern on the CPU: CUDA autograd runs a device's backward
+//! pass on a thread of its own, so the registry is used by the forward's thread and the
+//! backward's in turn. Here the backward runs on a second thread, the forward and the optimizer
+//! step on the caller's, for the same loops.
 use criterion::{criterion_group, criterion_main, Criterion};
+use std::sync::mpsc;
 use std::time::Duration;
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
@@ -60,15 +66,57 @@ impl Loop {
         self.opt.backward_step(&loss);
         loss.double_value(&[])
     }
+
+    /// A step with its backward pass on `backward`'s thread.
+    fn step_two_threads(&mut self, backward: &BackwardThread) -> f64 {
+        let loss = self.model.forward(&self.x).cross_entropy_for_logits(&self.y);
+        let value = loss.double_value(&[]);
+        self.opt.zero_grad();
+        backward.run(loss);
+        self.opt.step();
+        value
+    }
+}
+
+/// A thread that runs backward passes, one at a time, as CUDA autograd's device thread does.
+struct BackwardThread {
+    losses: mpsc::SyncSender<Tensor>,
+    done: mpsc::Receiver<()>,
+}
+
+impl BackwardThread {
+    fn start() -> Self {
+        let (losses, todo) = mpsc::sync_channel::<Tensor>(1);
+        let (finished, done) = mpsc::sync_channel(1);
+        std::thread::spawn(move || {
+            for loss in todo {
+                loss.backward();
+                drop(loss);
+                if finished.send(()).is_err() {
+                    break;
+                }
+            }
+        });
+        BackwardThread { losses, done }
+    }
+
+    fn run(&self, loss: Tensor) {
+        self.losses.send(loss).expect("the backward thread runs");
+        self.done.recv().expect("the backward thread answers");
+    }
 }
 
 fn overhead(c: &mut Criterion) {
     tch::set_num_threads(1);
     let mut group = c.benchmark_group("training_step");
     group.warm_up_time(Duration::from_secs(2)).measurement_time(Duration::from_secs(6)).sample_size(30);
+    let backward = BackwardThread::start();
     for make in [Loop::mlp, Loop::cnn] {
         let mut plain = make();
         group.bench_function(format!("{}/without_gpu_mem_track", plain.name), |b| b.iter(|| plain.step()));
+        group.bench_function(format!("{}/two_threads/without_gpu_mem_track", plain.name), |b| {
+            b.iter(|| plain.step_two_threads(&backward))
+        });
     }
     gpu_mem_track::install().unwrap();
     for make in [Loop::mlp, Loop::cnn] {
@@ -79,6 +127,9 @@ fn overhead(c: &mut Criterion) {
         eprintln!("{}: {per_step} op callbacks per step", tracked.name);
         group.bench_function(format!("{}/with_registry_and_allocator", tracked.name), |b| {
             b.iter(|| tracked.step())
+        });
+        group.bench_function(format!("{}/two_threads/with_registry_and_allocator", tracked.name), |b| {
+            b.iter(|| tracked.step_two_threads(&backward))
         });
         gpu_mem_track::set_registry_enabled(false).unwrap();
         group.bench_function(format!("{}/registry_paused", tracked.name), |b| b.iter(|| tracked.step()));

@@ -15,7 +15,7 @@ import sys
 
 import maturin
 
-SUPPORTED = "torch 2.8 to 2.15"
+SUPPORTED = "torch 2.6 to 2.15"
 
 
 def _torch_or_exit() -> None:

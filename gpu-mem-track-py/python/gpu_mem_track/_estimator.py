@@ -99,30 +99,38 @@ class _Sites:
     def __init__(self) -> None:
         self.names: list[str] = []
         self._index: dict[str, int] = {}
-        self._active: list[str] = []  # in the order they began
+        self._active: list[tuple[str, bool]] = []  # (path, in backward), in the order they began
 
-    def enter(self, fqn: str | None) -> None:
+    def enter(self, fqn: str | None, backward: bool = False) -> None:
         if fqn is None:  # a module no longer alive in backward
             return
-        self._active.append(fqn)
+        self._active.append((fqn, backward))
         self._set()
 
     def leave(self, fqn: str | None) -> None:
         for i in range(len(self._active) - 1, -1, -1):
-            if self._active[i] == fqn:
+            if self._active[i][0] == fqn:
                 del self._active[i]
                 break
         self._set()
 
     def idle(self) -> bool:
-        return not self._active
+        """No module's forward is running."""
+        return not any(not backward for _, backward in self._active)
+
+    def forget_backward(self) -> None:
+        """Drops the modules whose backward began and never said it ended (before torch 2.7,
+        ModTracker misses the end of a backward whose module returned no tensor, a dict)."""
+        if self._active:
+            self._active.clear()
+            self._set()
 
     def _set(self) -> None:
         if not self._active:
             _native.recording_site(None)
             return
-        depth = max(a.count(".") for a in self._active)
-        current = next(a for a in reversed(self._active) if a.count(".") == depth)
+        depth = max(a.count(".") for a, _ in self._active)
+        current = next(a for a, _ in reversed(self._active) if a.count(".") == depth)
         _native.recording_site(self.index(current))
 
     def index(self, fqn: str) -> int:
@@ -271,7 +279,7 @@ class Estimator:
 
             def pre_backward(module, grad_output):
                 self._enter_backward()
-                sites.enter(tracker.get_known_fqn(module))
+                sites.enter(tracker.get_known_fqn(module), backward=True)
 
             def post_backward(module, grad_input):
                 sites.leave(tracker.get_known_fqn(module))
@@ -279,11 +287,15 @@ class Estimator:
             tracker.register_user_hooks(pre_forward, post_forward, pre_backward, post_backward)
             # A module called outside any other's forward is the model: its call starts an
             # iteration's forward. Module.__call__, not a global forward pre-hook, which would
-            # not see keyword arguments (`input_ids=...`), the input of most models.
+            # not see keyword arguments (`input_ids=...`), the input of most models. Not inside a
+            # backward pass (checkpointing's recompute): autograd's own word for it, as
+            # ModTracker's is_bw stays set after a backward until the next forward before torch 2.7.
             call = torch.nn.Module.__call__
 
             def module_call(module, *args, **kwargs):
-                if sites.idle() and not tracker.is_bw and threading.get_ident() == self._thread:
+                in_backward = torch._C._current_graph_task_id() != -1
+                if sites.idle() and not in_backward and threading.get_ident() == self._thread:
+                    sites.forget_backward()
                     self._root_forward(module, args, kwargs)
                 return call(module, *args, **kwargs)
 
