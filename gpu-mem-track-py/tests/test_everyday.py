@@ -124,9 +124,8 @@ def test_results_and_exceptions_are_unchanged(logdir):  # noqa: F811
             return loss.item(), grads, type(e), str(e)
         raise AssertionError("expected a shape error")
 
-    gpu_mem_track._native.set_registry_enabled(False)
-    without = step()
-    gpu_mem_track._native.set_registry_enabled(True)
+    with gpu_mem_track.registry_paused():
+        without = step()
     tracker = MemTracker(device="cpu")
     tracker.track()
     with_tracker = step()
@@ -135,6 +134,34 @@ def test_results_and_exceptions_are_unchanged(logdir):  # noqa: F811
     for a, b in zip(with_tracker[1], without[1]):
         assert torch.equal(a, b)
     assert with_tracker[2:] == without[2:]
+
+
+def test_a_paused_registry_sees_no_op_and_a_tracker_resumes_it(logdir):  # noqa: F811
+    tracker = MemTracker(device="cpu")
+    tracker.track()
+    callbacks = gpu_mem_track._native.registry_callbacks
+    before = callbacks()
+    with gpu_mem_track.registry_paused():
+        assert not gpu_mem_track.registry_running()
+        kept = torch.ones(123, 457, dtype=torch.float64) * 2
+        with gpu_mem_track.registry_paused():
+            pass
+        # Leaving the inner block leaves the outer one's pause.
+        assert not gpu_mem_track.registry_running()
+        assert callbacks() == before
+    assert gpu_mem_track.registry_running()
+    # Resuming registered the tensor Python holds, made while paused.
+    tracker.track()
+    lines, _ = parse_blocks(tracker.log_path)[1]
+    assert ("+", 1, "(123, 457)", 0.4289, "<class 'torch.Tensor'>", "torch.float64") in lines, lines
+
+    gpu_mem_track.pause_registry()
+    assert not gpu_mem_track.registry_running()
+    MemTracker(device="cpu")
+    assert gpu_mem_track.registry_running()
+    before = callbacks()
+    kept = kept + 1
+    assert callbacks() > before
 
 
 def test_history_snapshot(logdir):  # noqa: F811

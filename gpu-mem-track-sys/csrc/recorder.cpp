@@ -66,8 +66,7 @@ Recorder& recorder() {
 
 // The ops running on this thread, outermost first. Kept by the registry's callback once it is
 // installed (one callback per op instead of two), else by this file's.
-thread_local std::vector<const char*> t_op_stack;
-thread_local bool t_walk_pending = false;
+thread_local gmt::OpStack t_ops;
 std::atomic<bool> g_registry_keeps_stack{false};
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
@@ -87,13 +86,13 @@ int32_t op_id(Recorder& r, const std::string& name) {  // caller holds r.mu
   return id;
 }
 
-int32_t current_op(Recorder& r) { return op_id(r, t_op_stack.empty() ? "<no op>" : t_op_stack.back()); }
-int32_t top_op(Recorder& r) { return op_id(r, t_op_stack.empty() ? "<no op>" : t_op_stack.front()); }
+int32_t current_op(Recorder& r) { return op_id(r, t_ops.names.empty() ? "<no op>" : t_ops.names.back()); }
+int32_t top_op(Recorder& r) { return op_id(r, t_ops.names.empty() ? "<no op>" : t_ops.names.front()); }
 
 // Caller holds r.mu. Returns the event number.
 int64_t push(Recorder& r, gmt_alloc_event e) {
   const int64_t seq = r.pushed++;
-  if (seq == r.walk_at.load(std::memory_order_relaxed)) t_walk_pending = true;
+  if (seq == r.walk_at.load(std::memory_order_relaxed)) t_ops.walk_pending = true;
   if (e.is_free == GMT_EVENT_ALLOC) {
     r.open[e.id] = Recorder::Open{seq, e.size};
     r.live += e.size;
@@ -101,7 +100,7 @@ int64_t push(Recorder& r, gmt_alloc_event e) {
     // replay names it.
     if (r.live > r.peak) {
       r.peak = r.live;
-      if (r.walk_peaks.load(std::memory_order_relaxed)) t_walk_pending = true;
+      if (r.walk_peaks.load(std::memory_order_relaxed)) t_ops.walk_pending = true;
     }
   } else if (e.is_free == GMT_EVENT_FREE) {
     const auto it = r.open.find(e.id);
@@ -182,18 +181,22 @@ void record_segment(int32_t device_kind, int64_t address, int64_t size, bool all
                           static_cast<uint8_t>(r.iteration.load()), current_op(r), 0, -1, 0, top_op(r), 0});
 }
 
-const char* current_op_name() { return t_op_stack.empty() ? "<no op>" : t_op_stack.back(); }
+const char* current_op_name() { return t_ops.names.empty() ? "<no op>" : t_ops.names.back(); }
 const char* top_op_name() { return outermost_op_or("<no op>"); }
-size_t op_stack_depth() { return t_op_stack.size(); }
-const char* outermost_op_or(const char* fallback) { return t_op_stack.empty() ? fallback : t_op_stack.front(); }
+size_t op_stack_depth() { return t_ops.names.size(); }
+const char* outermost_op_or(const char* fallback) { return t_ops.names.empty() ? fallback : t_ops.names.front(); }
 
-void op_stack_push(const char* name) { t_op_stack.push_back(name); }
+OpStack& this_thread_ops() { return t_ops; }
 
-void op_stack_pop() {
-  if (!t_op_stack.empty()) t_op_stack.pop_back();
-  if (t_walk_pending) {
+void op_stack_push(const char* name) { t_ops.names.push_back(name); }
+
+void op_stack_pop() { op_stack_pop(t_ops); }
+
+void op_stack_pop(OpStack& ops) {
+  if (!ops.names.empty()) ops.names.pop_back();
+  if (ops.walk_pending) {
     // Outside the allocator and the recorder lock: the registry walk may free tensors.
-    t_walk_pending = false;
+    ops.walk_pending = false;
     take_peak_walk(recorder().device_kind.load());
   }
 }

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace gmt {
 // Reports an allocation/free to the recorder when it is recording that device kind. Cheap when
@@ -29,10 +30,20 @@ size_t op_stack_depth();
 // The outermost op running on this thread, or `fallback` outside any. The name lives at least as
 // long as that op runs (a dispatcher op's for the process; an autograd node's only while it runs).
 const char* outermost_op_or(const char* fallback);
+// The ops running on a thread, outermost first, and whether a peak walk waits for the innermost
+// op to end.
+struct OpStack {
+  std::vector<const char*> names;
+  bool walk_pending = false;
+};
+// This thread's op stack: one thread-local lookup, for the per-op callbacks that read it several
+// times (each lookup of a thread_local from a shared library is a call).
+OpStack& this_thread_ops();
 // The op stack of this thread: an op's start callback pushes its name, its end callback pops it
 // (and takes a pending peak walk).
 void op_stack_push(const char* name);
 void op_stack_pop();
+void op_stack_pop(OpStack& ops);
 // From now on the registry's callback keeps the op stack (its start/end run for every op anyway).
 void op_stack_kept_by_registry();
 // The recorder identity of a storage's allocation (meta: its number; CPU: its address), or -1.

@@ -27,23 +27,22 @@ void record_ivalue(Registry& r, const c10::IValue& v, int32_t op, bool returned,
 std::atomic<uint64_t> g_callbacks{0};
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
-  gmt::op_stack_push(fn.name());
+  gmt::this_thread_ops().names.push_back(fn.name());
   return nullptr;
 }
 
-void record_outputs(const at::RecordFunction& fn) {
+void record_outputs(const at::RecordFunction& fn, const gmt::OpStack& ops) {
   const std::vector<c10::IValue>& outputs = fn.outputs();
   if (outputs.empty()) return;
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   // The outermost op running (the call the program made: aten::conv2d rather than the
   // aten::mkldnn_convolution it runs); this op itself when it is the outermost.
-  const char* outermost = gmt::outermost_op_or(fn.name());
-  const int32_t op = r.op_id(outermost);
+  const int32_t op = r.op_id(ops.names.empty() ? fn.name() : ops.names.front());
   // The op stack still holds this op: depth 1 is the program's own call. Under an autograd node
   // (the backward pass) the ops' results are gradients flowing between nodes, not internal to a
   // call; what the AccumulateGrad node makes is a parameter's gradient.
-  bool returned = gmt::op_stack_depth() <= 1, gradient = false;
+  bool returned = ops.names.size() <= 1, gradient = false;
   if (!returned) {  // the common case, the program's own call, reads no traits
     const uint8_t traits = r.op_traits[op];
     returned = traits & kOpIsAutogradNode;
@@ -54,8 +53,9 @@ void record_outputs(const at::RecordFunction& fn) {
 
 void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
   g_callbacks.fetch_add(1, std::memory_order_relaxed);
-  record_outputs(fn);
-  gmt::op_stack_pop();  // after recording: the outputs are named by the stack as it was
+  gmt::OpStack& ops = gmt::this_thread_ops();
+  record_outputs(fn, ops);
+  gmt::op_stack_pop(ops);  // after recording: the outputs are named by the stack as it was
 }
 }  // namespace
 }  // namespace gmt_registry

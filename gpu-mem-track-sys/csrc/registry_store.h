@@ -12,6 +12,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <deque>
@@ -148,8 +149,8 @@ constexpr int32_t kParameterClass = 1;
 // Pruning is amortised: when the registry doubles past its last live size. Pruning early lets
 // malloc reuse the dead TensorImpls' memory while it is still in cache.
 constexpr size_t kMinPruneAt = 4096;
-// Op-name addresses remembered before the cache starts over.
-constexpr size_t kMaxOpAddresses = 4096;
+// Op-name addresses the op cache holds (a power of two).
+constexpr size_t kOpSlots = 256;
 
 // What an op's name says, for the op callback: an autograd node (its results are gradients
 // flowing between nodes, not internal to a call), and the node that makes a parameter's .grad.
@@ -169,12 +170,16 @@ struct Registry {
   std::deque<std::string> names;  // append-only: c_str() pointers stay valid
   std::unordered_map<std::string, int32_t> name_ids;
   // Op names by the address RecordFunction gives (the schema's name, alive as long as the op).
-  std::unordered_map<const char*, int32_t> op_ids;     // address -> id cache
+  // A direct-mapped cache of name addresses in front of op_texts (see op_id).
+  struct OpSlot {
+    const char* address = nullptr;
+    const char* text = nullptr;  // the interned name (op_names' c_str, which never moves)
+    int32_t id = -1;
+  };
+  std::array<OpSlot, kOpSlots> op_slots{};
   std::unordered_map<std::string, int32_t> op_texts;  // text -> id
   std::deque<std::string> op_names;  // append-only, index = op id
   std::vector<uint8_t> op_traits;    // by op id: what its name says (kOpIs*), read once per op
-  const char* last_op = nullptr;     // the last op looked up and its id: ops come in runs
-  int32_t last_op_id = -1;
   // Log groups, interned: a tensor's shape, dtype and class rarely change after an op returns
   // it, so an entry keeps its group id and a walk only checks that it still holds. Like the
   // op names, the table only grows (one small entry per distinct shape, dtype, class and op ever
@@ -216,7 +221,8 @@ struct Registry {
       // longer internal either; later returns of the same tensor need no lookup of the base.
       const bool first_return = inserted || origins[*slot].role == GMT_ROLE_INTERNAL;
       if (!inserted && origins[*slot].role == GMT_ROLE_INTERNAL) origins[*slot].role = GMT_ROLE_NONE;
-      if (first_return && t.is_view()) {
+      // Without autograd metadata a tensor is no view (is_view() would ask libtorch to say so).
+      if (first_return && has_autograd_meta(impl) && t.is_view()) {
         const uint32_t* base = index.find(t._base().unsafeGetTensorImpl());
         if (base && origins[*base].role == GMT_ROLE_INTERNAL) origins[*base].role = GMT_ROLE_NONE;
       }
@@ -251,38 +257,43 @@ struct Registry {
     origins.pop_back();
   }
 
+  // Caller holds mu. Drops the dead entries. Most are dead when it runs (the tensors of the steps
+  // since the last walk), so the survivors are moved down in order and the index is built anew,
+  // rather than erasing each dead one from it.
   void prune() {
-    for (size_t i = 0; i < entries.size();) {
-      if (entries[i].weak.expired()) remove_at(i);
-      else ++i;
+    size_t kept = 0;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (entries[i].weak.expired()) continue;
+      if (kept != i) {
+        entries[kept] = std::move(entries[i]);
+        origins[kept] = origins[i];
+      }
+      ++kept;
     }
+    entries.erase(entries.begin() + static_cast<std::ptrdiff_t>(kept), entries.end());
+    origins.resize(kept);
+    index.clear();
+    for (size_t i = 0; i < kept; ++i) index.try_emplace(entries[i].impl(), static_cast<uint32_t>(i));
     named.erase(std::remove_if(named.begin(), named.end(), [](const WeakImpl& w) { return w.expired(); }),
                 named.end());
   }
 
   // Caller holds mu. Ops are interned by their text. A dispatcher op's name has one address for
-  // the process, so addresses are a cache in front of the text; an autograd node's name is built
-  // per call and its address may be reused by other text, so every cache hit is checked.
+  // the process, so addresses are a cache in front of the text: one slot per address, which a
+  // per-call name (an autograd node's, built per call, its address reused by other text) simply
+  // overwrites; every hit is checked against the text.
   int32_t op_id(const char* name) {
     if (!name) name = "<unnamed op>";
-    if (name == last_op && std::strcmp(op_names[last_op_id].c_str(), name) == 0) return last_op_id;
-    auto hit = op_ids.find(name);
-    int32_t id;
-    if (hit != op_ids.end() && std::strcmp(op_names[hit->second].c_str(), name) == 0) {
-      id = hit->second;
-    } else {
-      auto [it, inserted] = op_texts.try_emplace(name, static_cast<int32_t>(op_names.size()));
-      if (inserted) {
-        op_names.emplace_back(name);
-        op_traits.push_back(traits_of(name));
-      }
-      id = it->second;
-      if (op_ids.size() >= kMaxOpAddresses) op_ids.clear();  // addresses of per-call names pile up
-      op_ids[name] = id;
+    OpSlot& slot = op_slots[(reinterpret_cast<uintptr_t>(name) * 0x9E3779B97F4A7C15ull) >> 56];
+    static_assert(kOpSlots == 256, "the slot is the hash's top 8 bits");
+    if (slot.address == name && std::strcmp(slot.text, name) == 0) return slot.id;
+    auto [it, inserted] = op_texts.try_emplace(name, static_cast<int32_t>(op_names.size()));
+    if (inserted) {
+      op_names.emplace_back(name);
+      op_traits.push_back(traits_of(name));
     }
-    last_op = name;
-    last_op_id = id;
-    return id;
+    slot = OpSlot{name, op_names[it->second].c_str(), it->second};
+    return it->second;
   }
 
   // The group entry e's tensor was last seen in, if its shape, dtype and class still match it

@@ -14,20 +14,20 @@ A drop-in for Pytorch-Memory-Utils' ``MemTracker``::
 Importing the package imports torch first (the compiled part binds to the libtorch torch loads),
 installs the live-tensor registry (a libtorch callback on every op's outputs, on every thread), and
 registers the tensors that already exist (one garbage-collector walk), so the first block of a log
-counts them too.
+counts them too. ``with gpu_mem_track.registry_paused():`` switches the callback off for code
+that should not be watched; a new ``MemTracker`` switches it on again.
 """
 
 from __future__ import annotations
 
-import gc
-
-import torch
+import torch  # noqa: F401  (first: the compiled part binds to the libtorch torch loads)
 
 from ._display import Report, report
 from ._estimate import Breakdown, Estimate, estimate, fit
 from ._estimator import Estimator
 from ._load import TorchVersionMismatch
 from ._load import native as _native
+from ._registry import pause_registry, register_existing_tensors, registry_paused, registry_running, resume_registry
 from ._tracker import MemTracker, name_tensor_classes
 
 GpuMemTrackError = _native.GpuMemTrackError
@@ -47,7 +47,11 @@ __all__ = [
     "capabilities",
     "estimate",
     "fit",
+    "pause_registry",
+    "registry_paused",
+    "registry_running",
     "report",
+    "resume_registry",
 ]
 
 
@@ -56,22 +60,6 @@ def capabilities() -> str:
     return _native.capabilities()
 
 
-def _register_existing_tensors() -> int:
-    """Registers every tensor a garbage-collector walk finds (those made before the registry was
-    installed); returns how many. Tensors the registry already holds are not added twice."""
-    count = 0
-    for obj in gc.get_objects():
-        # type(), not isinstance(): isinstance reads __class__, which some objects compute (and
-        # deprecated torch names warn on).
-        if not issubclass(type(obj), torch.Tensor):
-            continue
-        cdata = getattr(obj, "_cdata", 0)
-        if cdata:
-            _native.register_tensor(cdata)
-            count += 1
-    return count
-
-
 _native.install()
 name_tensor_classes()
-_register_existing_tensors()
+register_existing_tensors()

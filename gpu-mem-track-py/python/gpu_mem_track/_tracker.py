@@ -19,6 +19,7 @@ import torch.optim.optimizer as _optim  # the module (torch.optim's namespace hi
 
 from ._display import Report, block_html, report
 from ._load import native as _native
+from ._registry import resume_registry
 
 
 def _device_name(device: Any) -> str:
@@ -92,7 +93,8 @@ class MemTracker:
     Drop-in for Pytorch-Memory-Utils' ``MemTracker(detail=True, path='', verbose=False, device=0)``.
     The log is created when the tracker is. Each :meth:`track` appends one block: the ``+``/``-``
     lines of the tensor groups that changed, and an ``At <file> line <N>: <function>`` line naming
-    the caller. Keyword extras match the Rust builder.
+    the caller. Keyword extras match the Rust builder. Making one resumes the live-tensor
+    registry if :func:`registry_paused` or :func:`pause_registry` paused it.
 
     Args:
         detail: write the ``+``/``-`` tensor-group lines (off: only ``At`` lines).
@@ -125,6 +127,8 @@ class MemTracker:
         cpu_memory_limit: int | None = None,
         views: bool = False,
     ) -> None:
+        # A tracker watches: a paused registry (registry_paused, pause_registry) runs again.
+        resume_registry()
         folder, prefix = _split_path(path)
         self.print_detail = detail
         self.verbose = verbose

@@ -1,0 +1,96 @@
+"""The live-tensor registry from Python: registering tensors, and pausing its per-op callback.
+
+Importing the package installs the registry, a libtorch callback on every op's outputs, on every
+thread of the process. :func:`registry_paused` switches that callback off for a block of code the
+user does not want watched (an evaluation loop, a data pipeline); ops then run as they would
+without gpu-mem-track. A new :class:`MemTracker` resumes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import threading
+from collections.abc import Iterator
+
+import torch
+
+from ._load import native as _native
+
+_lock = threading.Lock()
+_running = True
+
+
+def register_existing_tensors() -> int:
+    """Registers every tensor a garbage-collector walk finds (those made before the registry was
+    installed, or while it was paused); returns how many. Tensors the registry already holds are
+    not added twice."""
+    count = 0
+    for obj in gc.get_objects():
+        # type(), not isinstance(): isinstance reads __class__, which some objects compute (and
+        # deprecated torch names warn on).
+        if not issubclass(type(obj), torch.Tensor):
+            continue
+        cdata = getattr(obj, "_cdata", 0)
+        if cdata:
+            _native.register_tensor(cdata)
+            count += 1
+    return count
+
+
+def registry_running() -> bool:
+    """Whether the registry's per-op callback runs (not paused)."""
+    return _running
+
+
+def pause_registry() -> None:
+    """Pauses the registry's per-op callback, for every thread of the process, until
+    :func:`resume_registry` or a new :class:`MemTracker`.
+
+    While paused, ops cost what they cost without gpu-mem-track, and the tensors they make are
+    not registered. Memory they hold still counts in a log's ``Total Allocated Memory`` (as
+    ``Unattributed Memory`` while no tensor line names it).
+    """
+    global _running
+    with _lock:
+        if _running:
+            _native.set_registry_enabled(False)
+            _running = False
+
+
+def resume_registry(*, find_tensors: bool = True) -> None:
+    """Resumes the registry's per-op callback.
+
+    Args:
+        find_tensors: also register the tensors Python holds that were made while it was paused
+            (a garbage-collector walk: milliseconds in a large program), so that the next
+            ``track()`` names them. Tensors only C++ holds (autograd's saved tensors) that were
+            made while paused stay unnamed until they die.
+    """
+    global _running
+    with _lock:
+        if not _running:
+            _native.set_registry_enabled(True)
+            _running = True
+            if find_tensors:
+                register_existing_tensors()
+
+
+@contextlib.contextmanager
+def registry_paused(*, find_tensors: bool = True) -> Iterator[None]:
+    """Pauses the registry's per-op callback for the ``with`` block, process-wide::
+
+        with gpu_mem_track.registry_paused():
+            evaluate(model, loader)      # not watched: no per-op cost
+
+    On leaving the block the registry runs again if it ran on entering it (blocks nest); a
+    :class:`MemTracker` made inside the block resumes it at once. ``find_tensors``: as
+    :func:`resume_registry`'s.
+    """
+    was_running = registry_running()
+    pause_registry()
+    try:
+        yield
+    finally:
+        if was_running:
+            resume_registry(find_tensors=find_tensors)
