@@ -105,9 +105,8 @@ def alternate(fn, rounds: int) -> tuple[list[float], list[float]]:
     """Times `fn` with the registry's callback on and off, alternating, `rounds` times each."""
     on, off = [], []
     for _ in range(rounds):
-        gpu_mem_track._native.set_registry_enabled(False)
-        off.append(timed(fn, 1)[0])
-        gpu_mem_track._native.set_registry_enabled(True)
+        with gpu_mem_track.registry_paused(find_tensors=False):
+            off.append(timed(fn, 1)[0])
         on.append(timed(fn, 1)[0])
     return on, off
 

@@ -70,11 +70,11 @@ thread_local gmt::OpStack t_ops;
 std::atomic<bool> g_registry_keeps_stack{false};
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
-  if (!g_registry_keeps_stack.load(std::memory_order_relaxed)) gmt::op_stack_push(fn.name());
+  if (!g_registry_keeps_stack.load(std::memory_order_relaxed)) t_ops.names.push_back(fn.name());
   return nullptr;
 }
 void on_op_end(const at::RecordFunction&, at::ObserverContext*) {
-  if (!g_registry_keeps_stack.load(std::memory_order_relaxed)) gmt::op_stack_pop();
+  if (!g_registry_keeps_stack.load(std::memory_order_relaxed)) gmt::op_stack_pop(t_ops);
 }
 
 int32_t op_id(Recorder& r, const std::string& name) {  // caller holds r.mu
@@ -86,8 +86,8 @@ int32_t op_id(Recorder& r, const std::string& name) {  // caller holds r.mu
   return id;
 }
 
-int32_t current_op(Recorder& r) { return op_id(r, t_ops.names.empty() ? "<no op>" : t_ops.names.back()); }
-int32_t top_op(Recorder& r) { return op_id(r, t_ops.names.empty() ? "<no op>" : t_ops.names.front()); }
+int32_t current_op(Recorder& r) { return op_id(r, gmt::current_op_name()); }
+int32_t top_op(Recorder& r) { return op_id(r, gmt::top_op_name()); }
 
 // Caller holds r.mu. Returns the event number.
 int64_t push(Recorder& r, gmt_alloc_event e) {
@@ -182,15 +182,9 @@ void record_segment(int32_t device_kind, int64_t address, int64_t size, bool all
 }
 
 const char* current_op_name() { return t_ops.names.empty() ? "<no op>" : t_ops.names.back(); }
-const char* top_op_name() { return outermost_op_or("<no op>"); }
-size_t op_stack_depth() { return t_ops.names.size(); }
-const char* outermost_op_or(const char* fallback) { return t_ops.names.empty() ? fallback : t_ops.names.front(); }
+const char* top_op_name() { return t_ops.outermost_or("<no op>"); }
 
 OpStack& this_thread_ops() { return t_ops; }
-
-void op_stack_push(const char* name) { t_ops.names.push_back(name); }
-
-void op_stack_pop() { op_stack_pop(t_ops); }
 
 void op_stack_pop(OpStack& ops) {
   if (!ops.names.empty()) ops.names.pop_back();

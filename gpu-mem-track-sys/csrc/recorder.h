@@ -25,24 +25,20 @@ void set_phase(int32_t phase, int32_t iteration);
 const char* current_op_name();
 // The outermost op running on this thread (the call the program made), or "<no op>".
 const char* top_op_name();
-// How many ops run on this thread now (nested calls), as the op stack holds them.
-size_t op_stack_depth();
-// The outermost op running on this thread, or `fallback` outside any. The name lives at least as
-// long as that op runs (a dispatcher op's for the process; an autograd node's only while it runs).
-const char* outermost_op_or(const char* fallback);
 // The ops running on a thread, outermost first, and whether a peak walk waits for the innermost
-// op to end.
+// op to end. An op's start callback pushes its name, its end callback pops it (op_stack_pop).
 struct OpStack {
   std::vector<const char*> names;
   bool walk_pending = false;
+
+  // The outermost op running, or `fallback` outside any. The name lives at least as long as that
+  // op runs (a dispatcher op's for the process; an autograd node's only while it runs).
+  const char* outermost_or(const char* fallback) const { return names.empty() ? fallback : names.front(); }
 };
 // This thread's op stack: one thread-local lookup, for the per-op callbacks that read it several
 // times (each lookup of a thread_local from a shared library is a call).
 OpStack& this_thread_ops();
-// The op stack of this thread: an op's start callback pushes its name, its end callback pops it
-// (and takes a pending peak walk).
-void op_stack_push(const char* name);
-void op_stack_pop();
+// Pops the innermost op and takes a pending peak walk.
 void op_stack_pop(OpStack& ops);
 // From now on the registry's callback keeps the op stack (its start/end run for every op anyway).
 void op_stack_kept_by_registry();

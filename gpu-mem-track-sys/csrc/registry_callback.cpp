@@ -38,7 +38,7 @@ void record_outputs(const at::RecordFunction& fn, const gmt::OpStack& ops) {
   std::lock_guard<std::mutex> lock(r.mu);
   // The outermost op running (the call the program made: aten::conv2d rather than the
   // aten::mkldnn_convolution it runs); this op itself when it is the outermost.
-  const int32_t op = r.op_id(ops.names.empty() ? fn.name() : ops.names.front());
+  const int32_t op = r.op_id(ops.outermost_or(fn.name()));
   // The op stack still holds this op: depth 1 is the program's own call. Under an autograd node
   // (the backward pass) the ops' results are gradients flowing between nodes, not internal to a
   // call; what the AccumulateGrad node makes is a parameter's gradient.
