@@ -138,8 +138,8 @@ pub use gpu_mem_track_macros::track_memory;
 pub use site::Site;
 pub use tracker::{
     default_tracker, install, is_installed, name_python_class, reads_python_classes, register_tensor_impl,
-    registry_callbacks, registry_entries, set_default_tracker, set_registry_enabled, MemTracker,
-    MemTrackerBuilder, TrackPoint, DEFAULT_LOG_DIR,
+    registry_callbacks, registry_entries, set_default_tracker, set_registry_enabled, set_registry_hollow,
+    MemTracker, MemTrackerBuilder, TrackPoint, DEFAULT_LOG_DIR,
 };
 pub use walk::{DType, GroupKey, TensorClass, TensorInfo, TensorRole};
 

@@ -809,7 +809,21 @@ pub fn set_registry_enabled(enabled: bool) -> Result<()> {
     ffi::set_registry_enabled(enabled)
 }
 
-/// Op callbacks the registry has received since installation (diagnostics, benchmarks).
+/// Keeps the registry's per-op callback installed but makes it return at once (`true`), or makes
+/// it record again (`false`). libtorch still runs the callback and boxes each op's outputs for
+/// it, so a step timed hollow and then recording tells the registry's own work apart from what
+/// libtorch does for it (`benches/registry_own_work.rs`). Tensors made while hollow are invisible
+/// to registry walks, as while paused.
+///
+/// # Errors
+/// [`Error::Libtorch`] when the registry is not installed.
+pub fn set_registry_hollow(hollow: bool) -> Result<()> {
+    ffi::set_registry_hollow(hollow)
+}
+
+/// Op callbacks the registry has received since installation (diagnostics, benchmarks): exact
+/// while one thread at a time runs ops, as in a training loop; ops running on several threads at
+/// once may be undercounted.
 pub fn registry_callbacks() -> u64 {
     ffi::registry_callbacks()
 }

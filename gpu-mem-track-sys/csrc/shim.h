@@ -48,12 +48,16 @@ typedef struct gmt_walk gmt_walk;
 gmt_error gmt_registry_install(void);          // idempotent, thread-safe
 int gmt_registry_installed(void);
 gmt_error gmt_registry_set_enabled(int enabled);  // pause/resume the op callback (benchmarks)
+// Benchmarks only: non-zero keeps the op callback installed but makes it return at once (nothing
+// is recorded, no op stack is kept), so that what the registry's own work costs can be measured
+// against what libtorch's RecordFunction costs for it.
+gmt_error gmt_registry_set_hollow(int hollow);
 gmt_error gmt_registry_register(const void* tensor, const char* name);  // tensor: at::Tensor*
 // The same for a tensor given by its c10::TensorImpl* (Python's Tensor._cdata), which must be
 // alive for the call.
 gmt_error gmt_registry_register_impl(void* impl, const char* name);
 size_t gmt_registry_entries(void);             // entries, dead ones included until pruned
-uint64_t gmt_registry_callbacks(void);         // op callbacks seen since installation
+uint64_t gmt_registry_callbacks(void);  // op callbacks seen since installation (exact while one thread at a time runs ops)
 // Threads a grouped walk of a large registry uses, the caller's included (default: the cores, at
 // most 4); set: from 1 (walk alone) to 16.
 size_t gmt_registry_walk_threads(void);

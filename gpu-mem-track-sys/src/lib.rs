@@ -215,6 +215,10 @@ extern "C" {
     pub fn gmt_registry_install() -> gmt_error;
     pub fn gmt_registry_installed() -> c_int;
     pub fn gmt_registry_set_enabled(enabled: c_int) -> gmt_error;
+    /// Benchmarks only: non-zero keeps the op callback installed (libtorch still runs it and
+    /// boxes each op's outputs) but makes it return at once, recording nothing and keeping no op
+    /// stack; zero makes it record again. The difference is the registry's own work per op.
+    pub fn gmt_registry_set_hollow(hollow: c_int) -> gmt_error;
     /// `tensor` is an `at::Tensor*` (what `tch::Tensor::as_ptr` returns).
     pub fn gmt_registry_register(tensor: *const c_void, name: *const c_char) -> gmt_error;
     /// `impl_` is a live `c10::TensorImpl*` (Python's `Tensor._cdata`).

@@ -78,6 +78,12 @@ pub(crate) fn set_registry_enabled(enabled: bool) -> Result<()> {
     check("registry enable", unsafe { sys::gmt_registry_set_enabled(enabled as i32) })
 }
 
+/// Makes the registry's callbacks return at once (`true`) or record again (`false`).
+pub(crate) fn set_registry_hollow(hollow: bool) -> Result<()> {
+    // SAFETY: stores an atomic flag the callbacks read.
+    check("registry hollow", unsafe { sys::gmt_registry_set_hollow(hollow as i32) })
+}
+
 pub(crate) fn registry_entries() -> usize {
     // SAFETY: reads the map size under the registry lock.
     unsafe { sys::gmt_registry_entries() }
