@@ -68,9 +68,24 @@ pub struct FitProbe {
     pub fits: bool,
     /// The high end of what nvidia-smi would show.
     pub needed: u64,
+    /// The high end of peak allocated plus the CUDA context: what the device needs for the
+    /// tensors and workspaces alone, without the caching allocator's rounding and free blocks.
+    pub allocated_needed: u64,
     /// Where a run of this size would fail on the device, when it does not fit
     /// ([`GpuPrediction::first_oom`]).
     pub first_oom: Option<FirstOom>,
+}
+
+/// Which figure keeps the next size off the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FitBinding {
+    /// Peak allocated (the tensors and the cuDNN and cuBLAS workspaces) with the CUDA context
+    /// is above the device's memory: no allocator could place the run.
+    Allocated,
+    /// Peak allocated fits; what the caching allocator reserves for it (blocks rounded up,
+    /// segments split by earlier frees, workspaces in segments of their own) does not.
+    Reserved,
 }
 
 /// What the search found.
@@ -86,6 +101,9 @@ pub struct FitResult {
     pub prediction: GpuPrediction,
     /// The search stopped at the `max` it was given, which fits.
     pub reached_max: bool,
+    /// Which figure the smallest size that does not fit is above the device by; `None` when
+    /// every size tried fits.
+    pub binds: Option<FitBinding>,
     /// Every probe, in order.
     pub probes: Vec<FitProbe>,
 }
@@ -107,8 +125,13 @@ pub fn search_largest(
     let mut probes: Vec<FitProbe> = Vec::new();
     let mut run = |v: i64, probes: &mut Vec<FitProbe>| -> Result<GpuPrediction> {
         let g = probe(v)?;
-        let p =
-            FitProbe { value: v, fits: g.fits, needed: g.nvidia_smi.high, first_oom: g.first_oom.clone() };
+        let p = FitProbe {
+            value: v,
+            fits: g.fits,
+            needed: g.nvidia_smi.high,
+            allocated_needed: g.peak_allocated.high.saturating_add(g.profile.context_bytes),
+            first_oom: g.first_oom.clone(),
+        };
         on_probe(&p);
         probes.push(p);
         Ok(g)
@@ -122,6 +145,7 @@ pub fn search_largest(
             largest: None,
             prediction: first,
             reached_max: false,
+            binds: binding(&probes, memory_bytes),
             probes,
         });
     }
@@ -144,7 +168,14 @@ pub fn search_largest(
         bisect_next = !bisect_next && hi <= max && (hi - lo) * 2 > width;
     }
     let reached_max = lo == max;
-    Ok(FitResult { dimension, memory_bytes, largest: Some(lo), prediction: lo_g, reached_max, probes })
+    let binds = binding(&probes, memory_bytes);
+    Ok(FitResult { dimension, memory_bytes, largest: Some(lo), prediction: lo_g, reached_max, binds, probes })
+}
+
+/// Which figure the smallest size that does not fit is above `memory_bytes` by.
+fn binding(probes: &[FitProbe], memory_bytes: u64) -> Option<FitBinding> {
+    let p = probes.iter().filter(|p| !p.fits).min_by_key(|p| p.value)?;
+    Some(if p.allocated_needed > memory_bytes { FitBinding::Allocated } else { FitBinding::Reserved })
 }
 
 /// Where the line through the two probes nearest the bracket crosses the memory limit, aiming
@@ -319,6 +350,44 @@ mod tests {
         assert!(r.probes.len() <= 6, "{:?}", r.probes);
         // Every probe above the answer failed, every one at or below fitted.
         assert!(r.probes.iter().all(|p| p.fits == (p.value <= 235)));
+    }
+
+    #[test]
+    fn the_figure_that_binds_is_the_one_above_the_device() {
+        // 1 GiB + 100 MiB per sample allocated; reserved 8 GiB more (fragmentation, say): the
+        // allocated figure alone would take 235, the reserved one binds at 154.
+        let mut fragmented = {
+            let mut lin = linear(GIB, 100 << 20);
+            move |v: i64| {
+                let mut g = lin(v)?;
+                let reserved = g.peak_allocated.high + 8 * GIB;
+                g.peak_reserved = Range { low: reserved, high: reserved };
+                g.nvidia_smi = g.peak_reserved;
+                g.fits = reserved <= 24 * GIB;
+                Ok(g)
+            }
+        };
+        let r = search_largest(FitDimension::Batch, 100_000, &mut fragmented, |_| {}).unwrap();
+        assert_eq!((r.largest, r.binds), (Some(153), Some(FitBinding::Reserved)));
+        let r = search_largest(FitDimension::Batch, 100_000, linear(GIB, 100 << 20), |_| {}).unwrap();
+        assert_eq!((r.largest, r.binds), (Some(235), Some(FitBinding::Allocated)));
+        // The context counts with the allocated figure.
+        let mut with_context = {
+            let mut lin = linear(GIB, 100 << 20);
+            move |v: i64| {
+                let mut g = lin(v)?;
+                g.profile.context_bytes = GIB / 2;
+                g.nvidia_smi = Range { low: g.nvidia_smi.low + GIB / 2, high: g.nvidia_smi.high + GIB / 2 };
+                g.fits = g.nvidia_smi.high <= 24 * GIB;
+                Ok(g)
+            }
+        };
+        let r = search_largest(FitDimension::Batch, 100_000, &mut with_context, |_| {}).unwrap();
+        assert_eq!((r.largest, r.binds), (Some(230), Some(FitBinding::Allocated)));
+        let all = search_largest(FitDimension::Batch, 64, linear(GIB, 1), |_| {}).unwrap();
+        assert_eq!(all.binds, None);
+        let none = search_largest(FitDimension::Batch, 1000, linear(30 * GIB, 1), |_| {}).unwrap();
+        assert_eq!(none.binds, Some(FitBinding::Allocated));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use gpu_mem_track_core::Trace;
 use crate::error::Result;
 use crate::estimate::Estimate;
 use crate::figures::StaticEstimate;
-use crate::fit::{budget, FitResult};
+use crate::fit::{budget, FitBinding, FitResult};
 use crate::gpu_runtime::{replay_with_runtime, GpuReplay};
 use crate::options::Mode;
 use crate::profile::{predict_all, DeviceProfile, GpuPrediction, Range};
@@ -369,8 +369,27 @@ impl fmt::Display for FitReport<'_> {
                 if p.fits { "fits" } else { "too large" }
             )?;
         }
-        // Where the smallest size tried that does not fit would fail.
+        // Where the smallest size tried that does not fit would fail, and which figure is over.
         if let Some(p) = r.probes.iter().filter(|p| !p.fits).min_by_key(|p| p.value) {
+            match r.binds {
+                Some(FitBinding::Allocated) => writeln!(
+                    f,
+                    "  allocated memory binds: at {dim} {}, peak allocated with the CUDA context needs up to {}, above \
+                     the device's {}",
+                    p.value,
+                    mib(p.allocated_needed),
+                    mib(r.memory_bytes)
+                )?,
+                Some(FitBinding::Reserved) => writeln!(
+                    f,
+                    "  reserved memory binds: at {dim} {}, peak allocated with the CUDA context needs up to {}, \
+                     which fits; the caching allocator's segments need up to {}",
+                    p.value,
+                    mib(p.allocated_needed),
+                    mib(p.needed)
+                )?,
+                None => {}
+            }
             match &p.first_oom {
                 Some(oom) => writeln!(f, "  at {dim} {}: {oom}", p.value)?,
                 None => writeln!(

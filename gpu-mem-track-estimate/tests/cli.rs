@@ -244,7 +244,14 @@ fn fit_finds_the_boundary_and_ranks_divide_the_optimizer_state() {
     for p in probes {
         assert_eq!(p["fits"].as_bool().unwrap(), p["value"].as_i64().unwrap() <= largest, "{p}");
     }
-    assert!(probes.iter().any(|p| p["value"] == largest + 1), "the size above was tried: {probes:?}");
+    let above = probes.iter().find(|p| p["value"] == largest + 1).expect("the size above was tried");
+    // What binds: the figure the size above is over the device by, in the JSON and the text.
+    let binds =
+        if above["allocated_needed"].as_u64().unwrap() > 600 << 20 { "allocated" } else { "reserved" };
+    assert_eq!(v["binds"], binds);
+    let o = run(&["fit", m, "--input", "1x256", "--optimizer", "adam", "--gpu-mem", "600MiB"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains(&format!("{binds} memory binds: at batch {},", largest + 1)), "{text}");
     one_line_error(
         &run(&["fit", m, "--input", "256", "--vary", "seq", "--gpu-mem", "1GiB"]),
         "varying `seq` needs",

@@ -211,6 +211,10 @@ def test_sharding_and_fit_from_python():
     assert largest is not None and 1 <= largest < 1 << 16
     fits = {p["value"]: p["fits"] for p in found["probes"]}
     assert fits[largest] is True and all(not ok for v, ok in fits.items() if v > largest)
+    # What binds is the figure the smallest size too large is above the budget by.
+    too_large = min((p for p in found["probes"] if not p["fits"]), key=lambda p: p["value"])
+    over = too_large["allocated_needed"] > budget + 540 * MIB
+    assert found["binds"] == ("allocated" if over else "reserved")
 
 
 def test_bad_input_names_the_problem():

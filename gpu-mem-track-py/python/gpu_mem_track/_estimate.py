@@ -257,7 +257,10 @@ def fit(
     runs the program's step for a batch (or sequence length, ``dimension='seq'``) of that size -
     building the model if it likes - and runs under an :class:`Estimator` for each value tried
     (about log2(max) of them). Returns ``gpu-mem-track fit --json``'s object: ``largest`` (``None``
-    when even 1 does not fit), ``prediction`` for it, and every probe.
+    when even 1 does not fit), ``prediction`` for it, ``binds`` (which figure the next size is
+    above the device by: ``"allocated"``, the tensors and workspaces themselves, or
+    ``"reserved"``, the caching allocator's segments; ``None`` when every size tried fits), and
+    every probe.
 
     Raises:
         ValueError: ``device`` is not one GPU profile, or another option is wrong.
