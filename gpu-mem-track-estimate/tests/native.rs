@@ -208,7 +208,8 @@ struct Rnn {
 }
 
 /// An RNN's shape: LSTM or GRU, layers, batch first, bidirectional; features in, hidden size,
-/// classes out of the linear head.
+/// classes out of the linear head; and the rest of tch's `RNNConfig`: biases, dropout between
+/// layers.
 #[derive(Clone, Copy)]
 struct RnnShape {
     lstm: bool,
@@ -218,6 +219,8 @@ struct RnnShape {
     features: i64,
     hidden: i64,
     classes: i64,
+    has_biases: bool,
+    dropout: f64,
 }
 
 impl RnnShape {
@@ -236,6 +239,8 @@ impl RnnShape {
                 num_layers: self.num_layers,
                 batch_first: self.batch_first,
                 bidirectional: self.bidirectional,
+                has_biases: self.has_biases,
+                dropout: self.dropout,
                 ..Default::default()
             };
             let rnn = if self.lstm {
@@ -276,7 +281,17 @@ impl RnnShape {
 fn tch_lstm_and_gru_estimate_on_meta_like_the_cpu() {
     let (batch, seq, features, hidden, classes) = (32i64, 24i64, 32i64, 128i64, 10i64);
     for (lstm, num_layers, batch_first, bidirectional) in rnn_cases() {
-        let rnn = RnnShape { lstm, num_layers, batch_first, bidirectional, features, hidden, classes };
+        let rnn = RnnShape {
+            lstm,
+            num_layers,
+            batch_first,
+            bidirectional,
+            features,
+            hidden,
+            classes,
+            has_biases: true,
+            dropout: 0.0,
+        };
         let (directions, build, step) = (rnn.directions(), rnn.build(), rnn.step());
         let shape = if batch_first { [batch, seq, features] } else { [seq, batch, features] };
         let what = format!(
@@ -511,7 +526,7 @@ fn char_rnn_on_an_h100_profile_is_within_five_percent_of_the_h200() {
 fn rnn_on_cuda_fits_its_h100_prediction(rnn: RnnShape) {
     use gpu_mem_track_estimate::profile::{predict, DeviceProfile};
     let (batch, seq) = (32i64, 64i64);
-    let shape = [batch, seq, rnn.features];
+    let shape = if rnn.batch_first { [batch, seq, rnn.features] } else { [seq, batch, rnn.features] };
     let (build, step) = (rnn.build(), rnn.step());
     let (_, trace) =
         training_step(build, step, &adam(Precision::F32, &shape, false, &[batch * seq])).unwrap();
@@ -549,11 +564,16 @@ fn rnn_on_cuda_fits_its_h100_prediction(rnn: RnnShape) {
     let (above, below) = (allocated.above, allocated.below);
     let reserved_off = g.peak_reserved.miss(reserved).either();
     println!(
-        "{} layer(s){}: peak allocated GPU {gpu_allocated:.1} MiB, predicted {low:.1}-{high:.1} \
-         ({above:.2} % above, {below:.2} % below); reserved GPU {gpu_reserved:.1} MiB, predicted \
-         {reserved_low:.1}-{reserved_high:.1} ({reserved_off:.2} % off)",
+        "{} layer(s){}{}{}{}, {} -> {}: peak allocated GPU {gpu_allocated:.1} MiB, predicted \
+         {low:.1}-{high:.1} ({above:.2} % above, {below:.2} % below); reserved GPU {gpu_reserved:.1} \
+         MiB, predicted {reserved_low:.1}-{reserved_high:.1} ({reserved_off:.2} % off)",
         rnn.num_layers,
-        if rnn.bidirectional { ", bidirectional" } else { "" }
+        if rnn.bidirectional { ", bidirectional" } else { "" },
+        if rnn.batch_first { "" } else { ", sequence first" },
+        if rnn.has_biases { "" } else { ", no biases" },
+        if rnn.dropout > 0.0 { format!(", dropout {}", rnn.dropout) } else { String::new() },
+        rnn.features,
+        rnn.hidden
     );
     assert!(
         above <= GPU_ALLOCATED_ABOVE_PCT
@@ -572,6 +592,8 @@ const CHAR_RNN: RnnShape = RnnShape {
     features: 65,
     hidden: 256,
     classes: 65,
+    has_biases: true,
+    dropout: 0.0,
 };
 
 #[cfg_attr(not(gmt_gpu), ignore = "needs a CUDA GPU (run it with the GPU bundle where one is lent)")]
@@ -592,6 +614,45 @@ fn a_two_layer_bidirectional_cudnn_lstm_on_cuda_fits_its_h100_prediction() {
     rnn_on_cuda_fits_its_h100_prediction(RnnShape { num_layers: 2, bidirectional: true, ..CHAR_RNN });
 }
 
+/// Every option of tch's `RNNConfig`, one test (one process: cuDNN's dropout state is made once
+/// per process) per configuration, LSTM and GRU: more layers, dropout between layers (with one and
+/// two directions), no biases, sequence-first input, and hidden sizes below and far above the
+/// input's. `scripts/gpu-check` runs every `*_on_cuda_fits_its_h100_prediction` test.
+macro_rules! cudnn_rnn_grid {
+    ($($name:ident: $shape:expr;)*) => {$(
+        #[cfg_attr(not(gmt_gpu), ignore = "needs a CUDA GPU (run it with the GPU bundle where one is lent)")]
+        #[test]
+        fn $name() {
+            rnn_on_cuda_fits_its_h100_prediction($shape);
+        }
+    )*};
+}
+
+const CHAR_GRU: RnnShape = RnnShape { lstm: false, ..CHAR_RNN };
+
+cudnn_rnn_grid! {
+    a_three_layer_cudnn_lstm_on_cuda_fits_its_h100_prediction: RnnShape { num_layers: 3, ..CHAR_RNN };
+    a_three_layer_cudnn_gru_on_cuda_fits_its_h100_prediction: RnnShape { num_layers: 3, ..CHAR_GRU };
+    a_cudnn_lstm_with_dropout_on_cuda_fits_its_h100_prediction:
+        RnnShape { num_layers: 2, dropout: 0.5, ..CHAR_RNN };
+    a_cudnn_gru_with_dropout_on_cuda_fits_its_h100_prediction:
+        RnnShape { num_layers: 2, dropout: 0.5, ..CHAR_GRU };
+    a_bidirectional_cudnn_lstm_with_dropout_on_cuda_fits_its_h100_prediction:
+        RnnShape { num_layers: 2, bidirectional: true, dropout: 0.5, ..CHAR_RNN };
+    a_bidirectional_cudnn_gru_with_dropout_on_cuda_fits_its_h100_prediction:
+        RnnShape { num_layers: 2, bidirectional: true, dropout: 0.5, ..CHAR_GRU };
+    a_cudnn_lstm_without_biases_on_cuda_fits_its_h100_prediction: RnnShape { has_biases: false, ..CHAR_RNN };
+    a_cudnn_gru_without_biases_on_cuda_fits_its_h100_prediction: RnnShape { has_biases: false, ..CHAR_GRU };
+    a_sequence_first_cudnn_lstm_on_cuda_fits_its_h100_prediction: RnnShape { batch_first: false, ..CHAR_RNN };
+    a_sequence_first_cudnn_gru_on_cuda_fits_its_h100_prediction: RnnShape { batch_first: false, ..CHAR_GRU };
+    a_narrow_cudnn_lstm_on_cuda_fits_its_h100_prediction:
+        RnnShape { features: 512, hidden: 128, num_layers: 2, ..CHAR_RNN };
+    a_narrow_cudnn_gru_on_cuda_fits_its_h100_prediction:
+        RnnShape { features: 512, hidden: 128, num_layers: 2, ..CHAR_GRU };
+    a_wide_cudnn_lstm_on_cuda_fits_its_h100_prediction: RnnShape { hidden: 1024, ..CHAR_RNN };
+    a_wide_cudnn_gru_on_cuda_fits_its_h100_prediction: RnnShape { hidden: 1024, ..CHAR_GRU };
+}
+
 /// On meta an LSTM or GRU takes cuDNN's path: its reserve space is made in forward and kept until
 /// its backward, each call takes a workspace it frees on return, and every weight's gradient is a
 /// view of one flat buffer.
@@ -599,7 +660,17 @@ fn a_two_layer_bidirectional_cudnn_lstm_on_cuda_fits_its_h100_prediction() {
 fn rnns_on_meta_keep_cudnns_reserve_until_backward() {
     let (batch, seq, features, hidden, classes) = (8i64, 16i64, 24i64, 32i64, 5i64);
     for (lstm, num_layers, batch_first, bidirectional) in [(true, 2, true, true), (false, 1, false, false)] {
-        let rnn = RnnShape { lstm, num_layers, batch_first, bidirectional, features, hidden, classes };
+        let rnn = RnnShape {
+            lstm,
+            num_layers,
+            batch_first,
+            bidirectional,
+            features,
+            hidden,
+            classes,
+            has_biases: true,
+            dropout: 0.0,
+        };
         let (directions, build, step) = (rnn.directions(), rnn.build(), rnn.step());
         let shape = if batch_first { [batch, seq, features] } else { [seq, batch, features] };
         let (_, trace) =
