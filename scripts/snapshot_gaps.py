@@ -1,6 +1,6 @@
 """Where a GPU's memory history and the estimator's prediction of it part (issue 28's gaps).
 
-Usage: snapshot_gaps.py GPU.pickle PREDICTED.pickle [--min-mib M] [--top N]
+Usage: snapshot_gaps.py GPU.pickle PREDICTED.pickle [--min-mib M] [--top N]   (either may be .pickle.xz)
 
 GPU.pickle is a memory history PyTorch wrote (`scripts/gpu_truth.py ... --snapshot FILE`, as
 `scripts/gpu-check` runs it). PREDICTED.pickle is either the estimator's history of the same model
@@ -20,6 +20,7 @@ then the allocations one side made that the other did not, from a greedy alignme
 sequences of bytes asked for, at least M MiB (default 1), each GPU-only one with the predicted ops
 around it, and the segments those allocations made the GPU reserve.
 """
+import lzma
 import pickle
 import sys
 from collections import Counter
@@ -38,9 +39,10 @@ def fail(msg):
 
 def load(path):
     try:
-        with open(path, "rb") as f:
+        # gpu-check brings histories back compressed (MODEL.pickle.xz).
+        with (lzma.open(path, "rb") if path.endswith(".xz") else open(path, "rb")) as f:
             snap = pickle.load(f)
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError) as e:
+    except (OSError, lzma.LZMAError, pickle.UnpicklingError, EOFError, AttributeError, ImportError) as e:
         fail(f"{path}: not a readable pickle: {e}")
     if not isinstance(snap, dict) or not isinstance(snap.get("device_traces"), list):
         fail(f"{path}: no `device_traces` (is it a memory snapshot?)")
