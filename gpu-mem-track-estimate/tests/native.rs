@@ -281,17 +281,9 @@ impl RnnShape {
 fn tch_lstm_and_gru_estimate_on_meta_like_the_cpu() {
     let (batch, seq, features, hidden, classes) = (32i64, 24i64, 32i64, 128i64, 10i64);
     for (lstm, num_layers, batch_first, bidirectional) in rnn_cases() {
-        let rnn = RnnShape {
-            lstm,
-            num_layers,
-            batch_first,
-            bidirectional,
-            features,
-            hidden,
-            classes,
-            has_biases: true,
-            dropout: 0.0,
-        };
+        // Biases, no dropout: tch's defaults, as in char-rnn.
+        let rnn =
+            RnnShape { lstm, num_layers, batch_first, bidirectional, features, hidden, classes, ..CHAR_RNN };
         let (directions, build, step) = (rnn.directions(), rnn.build(), rnn.step());
         let shape = if batch_first { [batch, seq, features] } else { [seq, batch, features] };
         let what = format!(
@@ -660,17 +652,9 @@ cudnn_rnn_grid! {
 fn rnns_on_meta_keep_cudnns_reserve_until_backward() {
     let (batch, seq, features, hidden, classes) = (8i64, 16i64, 24i64, 32i64, 5i64);
     for (lstm, num_layers, batch_first, bidirectional) in [(true, 2, true, true), (false, 1, false, false)] {
-        let rnn = RnnShape {
-            lstm,
-            num_layers,
-            batch_first,
-            bidirectional,
-            features,
-            hidden,
-            classes,
-            has_biases: true,
-            dropout: 0.0,
-        };
+        // Biases, no dropout: tch's defaults, as in char-rnn.
+        let rnn =
+            RnnShape { lstm, num_layers, batch_first, bidirectional, features, hidden, classes, ..CHAR_RNN };
         let (directions, build, step) = (rnn.directions(), rnn.build(), rnn.step());
         let shape = if batch_first { [batch, seq, features] } else { [seq, batch, features] };
         let (_, trace) =
