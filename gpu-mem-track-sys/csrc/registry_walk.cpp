@@ -179,6 +179,14 @@ void walk_chunk(Registry& r, const WalkFilter& filter, gmt_walk& s, WalkShare& s
       read(Borrowed(const_cast<c10::TensorImpl*>(impl)).get());
       continue;
     }
+    // A helper never pins a tensor while the caller holds the GIL: pinning one whose Python object
+    // another thread is making or dropping meanwhile takes the GIL (try_incref_pyobject), which
+    // the caller keeps until every helper is done, and the walk never ends. The caller pins it
+    // after them (later), under its GIL.
+    if (helper && filter.gil_held) {
+      later(i);
+      continue;
+    }
     auto strong = e.weak.lock();
     if (!strong) {
       later(i);
