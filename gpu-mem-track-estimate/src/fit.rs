@@ -172,9 +172,14 @@ pub fn search_largest(
     Ok(FitResult { dimension, memory_bytes, largest: Some(lo), prediction: lo_g, reached_max, binds, probes })
 }
 
+/// The smallest size tried that does not fit, if any.
+pub fn smallest_too_large(probes: &[FitProbe]) -> Option<&FitProbe> {
+    probes.iter().filter(|p| !p.fits).min_by_key(|p| p.value)
+}
+
 /// Which figure the smallest size that does not fit is above `memory_bytes` by.
 fn binding(probes: &[FitProbe], memory_bytes: u64) -> Option<FitBinding> {
-    let p = probes.iter().filter(|p| !p.fits).min_by_key(|p| p.value)?;
+    let p = smallest_too_large(probes)?;
     Some(if p.allocated_needed > memory_bytes { FitBinding::Allocated } else { FitBinding::Reserved })
 }
 

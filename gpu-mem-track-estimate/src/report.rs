@@ -11,7 +11,7 @@ use gpu_mem_track_core::Trace;
 use crate::error::Result;
 use crate::estimate::Estimate;
 use crate::figures::StaticEstimate;
-use crate::fit::{budget, FitBinding, FitResult};
+use crate::fit::{budget, smallest_too_large, FitBinding, FitResult};
 use crate::gpu_runtime::{replay_with_runtime, GpuReplay};
 use crate::options::Mode;
 use crate::profile::{predict_all, DeviceProfile, GpuPrediction, Range};
@@ -370,7 +370,7 @@ impl fmt::Display for FitReport<'_> {
             )?;
         }
         // Where the smallest size tried that does not fit would fail, and which figure is over.
-        if let Some(p) = r.probes.iter().filter(|p| !p.fits).min_by_key(|p| p.value) {
+        if let Some(p) = smallest_too_large(&r.probes) {
             match r.binds {
                 Some(FitBinding::Allocated) => writeln!(
                     f,

@@ -9,7 +9,7 @@
 namespace gmt {
 class PtrIndex {
  public:
-  PtrIndex() { rehash(1024); }
+  PtrIndex() { rehash(kMinCapacity); }
 
   // Inserts (key, value) unless key is present; returns the stored value's slot and whether it
   // was inserted. The pointer is valid until the next insertion or erase.
@@ -51,14 +51,25 @@ class PtrIndex {
 
   size_t size() const { return count_; }
 
-  // Empties the map, keeping its capacity.
+  // Empties the map. It keeps its capacity, unless that is far above what it held (a registry that
+  // once held many more tensors): then it shrinks, so that clearing (each prune) stays in
+  // proportion to what the map holds.
   void clear() {
     if (count_ == 0) return;
+    if (slots_.size() > kMinCapacity && slots_.size() > 8 * count_) {
+      size_t capacity = kMinCapacity;
+      while (capacity < 4 * count_) capacity *= 2;
+      slots_.clear();
+      rehash(capacity);  // nothing to move: an empty map of that capacity
+      return;
+    }
     for (Slot& s : slots_) s.key = nullptr;
     count_ = 0;
   }
 
  private:
+  static constexpr size_t kMinCapacity = 1024;
+
   struct Slot {
     const void* key;
     uint32_t value;
