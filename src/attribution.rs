@@ -4,11 +4,11 @@
 //! `Total Allocated Memory`.
 //!
 //! A workspace is a block the allocator handed out whose requested size is a workspace size of
-//! this process ([`workspace_sizes_from_env`](gpu_mem_track_core::cuda_libraries::workspace_sizes_from_env))
+//! this process ([`workspace_sizes_from_env`](gpu_mem_track_gpu::cuda_libraries::workspace_sizes_from_env))
 //! and in which no live tensor's storage of that size starts: the tracker's grouped walks collect
 //! the data addresses of the storages of those sizes as they go (`RegistryWalk::watched`), at no
 //! cost to the others.
-use gpu_mem_track_core::cuda_libraries::{self, Attribution, LiveBlock};
+use gpu_mem_track_gpu::cuda_libraries::{self, Attribution, LiveBlock};
 
 use crate::device::TrackedDevice;
 use crate::error::Result;

@@ -12,12 +12,12 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 pub use crate::recorder::EventKind;
-use gpu_mem_track_core::cuda_libraries::{calls_cublas, workspace_sizes_from_env};
 pub use gpu_mem_track_core::memviz::Frame;
 use gpu_mem_track_core::memviz::{self, Block, MemorySnapshot, Segment, TraceEntry};
 pub use gpu_mem_track_core::trace::read_snapshot_trace;
 use gpu_mem_track_core::Replay;
 pub use gpu_mem_track_core::{Category, Phase, Trace, TraceEvent};
+use gpu_mem_track_gpu::cuda_libraries::{calls_cublas, workspace_sizes_from_env};
 
 use crate::device::DeviceKind;
 use crate::error::Result;
@@ -159,7 +159,7 @@ fn resolve_frame(ip: u64, cache: &mut FxHashMap<u64, Frame>) -> Frame {
 /// Names cuBLAS's and cuBLASLt's workspaces in a CUDA history: allocations made inside a matmul,
 /// of a size those workspaces take in this process (`sizes`), never freed and tagged with nothing
 /// else. PyTorch allocates them through the caching allocator when a thread's first matmul
-/// fetches its handle, and keeps them to the end (see `gpu_mem_track_core::cuda_libraries`).
+/// fetches its handle, and keeps them to the end (see `gpu_mem_track_gpu::cuda_libraries`).
 fn name_cublas_workspaces(
     events: &[AllocEvent],
     op_names: &[String],

@@ -17,7 +17,6 @@ use crate::oom::{OomParts, OomSink, OomWatch};
 use crate::sampler::{DeviceSource, SampledPeak, Sampler};
 use crate::site::Site;
 use crate::walk::{self, GroupKey, GroupTotals, TensorInfo, Walk};
-use gpu_mem_track_core::cuda_libraries;
 use gpu_mem_track_core::diff::{diff_groups, GroupChange, ViewLines};
 use gpu_mem_track_core::log::format::{self, MIB};
 use gpu_mem_track_core::log::writer::{launcher_rank, log_file_stem, validate_prefix, TIMESTAMP_FORMAT};
@@ -27,6 +26,7 @@ use gpu_mem_track_core::log::{
 };
 use gpu_mem_track_core::nvml::{self, NvmlReader, NvmlReading};
 use gpu_mem_track_core::reading_cache::ReadingCache;
+use gpu_mem_track_gpu::cuda_libraries;
 
 /// Default log folder, created when missing.
 pub const DEFAULT_LOG_DIR: &str = "logs";

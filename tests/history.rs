@@ -381,7 +381,7 @@ fn a_cuda_log_adds_up_with_the_cublas_workspaces() {
     let before = adds_up(&track!(t).unwrap());
     let b = a.matmul(&a);
     let after = adds_up(&track!(t).unwrap());
-    let sizes = gpu_mem_track_core::cuda_libraries::workspace_sizes_from_env();
+    let sizes = gpu_mem_track_gpu::cuda_libraries::workspace_sizes_from_env();
     assert!(
         after >= before + sizes[0],
         "a matmul's handle keeps a workspace: {before} -> {after} ({sizes:?})"

@@ -124,15 +124,6 @@ enum Command {
     },
 }
 
-/// `--help` of the commands the estimate binary runs, as that binary prints it (tests/cli.rs of
-/// gpu-mem-track-estimate holds them equal): shown here when that binary cannot be run, so that
-/// `gpu-mem-track estimate --help` answers on a machine without libtorch.
-const ESTIMATOR_HELP: [(&str, &str); 3] = [
-    ("estimate", include_str!("estimator_help/estimate.txt")),
-    ("fit", include_str!("estimator_help/fit.txt")),
-    ("timeline", include_str!("estimator_help/timeline.txt")),
-];
-
 /// `timeline` of a snapshot pickle: the options that apply to it.
 #[derive(Parser)]
 #[command(name = "gpu-mem-track timeline")]
@@ -189,13 +180,10 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 fn run_estimate_binary(subcommand: &str, args: &[OsString]) -> Result<()> {
     let beside = std::env::current_exe().ok().map(|exe| exe.with_file_name(ESTIMATE_BINARY));
     let program = beside.filter(|p| p.is_file()).map_or_else(|| OsString::from(ESTIMATE_BINARY), Into::into);
-    let asks_help = args.iter().any(|a| a == "--help" || a == "-h");
-    let runnable = Path::new(&program).is_file() || find_on_path(&program);
-    if asks_help && !runnable {
-        if let Some((_, help)) = ESTIMATOR_HELP.iter().find(|(name, _)| *name == subcommand) {
-            print!("{help}");
-            return Ok(());
-        }
+    // Answered here, from the definitions that binary parses: also where it is not installed.
+    let long = args.iter().any(|a| a == "--help");
+    if (long || args.iter().any(|a| a == "-h")) && crate::model_args::print_help(subcommand, long) {
+        return Ok(());
     }
     let mut command = Process::new(&program);
     command.arg(subcommand).args(args);
@@ -205,7 +193,7 @@ fn run_estimate_binary(subcommand: &str, args: &[OsString]) -> Result<()> {
         let e = command.exec();
         bail!(
             "cannot run {} ({e}); `estimate`, `fit` and `timeline MODEL` need libtorch: \
-             `cargo install gpu-mem-track-estimate --features cli` installs {ESTIMATE_BINARY} (with a libtorch: see its README)",
+             `cargo install gpu-mem-track-cli --features estimate` installs {ESTIMATE_BINARY} (with a libtorch: see its README)",
             Path::new(&program).display()
         )
     }
@@ -214,14 +202,6 @@ fn run_estimate_binary(subcommand: &str, args: &[OsString]) -> Result<()> {
         let status = command.status().with_context(|| format!("cannot run {ESTIMATE_BINARY}"))?;
         std::process::exit(status.code().unwrap_or(1))
     }
-}
-
-/// Whether a bare program name is an executable file in a `PATH` folder.
-fn find_on_path(program: &OsString) -> bool {
-    let name = Path::new(program);
-    name.components().count() == 1
-        && std::env::var_os("PATH")
-            .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(name).is_file()))
 }
 
 fn report(logs: &[PathBuf], json: bool, top: usize) -> Result<()> {

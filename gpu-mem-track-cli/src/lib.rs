@@ -1,6 +1,7 @@
 //! What both binaries of the gpu-mem-track command line share: exit codes and one-line errors,
-//! and how a timeline is written. The `gpu-mem-track` binary of this package links no libtorch;
-//! `gpu-mem-track-estimate` (package `gpu-mem-track-estimate`, feature `cli`) does, and uses this too.
+//! how a timeline is written, and the definitions of the subcommands that run models
+//! ([`model_args`]). The `gpu-mem-track` binary links no libtorch; `gpu-mem-track-estimate`
+//! (feature `estimate`) does.
 use std::fmt::Display;
 use std::io::IsTerminal;
 use std::path::Path;
@@ -12,6 +13,7 @@ use gpu_mem_track_core::plot::plot_timeline;
 use gpu_mem_track_core::Trace;
 
 pub mod command;
+pub mod model_args;
 
 /// `-q` / `-v`, global to every subcommand of both binaries: how much is said on stderr besides
 /// the result (stdout) and errors, which are always printed.
@@ -172,7 +174,7 @@ pub fn write_timeline(
 ) -> Result<()> {
     match kind {
         TimelineOutput::Chart => plot_timeline(trace, title, output)?,
-        TimelineOutput::Snapshot => trace.dump_snapshot(output)?,
+        TimelineOutput::Snapshot => gpu_mem_track_gpu::snapshot::dump_snapshot(trace, output)?,
         TimelineOutput::Json => {
             let points = trace.timeline();
             let step = (points.len() / 2000).max(1);

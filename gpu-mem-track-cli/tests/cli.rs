@@ -6,9 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-#[path = "../../tests/common/cli_output.rs"]
-mod cli_output;
-use cli_output::{one_line_error, stderr};
+use gpu_mem_track_testkit::cli_output::{one_line_error, stderr};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpu-mem-track");
 /// A Pytorch-Memory-Utils log; the workspace's shared test data.
@@ -236,7 +234,7 @@ fn without_the_estimator_a_one_line_error_says_how_to_install_it() {
         .env("PATH", "/usr/bin:/bin")
         .output()
         .unwrap();
-    one_line_error(&o, "cargo install gpu-mem-track-estimate --features cli");
+    one_line_error(&o, "cargo install gpu-mem-track-cli --features estimate");
     // Their help still answers, as the estimator prints it: defaults and required arguments.
     for (sub, required) in [
         ("estimate", "--input <INPUT> <MODEL>"),

@@ -3,8 +3,9 @@
 //! The part of [gpu-mem-track](https://github.com/) that needs no libtorch: the
 //! Pytorch-Memory-Utils log format (writing lines, parsing them back, the diff vocabulary), the
 //! `report`, `plot` and `watch` commands' logic, NVML readings, allocation traces with their
-//! categories and one replay of live/peak bytes, the CUDA caching-allocator model, and PyTorch
-//! memory-snapshot pickles (writing and reading).
+//! categories and one replay of live/peak bytes, and PyTorch memory-snapshot pickles (writing and
+//! reading). What a trace becomes on a GPU (the caching allocator model, the CUDA libraries'
+//! workspaces, device profiles) is `gpu-mem-track-gpu`, built on this crate.
 //!
 //! Logs of any size are read block by block ([`log::LogReader`], [`report::analyse_file`]), in
 //! memory bounded by their distinct lines and tensor groups.
@@ -32,8 +33,6 @@
 //! ```
 #![warn(missing_docs)]
 
-pub mod caching_allocator;
-pub mod cuda_libraries;
 pub mod diff;
 mod error;
 pub mod group;

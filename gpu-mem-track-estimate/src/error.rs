@@ -32,6 +32,13 @@ impl From<gpu_mem_track::LogError> for Error {
     }
 }
 
+/// A device profile that cannot be found or read: bad input, named in the text.
+impl From<gpu_mem_track_gpu::Error> for Error {
+    fn from(e: gpu_mem_track_gpu::Error) -> Self {
+        Error::Input(e.to_string())
+    }
+}
+
 /// `Result` with the estimator's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -5,13 +5,13 @@ use std::time::Instant;
 use serde::Serialize;
 
 use gpu_mem_track::recorder::{self, AllocEvent, EventKind};
-use gpu_mem_track_core::caching_allocator::CachingStats;
 use gpu_mem_track_core::{Category, Phase, Replay, Trace};
+use gpu_mem_track_gpu::caching_allocator::CachingStats;
 
 use crate::ffi;
 use crate::figures::{CpuTensors, FallbackOp, ModelSizes};
-use crate::gpu_runtime::{self, cpu_only_op};
-use crate::options::{EstimateDevice, EstimateOptions, Mode};
+use gpu_mem_track_gpu::device_replay::{self, cpu_only_op};
+use gpu_mem_track_gpu::options::{EstimateDevice, EstimateOptions, Mode};
 
 /// How far a running estimate is: (steps done, total steps, what runs now). Steps are load,
 /// input, then forward (, backward and optimizer step) per iteration. Meant to be polled from
@@ -120,7 +120,7 @@ pub(crate) fn finish_estimate(
     let timeline = Timeline::replay(events, names, options.device == EstimateDevice::Cpu);
     let mut trace = recorder::classify(events, names, parameter_ids);
     trace.workspace_bounds = ffi::take_conv_workspaces();
-    let (gpu, _, cuda) = gpu_runtime::replay_with_stats(&trace, &[], None);
+    let (gpu, _, cuda) = device_replay::replay_with_stats(&trace, &[], None);
     let estimate = Estimate {
         options: options.clone(),
         sizes: run.sizes,
@@ -152,7 +152,7 @@ struct Timeline {
 impl Timeline {
     /// Replays the recorded events: live and peak bytes (one [`Replay`]), the peak of each
     /// phase, the last forward's figures (the CUDA caching allocator model replays the
-    /// categorised trace, in [`gpu_runtime`]). On a CPU run, allocations oneDNN makes directly are kept apart (see
+    /// categorised trace, in [`device_replay`](gpu_mem_track_gpu::device_replay)). On a CPU run, allocations oneDNN makes directly are kept apart (see
     /// [`Estimate::cpu_only_temporaries`]).
     fn replay(events: &[AllocEvent], names: &[String], cpu: bool) -> Timeline {
         let mut run = TimelineRun {

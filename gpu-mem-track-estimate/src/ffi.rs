@@ -50,6 +50,17 @@ pub(crate) enum OptimizerKind {
     AdamW,
 }
 
+impl From<gpu_mem_track_gpu::options::Optimizer> for OptimizerKind {
+    fn from(o: gpu_mem_track_gpu::options::Optimizer) -> Self {
+        match o {
+            gpu_mem_track_gpu::options::Optimizer::Sgd => OptimizerKind::Sgd,
+            gpu_mem_track_gpu::options::Optimizer::SgdMomentum => OptimizerKind::SgdMomentum,
+            gpu_mem_track_gpu::options::Optimizer::Adam => OptimizerKind::Adam,
+            gpu_mem_track_gpu::options::Optimizer::AdamW => OptimizerKind::AdamW,
+        }
+    }
+}
+
 impl OptimizerKind {
     fn code(self) -> i32 {
         match self {

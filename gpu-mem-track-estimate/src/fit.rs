@@ -11,52 +11,35 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::gpu_runtime::FirstOom;
 #[cfg(feature = "tch")]
 use crate::native::{training_step, NativeStepOptions};
-use crate::options::{EstimateOptions, Mode, Optimizer};
-use crate::profile::{predict, DeviceProfile, GpuPrediction};
-use crate::sharding::{per_rank_trace, Parallelism};
 use crate::torchscript::torchscript_trace;
+use gpu_mem_track_gpu::device_replay::FirstOom;
+pub use gpu_mem_track_gpu::options::FitDimension;
+use gpu_mem_track_gpu::options::{EstimateOptions, Mode, Optimizer};
+use gpu_mem_track_gpu::profile::{predict, DeviceProfile, GpuPrediction};
+use gpu_mem_track_gpu::sharding::{per_rank_trace, Parallelism};
 
-/// The input dimension the search varies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
-#[serde(rename_all = "lowercase")]
-pub enum FitDimension {
-    /// The first input dimension.
-    #[default]
-    Batch,
-    /// The second input dimension (tokens of a `[batch, seq]` input).
-    #[cfg_attr(feature = "cli", value(name = "seq", alias = "sequence"))]
-    Seq,
-}
-
-impl FitDimension {
-    fn index(self) -> usize {
-        match self {
-            FitDimension::Batch => 0,
-            FitDimension::Seq => 1,
+/// `shape` with `dimension` (the first for the batch, the second for the sequence) set to `value`.
+///
+/// # Errors
+/// [`Error::Input`] when the shape has no such dimension.
+pub fn with_dimension(dimension: FitDimension, shape: &[i64], value: i64) -> Result<Vec<i64>> {
+    let index = match dimension {
+        FitDimension::Batch => 0,
+        FitDimension::Seq => 1,
+    };
+    let mut s = shape.to_vec();
+    match s.get_mut(index) {
+        Some(d) => *d = value,
+        None => {
+            return Err(Error::Input(format!(
+                "input shape {shape:?} has no {} dimension (varying `seq` needs [batch, seq, ...])",
+                if dimension == FitDimension::Batch { "batch" } else { "sequence" }
+            )))
         }
     }
-
-    /// `shape` with this dimension set to `value`.
-    ///
-    /// # Errors
-    /// [`Error::Input`] when the shape has no such dimension.
-    pub fn apply(self, shape: &[i64], value: i64) -> Result<Vec<i64>> {
-        let mut s = shape.to_vec();
-        match s.get_mut(self.index()) {
-            Some(d) => *d = value,
-            None => {
-                return Err(Error::Input(format!(
-                    "input shape {shape:?} has no {} dimension (varying `seq` needs [batch, seq, ...])",
-                    if self == FitDimension::Batch { "batch" } else { "sequence" }
-                )))
-            }
-        }
-        Ok(s)
-    }
+    Ok(s)
 }
 
 /// One meta run of the search.
@@ -261,7 +244,7 @@ pub fn fit_torchscript(
     max: i64,
     on_probe: impl FnMut(&FitProbe),
 ) -> Result<FitResult> {
-    dimension.apply(&options.input_shape, 1)?;
+    with_dimension(dimension, &options.input_shape, 1)?;
     let optimizer = match options.mode {
         Mode::Train(o) => o,
         Mode::Inference => Optimizer::Sgd,
@@ -270,8 +253,10 @@ pub fn fit_torchscript(
         dimension,
         max,
         |v| {
-            let o =
-                EstimateOptions { input_shape: dimension.apply(&options.input_shape, v)?, ..options.clone() };
+            let o = EstimateOptions {
+                input_shape: with_dimension(dimension, &options.input_shape, v)?,
+                ..options.clone()
+            };
             let trace = torchscript_trace(path, &o).map_err(|e| beyond_the_model(e, v))?;
             Ok(judge(&trace, optimizer, profile, parallelism))
         },
@@ -294,15 +279,14 @@ pub fn fit_training_step<M>(
     max: i64,
     on_probe: impl FnMut(&FitProbe),
 ) -> Result<FitResult> {
-    dimension.apply(&options.input_shape, 1)?;
+    with_dimension(dimension, &options.input_shape, 1)?;
     search_largest(
         dimension,
         max,
         |v| {
             let o = NativeStepOptions {
-                input_shape: dimension.apply(&options.input_shape, v)?,
-                target_shape: dimension
-                    .apply(&options.target_shape, v)
+                input_shape: with_dimension(dimension, &options.input_shape, v)?,
+                target_shape: with_dimension(dimension, &options.target_shape, v)
                     .unwrap_or(options.target_shape.clone()),
                 ..options.clone()
             };
@@ -316,7 +300,7 @@ pub fn fit_training_step<M>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::Range;
+    use gpu_mem_track_gpu::profile::Range;
 
     const GIB: u64 = 1 << 30;
 
@@ -425,8 +409,8 @@ mod tests {
 
     #[test]
     fn the_varied_dimension_must_exist() {
-        assert_eq!(FitDimension::Seq.apply(&[4, 128], 512).unwrap(), vec![4, 512]);
-        let e = FitDimension::Seq.apply(&[4], 512).unwrap_err().to_string();
+        assert_eq!(with_dimension(FitDimension::Seq, &[4, 128], 512).unwrap(), vec![4, 512]);
+        let e = with_dimension(FitDimension::Seq, &[4], 512).unwrap_err().to_string();
         assert!(e.contains("no sequence dimension (varying `seq`"), "{e}");
     }
 }

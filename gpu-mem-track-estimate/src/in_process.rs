@@ -28,8 +28,8 @@ use crate::error::Result;
 use crate::estimate::{finish_estimate, Estimate, RecorderGuard};
 use crate::ffi;
 use crate::figures::{CpuTensors, ModelSizes};
-use crate::options::EstimateOptions;
 use crate::torchscript::peak_tensor_groups;
+use gpu_mem_track_gpu::options::EstimateOptions;
 
 /// A recording of the program's own code on meta, from [`begin`](Self::begin) to
 /// [`finish`](Self::finish). Not `Send`: "the CPU means meta" is a mode of the thread that began it.

@@ -40,23 +40,21 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-pub use gpu_mem_track_core::caching_allocator;
+// The GPU model (no libtorch), under the names this crate has always given it.
+use gpu_mem_track_gpu::options;
+pub use gpu_mem_track_gpu::{caching_allocator, device_replay, profile, runtime, sharding};
 mod error;
 mod estimate;
 mod exported;
 mod ffi;
 mod figures;
 pub mod fit;
-pub mod gpu_runtime;
 pub mod in_process;
 #[cfg(feature = "tch")]
 mod native;
-mod options;
-pub mod profile;
 pub mod report;
 #[cfg(feature = "tch")]
 mod saved;
-pub mod sharding;
 mod size;
 mod torchscript;
 
@@ -64,10 +62,16 @@ pub use error::{Error, Result};
 pub use estimate::{estimate_progress, Estimate, PeakPlace, PhasePeak};
 pub use figures::{CpuTensors, FallbackOp, ModelSizes, StaticEstimate};
 pub use gpu_mem_track_core::{Category, Phase, TimelinePoint, Trace, TraceEvent};
-pub use gpu_runtime::meta_rnns_take_cudnn_path;
 #[cfg(feature = "tch")]
 pub use native::{inference_step, training_step, NativeStepOptions};
 pub use options::{EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Precision};
+
+/// Whether LSTM and GRU take cuDNN's path in a meta run, as they do on a CUDA device: on by
+/// default, since estimates are for GPUs. Off, they take PyTorch's own path, the CPU's: what a
+/// meta run is held to when it is checked against a CPU run of the same step. Process-wide.
+pub fn meta_rnns_take_cudnn_path(on: bool) {
+    ffi::meta_rnn_follows_cudnn(on);
+}
 #[cfg(feature = "tch")]
 pub use saved::{memory_for_backward, memory_for_backward_excluding, SavedByOp, SavedReport};
 #[cfg(feature = "tch")]

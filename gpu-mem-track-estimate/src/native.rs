@@ -20,11 +20,11 @@ use crate::error::{Error, Result};
 use crate::estimate::{finish_estimate, Estimate, RecorderGuard};
 use crate::ffi;
 use crate::figures::ModelSizes;
-use crate::options::{EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Precision};
 use gpu_mem_track::recorder;
 use gpu_mem_track::walk::dtype_of;
 use gpu_mem_track::DeviceKind;
 use gpu_mem_track_core::DType;
+use gpu_mem_track_gpu::options::{EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Precision};
 
 /// What a tch-native training step is estimated with.
 #[derive(Debug, Clone, PartialEq)]
@@ -185,7 +185,7 @@ pub fn training_step<M>(
     options: &NativeStepOptions,
 ) -> Result<(Estimate, Trace)> {
     let mut run = NativeRun::begin(build, options)?;
-    let mut optimizer = ffi::ShimOptimizer::new(options.optimizer.kind())?;
+    let mut optimizer = ffi::ShimOptimizer::new(options.optimizer.into())?;
     for it in 1..=2 {
         recorder::set_phase(Some(Phase::Forward), it);
         let loss = guarded("the step", || step(&run.loaded.model, &run.input, &run.target))?;

@@ -12,10 +12,10 @@ use crate::error::Result;
 use crate::estimate::Estimate;
 use crate::figures::StaticEstimate;
 use crate::fit::{budget, smallest_too_large, FitBinding, FitResult};
-use crate::gpu_runtime::{replay_with_runtime, GpuReplay};
-use crate::options::Mode;
-use crate::profile::{predict_all, DeviceProfile, GpuPrediction, Range};
-use crate::sharding::RankPlan;
+use gpu_mem_track_gpu::device_replay::{replay_with_runtime, GpuReplay};
+use gpu_mem_track_gpu::options::Mode;
+use gpu_mem_track_gpu::profile::{predict_all, DeviceProfile, GpuPrediction, Range};
+use gpu_mem_track_gpu::sharding::RankPlan;
 
 /// Bytes as `12.3 MiB`.
 pub fn mib(bytes: u64) -> String {
@@ -177,7 +177,7 @@ pub struct RankReport {
 }
 
 impl RankReport {
-    /// The report of one rank: its `trace` (from [`per_rank_trace`](crate::sharding::per_rank_trace))
+    /// The report of one rank: its `trace` (from [`per_rank_trace`](gpu_mem_track_gpu::sharding::per_rank_trace))
     /// replayed once, for the text and the JSON alike.
     pub fn new(trace: &Trace, plan: RankPlan) -> Self {
         Self { plan, cuda: replay_with_runtime(trace, &[]) }
@@ -234,9 +234,11 @@ fn oom_verdict(g: &GpuPrediction) -> String {
 }
 
 /// The prediction for one GPU: baseline, peaks, what nvidia-smi shows, and where it would fail.
-impl fmt::Display for GpuPrediction {
+pub struct GpuReport<'a>(pub &'a GpuPrediction);
+
+impl fmt::Display for GpuReport<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (g, p) = (self, &self.profile);
+        let (g, p) = (self.0, &self.0.profile);
         writeln!(
             f,
             "  on {} ({:.0} GiB, sm {}.{}; cuBLAS workspace {} at the first matmul of each thread; range = \

@@ -6,10 +6,10 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::options::{EstimateOptions, Mode, Optimizer, Precision};
 use crate::torchscript::estimate_torchscript;
 #[cfg(feature = "tch")]
 use gpu_mem_track::walk::dtype_of;
+use gpu_mem_track_gpu::options::{EstimateOptions, Mode, Optimizer, Precision};
 
 /// Activation bytes of one forward pass of a given input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::estimate::{finish_estimate, Estimate};
 use crate::ffi::{self, OptimizerKind};
 use crate::figures::StaticEstimate;
-use crate::options::{EstimateDevice, EstimateOptions, Lifetimes, Mode};
+use gpu_mem_track_gpu::options::{EstimateDevice, EstimateOptions, Lifetimes, Mode};
 
 /// One case of [`check_meta_kernels`]: an op with a hand-written meta kernel, the inputs it ran
 /// on, and the verdict (`ok`, or how the meta results differ from the CPU kernel's).
@@ -98,7 +98,7 @@ fn run_torchscript(
     gpu_mem_track::install()?;
     let (train, optimizer) = match options.mode {
         Mode::Inference => (false, OptimizerKind::None),
-        Mode::Train(o) => (true, o.kind()),
+        Mode::Train(o) => (true, o.into()),
     };
     let call = ffi::EstimateCall {
         path,

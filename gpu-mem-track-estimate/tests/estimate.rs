@@ -1,6 +1,5 @@
 //! Meta-device estimates equal the wrapped CPU allocator's measurement of the same run.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use gpu_mem_track_testkit as common;
 
 use std::path::Path;
 
@@ -288,9 +287,10 @@ fn estimating_resnet50_training_runs_its_forward_once_per_step() {
 )]
 #[test]
 fn resnet50_training_too_large_for_a_t4_names_the_first_allocation_that_fails() {
+    use gpu_mem_track_estimate::device_replay::replay_on_device;
     use gpu_mem_track_estimate::estimate_torchscript_traced;
-    use gpu_mem_track_estimate::gpu_runtime::{place_runtime_allocations, replay_on_device, RuntimeSizes};
     use gpu_mem_track_estimate::profile::{predict, DeviceProfile};
+    use gpu_mem_track_estimate::runtime::{place_runtime_allocations, RuntimeSizes};
     let dir = tempfile::tempdir().unwrap();
     let model = export_models(dir.path(), &["resnet50"]).remove(0);
     let t4 = DeviceProfile::find("t4").unwrap();

@@ -7,8 +7,7 @@
 //! - peak reserved: within 5 %.
 //!
 //! A row that misses a criterion today names it in `known_gap` with the figure it is held to.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use gpu_mem_track_testkit as common;
 
 use common::{export_models, GPU_ALLOCATED_ABOVE_PCT, GPU_ALLOCATED_BELOW_PCT, GPU_RESERVED_PCT};
 use gpu_mem_track_estimate::estimate_torchscript_traced;

@@ -1,10 +1,9 @@
 //! tch-native models estimated on the meta device equal a CPU run of the same step.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use gpu_mem_track_testkit as common;
 
 use common::{GPU_ALLOCATED_ABOVE_PCT, GPU_ALLOCATED_BELOW_PCT, GPU_RESERVED_PCT};
 use gpu_mem_track::{MemTracker, TrackedDevice};
-use gpu_mem_track_estimate::gpu_runtime::{
+use gpu_mem_track_estimate::runtime::{
     largest_cudnn_workspace, place_runtime_allocations, RuntimeKind, RuntimeSizes,
 };
 use gpu_mem_track_estimate::Phase;

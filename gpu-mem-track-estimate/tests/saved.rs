@@ -1,6 +1,5 @@
 //! Memory saved for backward, captured through autograd's saved-variable hooks.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use gpu_mem_track_testkit as common;
 
 use common::python_with_torch;
 use gpu_mem_track_estimate::{memory_for_backward, memory_for_backward_excluding};

@@ -1,9 +1,9 @@
 //! Estimates' traces as PyTorch memory snapshots, read back by PyTorch's own `_memory_viz` and
 //! rendered in a browser.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use gpu_mem_track_testkit as common;
 
 use common::{exported_model, python_with_torch, MEMORY_VIZ_CHECK as CHECK};
+use gpu_mem_track_gpu::snapshot::dump_snapshot;
 
 #[cfg_attr(
     not(gmt_python_torch),
@@ -33,7 +33,7 @@ fn estimate_trace_categories_sum_to_the_peak_and_its_snapshot_loads_in_memory_vi
     assert!(at(Category::Activation) > 0);
 
     let pickle = dir.path().join("estimate.pickle");
-    trace.dump_snapshot(&pickle).unwrap();
+    dump_snapshot(&trace, &pickle).unwrap();
     let python = python_with_torch().expect("a Python with torch");
     let script = dir.path().join("check.py");
     std::fs::write(
@@ -65,7 +65,7 @@ fn estimate_trace_categories_sum_to_the_peak_and_its_snapshot_loads_in_memory_vi
     let mut cut = trace.clone();
     cut.events.truncate(peak.event + 1);
     let at_peak = dir.path().join("at-peak.pickle");
-    cut.dump_snapshot(&at_peak).unwrap();
+    dump_snapshot(&cut, &at_peak).unwrap();
     let v = check(&at_peak);
     let want = serde_json::Value::from(peak.total);
     assert_eq!((&v["live_at_end"], &v["held_at_end"]), (&want, &want));
@@ -88,7 +88,7 @@ fn snapshots_render_in_headless_chromium_without_script_errors() {
     };
     let (_, trace) = estimate_torchscript_traced(&model, &options).unwrap();
     let pickle = dir.path().join("estimate.pickle");
-    trace.dump_snapshot(&pickle).unwrap();
+    dump_snapshot(&trace, &pickle).unwrap();
     let checker = common::workspace_root().join("scripts/check-memory-viz");
     let out = std::process::Command::new(checker).arg(&pickle).arg(dir.path()).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);

@@ -418,7 +418,7 @@ impl PyFinished {
             text.push_str(&r.to_string());
         }
         match (one, gpus.first()) {
-            (true, Some(g)) => text.push_str(&g.to_string()),
+            (true, Some(g)) => text.push_str(&gpu_mem_track_estimate::report::GpuReport(g).to_string()),
             _ if !gpus.is_empty() => text.push_str(&GpuTable(&gpus).to_string()),
             _ => {}
         }

@@ -33,7 +33,7 @@ pub enum AtField {
     PeakAllocated,
     /// `Workspace Memory` (CUDA): bytes of the workspaces cuBLAS and cuBLASLt keep in the caching
     /// allocator, one per handle and stream, apart from tensors (see
-    /// [`cuda_libraries::attribute`](crate::cuda_libraries::attribute)).
+    /// `gpu_mem_track_gpu::cuda_libraries::attribute`).
     Workspace,
     /// `Unattributed Memory`: the allocated bytes that neither tensors nor workspaces explain, so
     /// that tensors + workspaces + unattributed = [`AtField::Allocated`].

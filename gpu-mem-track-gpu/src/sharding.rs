@@ -30,12 +30,11 @@
 //! in the transient reduce buckets, which are not modelled.
 use serde::Serialize;
 
-use crate::options::{Optimizer, Precision};
+use crate::options::{choice_names, Optimizer, Precision};
 use gpu_mem_track_core::{Category, Phase, Trace, TraceEvent};
 
 /// How model states are divided among data-parallel ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Shard {
     /// Plain data parallelism (DDP): every rank holds everything.
@@ -65,15 +64,12 @@ impl std::str::FromStr for Shard {
 
 /// Precision of a training step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum TrainingPrecision {
     /// Everything float32.
     #[default]
-    #[cfg_attr(feature = "cli", value(alias = "f32"))]
     Fp32,
     /// Everything float16 (parameters, gradients, optimizer state, activations).
-    #[cfg_attr(feature = "cli", value(alias = "f16"))]
     Fp16,
     /// Everything bfloat16 (parameters, gradients, optimizer state, activations).
     Bf16,
@@ -99,6 +95,15 @@ impl std::str::FromStr for TrainingPrecision {
         }
     }
 }
+
+choice_names!(Shard { Shard::None => "none", Shard::Zero1 => "zero1", Shard::Zero2 => "zero2", Shard::Zero3 => "zero3" });
+choice_names!(TrainingPrecision {
+    TrainingPrecision::Fp32 => "fp32",
+    TrainingPrecision::Fp16 => "fp16",
+    TrainingPrecision::Bf16 => "bf16",
+    TrainingPrecision::AmpBf16 => "amp-bf16",
+    TrainingPrecision::AmpFp16 => "amp-fp16",
+});
 
 impl TrainingPrecision {
     /// The precision the model computes in: what the meta run uses.

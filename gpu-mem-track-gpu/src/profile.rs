@@ -10,12 +10,10 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cuda_libraries;
+use crate::device_replay::{replay_on_device, replay_with_runtime, FirstOom, GpuReplay};
 use crate::error::{Error, Result};
-use crate::gpu_runtime::{
-    place_runtime_allocations, replay_on_device, replay_with_runtime, FirstOom, GpuReplay, RuntimeAllocation,
-    RuntimeKind, RuntimeSizes,
-};
-use gpu_mem_track_core::cuda_libraries;
+use crate::runtime::{place_runtime_allocations, RuntimeAllocation, RuntimeKind, RuntimeSizes};
 use gpu_mem_track_core::Trace;
 
 const MIB: u64 = 1 << 20;
@@ -60,7 +58,7 @@ impl DeviceProfile {
     /// struct (`compute_capability` as `[8, 0]`).
     ///
     /// # Errors
-    /// [`Error::Input`] naming the unknown profile or the unreadable file.
+    /// [`Error::Profile`] naming the unknown profile or the unreadable file.
     pub fn find(name_or_path: &str) -> Result<DeviceProfile> {
         let lower = name_or_path.to_ascii_lowercase();
         if lower == AUTO {
@@ -72,12 +70,12 @@ impl DeviceProfile {
         let path = Path::new(name_or_path);
         if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json")) {
             let text = std::fs::read_to_string(path)
-                .map_err(|e| Error::Input(format!("cannot read profile {}: {e}", path.display())))?;
+                .map_err(|e| Error::Profile(format!("cannot read profile {}: {e}", path.display())))?;
             return serde_json::from_str(&text)
-                .map_err(|e| Error::Input(format!("profile {}: {e}", path.display())));
+                .map_err(|e| Error::Profile(format!("profile {}: {e}", path.display())));
         }
         let names: Vec<String> = Self::presets().into_iter().map(|p| p.name).collect();
-        Err(Error::Input(format!(
+        Err(Error::Profile(format!(
             "unknown device profile {name_or_path:?} (presets: {}; or a .json file)",
             names.join(", ")
         )))
@@ -88,7 +86,7 @@ impl DeviceProfile {
     /// on Hopper (sm 9.0) and `:4096:2:16:8` (8 MiB + 128 KiB) elsewhere
     /// (`CublasHandlePool.cpp`, `parseChosenWorkspaceSize`). cuBLASLt's own workspace is apart
     /// from it unless `TORCH_CUBLASLT_UNIFIED_WORKSPACE=1` (`getCUDABlasLtWorkspace`); see
-    /// [`gpu_runtime`](crate::gpu_runtime) for when it is taken.
+    /// [`runtime`](crate::runtime) for when it is taken.
     pub fn cublas_workspace_bytes(&self, workspace_config: Option<&str>) -> u64 {
         cuda_libraries::cublas_workspace_bytes(self.compute_capability, workspace_config)
     }
@@ -109,7 +107,13 @@ impl DeviceProfile {
     /// 500 MiB); without one, the [`FALLBACK`] preset.
     pub fn auto() -> DeviceProfile {
         let fallback = || Self::find(FALLBACK).expect("the fallback is a preset");
-        if gpu_mem_track::cuda_device_count() == 0 {
+        // CUDA's first device, read through NVML (no libtorch needed); `CUDA_VISIBLE_DEVICES=""`
+        // or `-1` hides every device from CUDA.
+        let hidden = std::env::var("CUDA_VISIBLE_DEVICES").is_ok_and(|v| {
+            let first = v.split(',').next().unwrap_or("").trim();
+            first.is_empty() || first.starts_with('-')
+        });
+        if hidden {
             return fallback();
         }
         let Ok(gpu) = gpu_mem_track_core::nvml::NvmlReader::open().and_then(|n| n.describe(0)) else {
@@ -200,7 +204,7 @@ pub struct GpuPrediction {
 /// matmul of each thread (`CUBLASLT_WORKSPACE_SIZE` and `TORCH_CUBLASLT_UNIFIED_WORKSPACE` are read
 /// from the environment, see [`cublaslt_workspace_bytes`]), and for
 /// the high end a cuDNN workspace at each convolution, go through the caching allocator model with
-/// every tensor (see [`gpu_runtime`](crate::gpu_runtime) for each rule and its PyTorch source).
+/// every tensor (see [`runtime`](crate::runtime) for each rule and its PyTorch source).
 /// `workspace_config` is `CUBLAS_WORKSPACE_CONFIG`.
 pub fn predict(profile: &DeviceProfile, trace: &Trace, workspace_config: Option<&str>) -> GpuPrediction {
     predict_all(std::slice::from_ref(profile), trace, workspace_config).remove(0)
@@ -336,7 +340,7 @@ mod tests {
 
     #[test]
     fn cublas_workspace_config_overrides_the_profiles_default() {
-        // The rules themselves: gpu_mem_track_core::cuda_libraries.
+        // The rules themselves: gpu_mem_track_gpu::cuda_libraries.
         assert_eq!(profile((8, 0)).cublas_workspace_bytes(Some(":4096:8")), 32 * MIB);
         assert_eq!(profile((9, 0)).cublas_workspace_bytes(Some(":16:8")), 128 * 1024);
     }

@@ -1,8 +1,8 @@
-//! What both command-line test files check of a run: its stderr, and the one-line error with exit
-//! status 1 that every failure must be. Included by `tests/cli.rs` and by
-//! `gpu-mem-track-cli/tests/cli.rs` (`#[path]`: the two binaries live in two packages).
+//! What every command-line test checks of a run: its stderr, and the one-line error with exit
+//! status 1 that every failure must be.
 use std::process::Output;
 
+/// The run's stderr as text.
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }

@@ -1,14 +1,40 @@
 //! What an estimate is asked for: the input, its precision, inference or training with which
-//! optimizer, the device the run is made on, and how long values live.
+//! optimizer, the device the run is made on, how long values live, and which dimension `fit`
+//! varies.
+//!
+//! Every option a user names (on the command line, from Python) is a [`Choice`]: one parser
+//! (`FromStr`, with its aliases) and one canonical name (`Display`), so the two front ends accept
+//! the same words.
+use std::fmt;
+
 use serde::Serialize;
 
 use gpu_mem_track_core::DType;
 
-use crate::ffi::OptimizerKind;
+/// An option chosen by name: parsed by `FromStr` (canonical names and aliases, any case), shown by
+/// `Display` (the canonical name). The command line lists [`Choice::NAMES`] in its `--help`.
+pub trait Choice: std::str::FromStr<Err = String> + fmt::Display + Copy + Send + Sync + 'static {
+    /// The canonical names, as `--help` lists them.
+    const NAMES: &'static [&'static str];
+}
+
+/// `Display` of a [`Choice`] as its canonical name.
+macro_rules! choice_names {
+    ($ty:ty { $($variant:path => $name:literal),+ $(,)? }) => {
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(match self { $($variant => $name),+ })
+            }
+        }
+        impl $crate::options::Choice for $ty {
+            const NAMES: &'static [&'static str] = &[$($name),+];
+        }
+    };
+}
+pub(crate) use choice_names;
 
 /// Element type of parameters and float inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     /// float32
@@ -55,30 +81,16 @@ impl std::str::FromStr for Lifetimes {
 
 /// Optimizer whose state a training step allocates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Optimizer {
     /// Plain SGD: no state.
     Sgd,
     /// SGD with momentum: one buffer per parameter.
-    #[cfg_attr(feature = "cli", value(name = "momentum", alias = "sgd-momentum"))]
     SgdMomentum,
     /// Adam: two buffers per parameter, plus a parameter-sized temporary per step.
     Adam,
     /// AdamW: as Adam.
-    #[cfg_attr(feature = "cli", value(name = "adamw"))]
     AdamW,
-}
-
-impl Optimizer {
-    pub(crate) fn kind(self) -> OptimizerKind {
-        match self {
-            Optimizer::Sgd => OptimizerKind::Sgd,
-            Optimizer::SgdMomentum => OptimizerKind::SgdMomentum,
-            Optimizer::Adam => OptimizerKind::Adam,
-            Optimizer::AdamW => OptimizerKind::AdamW,
-        }
-    }
 }
 
 impl std::str::FromStr for Optimizer {
@@ -133,13 +145,11 @@ pub struct EstimateOptions {
 
 /// When a run frees the tensors a model computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Lifetimes {
     /// The TorchScript interpreter's: each value is freed right after its last use. What a tch
     /// program running the model as a `CModule` gets.
     #[default]
-    #[cfg_attr(feature = "cli", value(name = "torchscript", alias = "ts"))]
     TorchScript,
     /// Eager PyTorch's (CPython reference counting), read from the graph's variable names: a local
     /// variable lives until it is rebound or its `forward` returns, and a module call's inputs
@@ -157,6 +167,50 @@ impl Default for EstimateOptions {
             mode: Mode::Inference,
             device: EstimateDevice::Meta,
             lifetimes: Lifetimes::TorchScript,
+        }
+    }
+}
+
+/// The input dimension the search varies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FitDimension {
+    /// The first input dimension.
+    #[default]
+    Batch,
+    /// The second input dimension (tokens of a `[batch, seq]` input).
+    Seq,
+}
+
+impl std::str::FromStr for FitDimension {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "batch" => Ok(FitDimension::Batch),
+            "seq" | "sequence" => Ok(FitDimension::Seq),
+            other => Err(format!("unknown dimension {other:?} to vary (use batch or seq)")),
+        }
+    }
+}
+
+choice_names!(Precision { Precision::F32 => "f32", Precision::F16 => "f16", Precision::Bf16 => "bf16" });
+choice_names!(Lifetimes { Lifetimes::TorchScript => "torchscript", Lifetimes::Eager => "eager" });
+choice_names!(Optimizer {
+    Optimizer::Sgd => "sgd",
+    Optimizer::SgdMomentum => "momentum",
+    Optimizer::Adam => "adam",
+    Optimizer::AdamW => "adamw",
+});
+choice_names!(EstimateDevice { EstimateDevice::Meta => "meta", EstimateDevice::Cpu => "cpu" });
+choice_names!(FitDimension { FitDimension::Batch => "batch", FitDimension::Seq => "seq" });
+
+impl std::str::FromStr for EstimateDevice {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "meta" => Ok(EstimateDevice::Meta),
+            "cpu" => Ok(EstimateDevice::Cpu),
+            other => Err(format!("unknown device {other:?} to estimate on (use meta or cpu)")),
         }
     }
 }
