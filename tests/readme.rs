@@ -1,5 +1,5 @@
 //! The README's excerpt of the demo's log (between its `demo-log-excerpt` markers, written by
-//! `scripts/readme_sample.py` from a log of `scripts/dev demo`) is a log of today's demo: every
+//! `scripts/figures/readme_sample.py` from a log of `scripts/dev demo`) is a log of today's demo: every
 //! line parses as the tracker writes it, and every `At` line names a `track!` of
 //! examples/train.rs, at its line, in its function.
 use gpu_mem_track::log::parse_log;

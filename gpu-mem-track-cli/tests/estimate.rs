@@ -524,7 +524,7 @@ fn estimate_and_fit_name_where_resnet50_training_would_run_out_of_memory_on_a_t4
     }
 }
 
-/// The torchvision sweep (`scripts/torchvision-sweep`, which runs all 80 classification models of
+/// The torchvision sweep (`scripts/figures/torchvision-sweep`, which runs all 80 classification models of
 /// torchvision) on one model of each architecture family (23 of the 80, in a quarter of the time):
 /// each estimates on meta in train mode with Adam at batch 2, and a dozen agree with the same run
 /// computed on the CPU.
@@ -564,7 +564,7 @@ const TORCHVISION_FAMILIES: [&str; 23] = [
 fn a_torchvision_classification_model_of_every_family_estimates_on_meta_in_train_mode() {
     let python = common::python_with_torch().expect("Python with torch");
     let dir = tempfile::tempdir().unwrap();
-    let script = common::workspace_root().join("scripts/torchvision_sweep.py");
+    let script = common::workspace_root().join("scripts/figures/torchvision_sweep.py");
     let out = Command::new(python)
         .arg(script)
         .arg(BIN)

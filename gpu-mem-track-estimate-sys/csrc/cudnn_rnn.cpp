@@ -16,7 +16,7 @@
 // per-call copy of them is made.
 //
 // The workspace and reserve sizes are cuDNN's (cudnnGetRNNTempSpaceSizes), closed source. Measured
-// on an H200 (PyTorch 2.11, cuDNN 9, float32; scripts/gpu_rnn_sizes.py: LSTM and GRU, 1 and 2
+// on an H200 (PyTorch 2.11, cuDNN 9, float32; scripts/gpu/gpu_rnn_sizes.py: LSTM and GRU, 1 and 2
 // layers, one and two directions, batch x steps x features x hidden from 8x16x24x32 to
 // 64x128x128x512), with D directions, L layers, S steps, B batch rows, H hidden units, G gates
 // (4 LSTM, 3 GRU) and E bytes an element:

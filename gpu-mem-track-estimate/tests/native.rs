@@ -659,7 +659,7 @@ fn rnns_on_meta_keep_cudnns_reserve_until_backward() {
         let (_, trace) =
             training_step(build, step, &adam(Precision::F32, &shape, false, &[batch * seq])).unwrap();
         let gates = if lstm { 4 } else { 3 };
-        // What an H200 allocated for these two (scripts/gpu_rnn_sizes.py): the reserve exactly,
+        // What an H200 allocated for these two (scripts/gpu/gpu_rnn_sizes.py): the reserve exactly,
         // the workspace within 4 % (cuDNN takes other kernels for so small an RNN).
         let (reserve, gpu_workspace) = if lstm { (360_704u64, 34_251_072u64) } else { (98_560, 8_736_064) };
         let (l, d) = (num_layers - 1, directions - 1);

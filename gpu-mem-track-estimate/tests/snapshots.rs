@@ -89,7 +89,7 @@ fn snapshots_render_in_headless_chromium_without_script_errors() {
     let (_, trace) = estimate_torchscript_traced(&model, &options).unwrap();
     let pickle = dir.path().join("estimate.pickle");
     dump_snapshot(&trace, &pickle).unwrap();
-    let checker = common::workspace_root().join("scripts/check-memory-viz");
+    let checker = common::workspace_root().join("scripts/ci/check-memory-viz");
     let out = std::process::Command::new(checker).arg(&pickle).arg(dir.path()).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     match out.status.code() {

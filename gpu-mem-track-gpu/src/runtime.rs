@@ -41,7 +41,7 @@
 //!   (`meta_rnns_take_cudnn_path` of the estimator,
 //!   `gpu-mem-track-estimate-sys/csrc/cudnn_rnn.cpp`), so nothing is placed here. Their sizes are cuDNN's
 //!   (`cudnnGetRNNTempSpaceSizes`), measured on an H200 for 32 geometries
-//!   (`scripts/gpu_rnn_sizes.py`): the reserve is 5 (LSTM) or 6 (GRU) values per layer,
+//!   (`scripts/gpu/gpu_rnn_sizes.py`): the reserve is 5 (LSTM) or 6 (GRU) values per layer,
 //!   direction, step, batch row and hidden unit, plus each inner layer's output (exact); each
 //!   call's workspace is 8 MiB per layer and direction plus 1.5-2.9 times the input projection
 //!   of every step (see that file).

@@ -2,7 +2,7 @@
 
 Usage: snapshot_gaps.py GPU.pickle PREDICTED.pickle [--min-mib M] [--top N]   (either may be .pickle.xz)
 
-GPU.pickle is a memory history PyTorch wrote (`scripts/gpu_truth.py ... --snapshot FILE`, as
+GPU.pickle is a memory history PyTorch wrote (`scripts/gpu/gpu_truth.py ... --snapshot FILE`, as
 `scripts/gpu-check` runs it). PREDICTED.pickle is either the estimator's history of the same model
 and step (`gpu-mem-track timeline MODEL --input SHAPE --mode train --optimizer adamw
 --device-profile h100-80g -o FILE.pickle`: the cuBLAS workspaces placed, cuDNN's left to the GPU to

@@ -1,4 +1,4 @@
-"""The torchvision sweep (scripts/torchvision-sweep): exports, estimates and compares."""
+"""The torchvision sweep (scripts/figures/torchvision-sweep): exports, estimates and compares."""
 import json
 import subprocess
 import sys

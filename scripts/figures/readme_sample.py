@@ -1,6 +1,6 @@
 """Puts an excerpt of a demo log into README.md, between its demo-log-excerpt markers.
 
-    python scripts/readme_sample.py logs/<timestamp>-<device>-gpu_mem_track.txt
+    python scripts/figures/readme_sample.py logs/<timestamp>-<device>-gpu_mem_track.txt
 
 `scripts/dev demo` writes the log. The excerpt is the header and the blocks up to the first one at
 the end of a forward pass (`train_step`'s first `track!`, line 39 of examples/train.rs), each with
@@ -38,7 +38,7 @@ def main() -> int:
         print(__doc__, file=sys.stderr)
         return 2
     log = pathlib.Path(sys.argv[1]).read_text()
-    readme = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+    readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
     text = readme.read_text()
     if START not in text or END not in text:
         print(f"{readme}: no {START} / {END} markers", file=sys.stderr)

@@ -3,7 +3,7 @@ under ``with Estimator():``, one AdamW step at batch 1 x 4096, without a GPU. Pr
 the process's peak RSS and the estimate. With ``--memtracker``, the same step under
 ``torch.distributed._tools.mem_tracker.MemTracker`` and ``FakeTensorMode`` instead, for comparison.
 
-Usage: python scripts/llama7b_estimate.py [--memtracker]   (needs torch, transformers, gpu_mem_track)
+Usage: python scripts/bench/llama7b_estimate.py [--memtracker]   (needs torch, transformers, gpu_mem_track)
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ reserved (`torch.cuda.max_memory_*`), and the sizes of the blocks live at the pe
 The exported file stays in OUTDIR, for `gpu-mem-track estimate OUTDIR/NAME.pt --input SHAPE --mode
 MODE --optimizer adamw --device-profile h100-80g`. With --snapshot FILE the run's memory history is
 also written there (PyTorch's snapshot pickle from the input's and the model's allocation on, each
-entry with this script's line as its one frame), for memory_viz and scripts/snapshot_gaps.py.
+entry with this script's line as its one frame), for memory_viz and scripts/gpu/snapshot_gaps.py.
 
 With --eager the Python model itself runs on cuda:0 (no TorchScript, no file): what
 `gpu_mem_track.estimate(model, x)` and `Estimator` estimate in-process, where a traced graph may

@@ -6,7 +6,7 @@ tree's wide range, and its file name carries the minor version as a build tag
 (``gpu_mem_track-0.1.0-213-cp39-abi3-...whl``), replacing one it already has. The RECORD's hashes
 are rewritten to match.
 
-    python scripts/pin_wheel.py WHEEL TORCH_VERSION OUT_DIR
+    python scripts/ci/pin_wheel.py WHEEL TORCH_VERSION OUT_DIR
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One row of scripts/torchvision-figures from two `gpu-mem-track estimate --json` outputs: with
+"""One row of scripts/figures/torchvision-figures from two `gpu-mem-track estimate --json` outputs: with
 eager lifetimes, then with TorchScript lifetimes."""
 import json
 import sys
