@@ -22,7 +22,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .add(conv("conv2", 32, 64))
         .add_fn(|x| x.relu().flatten(1, -1))
         .add(nn::linear(&root / "fc", 64 * 32 * 32, 10, Default::default()));
-    tracker.watch_varstore(&vs)?;
+    tracker.register_varstore(&vs)?;
     let mut opt = nn::Adam::default().build(&vs, 1e-3)?;
     track!(tracker);
     let x = Tensor::randn([16, 3, 32, 32], (Kind::Float, Device::Cpu));

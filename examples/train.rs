@@ -107,7 +107,7 @@ fn main() -> Result<()> {
     }
     let vs = nn::VarStore::new(device);
     let model = cnn(&vs.root());
-    tracker.watch_varstore(&vs)?;
+    tracker.register_varstore(&vs)?;
     track!(tracker); // the parameters
     let mut opt = nn::Adam::default().build(&vs, 1e-3)?;
 

@@ -64,7 +64,7 @@ pub fn capabilities() -> Capabilities {
             .then_some(ffi::CUDA_HISTORY_MISSING)
             .filter(|m| !m.is_empty()),
         cuda_memory_info: ffi::CUDA_MEMORY_INFO,
-        nvml: gpu_mem_track_core::nvml::NvmlReader::open().map(drop).map_err(|e| e.to_string()),
+        nvml: gpu_mem_track_log::nvml::NvmlReader::open().map(drop).map_err(|e| e.to_string()),
     }
 }
 

@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use gpu_mem_track_core::reading_cache::ReadingCache;
+use gpu_mem_track_log::reading_cache::ReadingCache;
 
 use crate::error::{Error, Result};
 use crate::ffi;

@@ -10,7 +10,7 @@ pub enum Error {
     /// Writing or reading a log, a snapshot or NVML figures failed (the libtorch-free layer's
     /// error: log folder, prefix, file and NVML problems, each naming what was wrong).
     #[error(transparent)]
-    Log(#[from] gpu_mem_track_core::Error),
+    Log(#[from] gpu_mem_track_log::Error),
     /// CUDA was asked for but this process cannot use it.
     #[error("CUDA is not available: {reason}")]
     CudaUnavailable { reason: String },

@@ -12,12 +12,12 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 pub use crate::recorder::EventKind;
-pub use gpu_mem_track_core::memviz::Frame;
-use gpu_mem_track_core::memviz::{self, Block, MemorySnapshot, Segment, TraceEntry};
-pub use gpu_mem_track_core::trace::read_snapshot_trace;
-use gpu_mem_track_core::Replay;
-pub use gpu_mem_track_core::{Category, Phase, Trace, TraceEvent};
 use gpu_mem_track_gpu::cuda_libraries::{calls_cublas, workspace_sizes_from_env};
+pub use gpu_mem_track_log::memviz::Frame;
+use gpu_mem_track_log::memviz::{self, Block, MemorySnapshot, Segment, TraceEntry};
+pub use gpu_mem_track_log::trace::read_snapshot_trace;
+use gpu_mem_track_log::Replay;
+pub use gpu_mem_track_log::{Category, Phase, Trace, TraceEvent};
 
 use crate::device::DeviceKind;
 use crate::error::Result;
@@ -300,7 +300,7 @@ impl History {
     /// (host memory has no caching segments).
     ///
     /// # Errors
-    /// [`LogError::SnapshotWrite`](gpu_mem_track_core::Error::SnapshotWrite) naming the file when it cannot be
+    /// [`LogError::SnapshotWrite`](gpu_mem_track_log::Error::SnapshotWrite) naming the file when it cannot be
     /// written.
     pub fn dump_snapshot(&self, path: &Path) -> Result<()> {
         let mut trace = Vec::with_capacity(self.events.len() * if self.host_memory { 4 } else { 2 });

@@ -56,7 +56,7 @@
 //! libtorch has no garbage-collector walk. A global RecordFunction callback remembers every tensor
 //! an op returns through a weak reference; tensors no op returned (parameters loaded by
 //! `CModule::load`, tensors created before [`install`]) are added with
-//! [`MemTracker::watch_module`], [`MemTracker::watch_varstore`] and [`MemTracker::register`].
+//! [`MemTracker::register_module`], [`MemTracker::register_varstore`] and [`MemTracker::register`].
 //! The allocator totals cover anything still missed.
 //!
 //! ## Memory history by category
@@ -75,7 +75,7 @@
 //! tracker.record_history(0)?;                   // before the model: its parameters are in it
 //! let vs = nn::VarStore::new(Device::Cpu);
 //! let net = nn::linear(vs.root(), 64, 10, Default::default());
-//! tracker.watch_varstore(&vs)?;                 // parameters (and later their grads) get tagged
+//! tracker.register_varstore(&vs)?;                 // parameters (and later their grads) get tagged
 //! let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
 //! let x = Tensor::randn([32, 64], (Kind::Float, Device::Cpu));
 //! tracker.tag_input(&x);
@@ -118,9 +118,9 @@ pub mod walk;
 
 /// SVG/PNG charts of logs and timelines (feature `plot`).
 #[cfg(feature = "plot")]
-pub use gpu_mem_track_core::plot;
+pub use gpu_mem_track_log::plot;
 /// The libtorch-free layer, re-exported: the log format, reports, NVML, traces, PyTorch memory snapshots.
-pub use gpu_mem_track_core::{diff, log, memviz, nvml, report, watch};
+pub use gpu_mem_track_log::{diff, log, memviz, nvml, report, watch};
 
 pub use capabilities::{capabilities, Capabilities, BUILD_MARKER, LIBTORCH_VERSION};
 pub use device::{
@@ -128,8 +128,8 @@ pub use device::{
 };
 pub use error::{Error, Result};
 /// The error of the libtorch-free layer, inside [`Error::Log`].
-pub use gpu_mem_track_core::Error as LogError;
-pub use gpu_mem_track_core::{GroupChange, Sign};
+pub use gpu_mem_track_log::Error as LogError;
+pub use gpu_mem_track_log::{GroupChange, Sign};
 /// Tracks on entry to a function and on every exit (`return`, `?`, end of body, unwinding).
 ///
 /// `#[track_memory]` uses the default tracker; `#[track_memory(tracker = expr)]` any expression

@@ -1,7 +1,7 @@
 //! Out of memory: when the allocator of a tracked device refuses an allocation (CUDA's caching
 //! allocator, or the wrapped CPU allocator past
 //! `MemTrackerBuilder::cpu_memory_limit`), every tracker of that device
-//! appends an out-of-memory block to its log (see `gpu_mem_track_core::log::oom`) and writes a
+//! appends an out-of-memory block to its log (see `gpu_mem_track_log::log::oom`) and writes a
 //! snapshot pickle beside it, on the failing thread, before the program gets its error.
 //!
 //! The report never allocates on the failing device (it reads the registry and the allocator's
@@ -21,10 +21,10 @@ use crate::ffi::{self, OomEvent};
 use crate::history;
 use crate::site::Site;
 use crate::walk::{largest_holders, GroupKey, GroupTotals, Walk};
-use gpu_mem_track_core::diff::{diff_groups, ViewLines};
-use gpu_mem_track_core::log::oom::{OomReport, MAX_HOLDERS};
-use gpu_mem_track_core::log::{GroupLine, LogWriter, SourceLocation};
-use gpu_mem_track_core::memviz::{self, Block, MemorySnapshot, Segment, TraceEntry};
+use gpu_mem_track_log::diff::{diff_groups, ViewLines};
+use gpu_mem_track_log::log::oom::{OomReport, MAX_HOLDERS};
+use gpu_mem_track_log::log::{GroupLine, LogWriter, SourceLocation};
+use gpu_mem_track_log::memviz::{self, Block, MemorySnapshot, Segment, TraceEntry};
 use rustc_hash::FxHashMap;
 
 /// How long a report waits for a tracker that another thread is using.
@@ -47,7 +47,7 @@ pub(crate) trait OomSink: Send {
 }
 
 /// A tracker that wants out-of-memory blocks.
-pub(crate) struct OomWatch {
+pub(crate) struct OomSubscriber {
     pub(crate) device: TrackedDevice,
     pub(crate) detail: bool,
     pub(crate) views: ViewLines,
@@ -56,14 +56,14 @@ pub(crate) struct OomWatch {
     pub(crate) state: Weak<Mutex<dyn OomSink>>,
 }
 
-static WATCHES: Mutex<Vec<OomWatch>> = Mutex::new(Vec::new());
+static SUBSCRIBERS: Mutex<Vec<OomSubscriber>> = Mutex::new(Vec::new());
 
 /// Makes a tracker's log receive out-of-memory blocks (until the tracker is dropped).
-pub(crate) fn watch(w: OomWatch) {
+pub(crate) fn subscribe(w: OomSubscriber) {
     ffi::oom_set_handler(on_oom);
-    let mut watches = WATCHES.lock();
-    watches.retain(|w| w.state.strong_count() > 0);
-    watches.push(w);
+    let mut subscribers = SUBSCRIBERS.lock();
+    subscribers.retain(|w| w.state.strong_count() > 0);
+    subscribers.push(w);
 }
 
 fn matches(device: TrackedDevice, e: &OomEvent) -> bool {
@@ -75,7 +75,7 @@ fn matches(device: TrackedDevice, e: &OomEvent) -> bool {
 }
 
 fn on_oom(e: &OomEvent) {
-    let targets: Vec<_> = WATCHES
+    let targets: Vec<_> = SUBSCRIBERS
         .lock()
         .iter()
         .filter(|w| matches(w.device, e))

@@ -7,7 +7,7 @@
 //! One recording runs at a time in a process; [`start`] fails while one runs.
 use std::collections::{HashMap, HashSet};
 
-use gpu_mem_track_core::{Category, Phase, Trace, TraceEvent};
+use gpu_mem_track_log::{Category, Phase, Trace, TraceEvent};
 
 use crate::device::DeviceKind;
 use crate::error::Result;

@@ -11,7 +11,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::device::TrackedDevice;
 use crate::ffi;
-use gpu_mem_track_core::nvml::NvmlReader;
+use gpu_mem_track_log::nvml::NvmlReader;
 
 /// One reading of the sampled counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

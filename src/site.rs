@@ -21,9 +21,9 @@ pub struct Site {
 }
 
 /// The place a log line names: a site's file, line and function, owned.
-impl From<&Site> for gpu_mem_track_core::log::SourceLocation {
+impl From<&Site> for gpu_mem_track_log::log::SourceLocation {
     fn from(s: &Site) -> Self {
-        gpu_mem_track_core::log::SourceLocation {
+        gpu_mem_track_log::log::SourceLocation {
             file: s.file.to_owned(),
             line: s.line,
             function: s.function.to_string(),

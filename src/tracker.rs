@@ -13,20 +13,20 @@ use crate::device::{AllocatorCounters, AllocatorReading, DeviceKind, TrackedDevi
 use crate::error::{Error, Result};
 use crate::ffi::{self, RegistryWalk};
 use crate::history::{self, History, HistoryOptions};
-use crate::oom::{OomParts, OomSink, OomWatch};
+use crate::oom::{OomParts, OomSink, OomSubscriber};
 use crate::sampler::{DeviceSource, SampledPeak, Sampler};
 use crate::site::Site;
 use crate::walk::{self, GroupKey, GroupTotals, TensorInfo, Walk};
-use gpu_mem_track_core::diff::{diff_groups, GroupChange, ViewLines};
-use gpu_mem_track_core::log::format::{self, MIB};
-use gpu_mem_track_core::log::writer::{launcher_rank, log_file_stem, validate_prefix, TIMESTAMP_FORMAT};
-use gpu_mem_track_core::log::{
+use gpu_mem_track_gpu::cuda_libraries;
+use gpu_mem_track_log::diff::{diff_groups, GroupChange, ViewLines};
+use gpu_mem_track_log::log::format::{self, MIB};
+use gpu_mem_track_log::log::writer::{launcher_rank, log_file_stem, validate_prefix, TIMESTAMP_FORMAT};
+use gpu_mem_track_log::log::{
     AtLine, GroupLine, LogHeader, LogWriter, MemoryField, SourceLocation, TrackFigures, ALLOCATED,
     TENSOR_USED,
 };
-use gpu_mem_track_core::nvml::{self, NvmlReader, NvmlReading};
-use gpu_mem_track_core::reading_cache::ReadingCache;
-use gpu_mem_track_gpu::cuda_libraries;
+use gpu_mem_track_log::nvml::{self, NvmlReader, NvmlReading};
+use gpu_mem_track_log::reading_cache::ReadingCache;
 
 /// Default log folder, created when missing.
 pub const DEFAULT_LOG_DIR: &str = "logs";
@@ -144,9 +144,9 @@ impl MemTrackerBuilder {
     /// set them.
     ///
     /// # Errors
-    /// [`LogError::InvalidPrefix`](gpu_mem_track_core::Error::InvalidPrefix) (inside [`Error::Log`]);
+    /// [`LogError::InvalidPrefix`](gpu_mem_track_log::Error::InvalidPrefix) (inside [`Error::Log`]);
     /// [`Error::CudaUnavailable`] / [`Error::NoSuchCudaDevice`] for a CUDA device this process
-    /// cannot use; [`LogError::LogDirMissing`](gpu_mem_track_core::Error::LogDirMissing),
+    /// cannot use; [`LogError::LogDirMissing`](gpu_mem_track_log::Error::LogDirMissing),
     /// `LogDirNotADirectory`, `LogDirUnwritable` for the log folder;
     /// [`Error::Libtorch`] if the hooks cannot be installed; [`Error::InvalidOption`] for a
     /// `cpu_memory_limit` on a CUDA tracker.
@@ -165,8 +165,9 @@ impl MemTrackerBuilder {
             Some(d) => d,
             None => {
                 let d = PathBuf::from(DEFAULT_LOG_DIR);
-                std::fs::create_dir_all(&d).map_err(|source| {
-                    gpu_mem_track_core::Error::LogDirUnwritable { path: d.clone(), source }
+                std::fs::create_dir_all(&d).map_err(|source| gpu_mem_track_log::Error::LogDirUnwritable {
+                    path: d.clone(),
+                    source,
                 })?;
                 d
             }
@@ -220,7 +221,7 @@ impl MemTrackerBuilder {
             workspace_sizes,
         }));
         let sink: Arc<Mutex<dyn OomSink>> = state.clone();
-        crate::oom::watch(OomWatch {
+        crate::oom::subscribe(OomSubscriber {
             device,
             detail: self.detail,
             views: self.views,
@@ -400,7 +401,7 @@ impl MemTracker {
     /// Prefer `track!`, which knows the function at compile time.
     ///
     /// # Errors
-    /// [`LogError::LogWrite`](gpu_mem_track_core::Error::LogWrite) when the block cannot be appended; [`Error::Libtorch`] when the
+    /// [`LogError::LogWrite`](gpu_mem_track_log::Error::LogWrite) when the block cannot be appended; [`Error::Libtorch`] when the
     /// registry walk or the allocator counters cannot be read.
     #[track_caller]
     pub fn track(&self) -> Result<TrackPoint> {
@@ -486,7 +487,7 @@ impl MemTracker {
     /// segments it reserves and releases.
     ///
     /// Each allocation gets a category: the storages of registered parameters and buffers (see
-    /// [`watch_varstore`](Self::watch_varstore)) and of the parameters' gradients, tensors autograd
+    /// [`register_varstore`](Self::register_varstore)) and of the parameters' gradients, tensors autograd
     /// saves for backward (activations), inputs marked with [`tag_input`](Self::tag_input), state
     /// kept by [`optimizer_step`](Self::optimizer_step); the rest are temporaries when freed, else
     /// unknown.
@@ -537,7 +538,7 @@ impl MemTracker {
     /// Marks `tensor` as the input batch in the recorded history (no-op when nothing records, or
     /// when its memory was allocated before the recording started).
     pub fn tag_input(&self, tensor: &tch::Tensor) {
-        ffi::recorder_tag_tensor(tensor, gpu_mem_track_core::Category::Input);
+        ffi::recorder_tag_tensor(tensor, gpu_mem_track_log::Category::Input);
     }
 
     /// [`tag_input`](Self::tag_input) for a tensor given by its `c10::TensorImpl*` (what Python's
@@ -548,7 +549,7 @@ impl MemTracker {
     #[allow(unsafe_code)]
     pub unsafe fn tag_input_impl(&self, impl_ptr: *const std::ffi::c_void) {
         // SAFETY: forwarded from the caller.
-        unsafe { ffi::recorder_tag_tensor_impl(impl_ptr, gpu_mem_track_core::Category::Input) }
+        unsafe { ffi::recorder_tag_tensor_impl(impl_ptr, gpu_mem_track_log::Category::Input) }
     }
 
     /// Runs an optimizer step (`|| opt.step()`): the tensors it makes and keeps are optimizer state,
@@ -578,7 +579,7 @@ impl MemTracker {
         // Gradients live now are tagged before the step can drop them.
         ffi::registry_tag_allocations();
         let n = self.optimizer_steps.fetch_add(1, Ordering::Relaxed) + 1;
-        ffi::recorder_set_phase(Some(gpu_mem_track_core::Phase::Optimizer), n);
+        ffi::recorder_set_phase(Some(gpu_mem_track_log::Phase::Optimizer), n);
     }
 
     /// Ends what [`begin_optimizer_step`](Self::begin_optimizer_step) began.
@@ -605,7 +606,7 @@ impl MemTracker {
     /// Writes the recorded history as a PyTorch memory snapshot pickle (open it in memory_viz).
     ///
     /// # Errors
-    /// [`LogError::LogWrite`](gpu_mem_track_core::Error::LogWrite) naming the file.
+    /// [`LogError::LogWrite`](gpu_mem_track_log::Error::LogWrite) naming the file.
     pub fn dump_snapshot(&self, path: impl AsRef<Path>) -> Result<()> {
         self.history().dump_snapshot(path.as_ref())
     }
@@ -645,7 +646,7 @@ impl MemTracker {
     /// I/O errors of `out`; [`Error::Libtorch`] when the registry cannot be read.
     pub fn print_all_tensors(&self, mut out: impl Write) -> Result<()> {
         let tensors = self.live_tensors()?;
-        let io = |source| gpu_mem_track_core::Error::LogWrite {
+        let io = |source| gpu_mem_track_log::Error::LogWrite {
             path: PathBuf::from("<print_all_tensors writer>"),
             source,
         };
@@ -678,7 +679,7 @@ impl MemTracker {
     ///
     /// # Errors
     /// [`Error::Libtorch`] when registration fails.
-    pub fn watch_varstore(&self, vs: &tch::nn::VarStore) -> Result<usize> {
+    pub fn register_varstore(&self, vs: &tch::nn::VarStore) -> Result<usize> {
         let vars = vs.variables();
         for (name, t) in &vars {
             ffi::register_tensor(t, name)?;
@@ -693,10 +694,30 @@ impl MemTracker {
     ///
     /// # Errors
     /// [`Error::Libtorch`] when the module cannot be walked.
-    pub fn watch_module(&self, module: &tch::CModule) -> Result<usize> {
+    pub fn register_module(&self, module: &tch::CModule) -> Result<usize> {
         let n = ffi::register_module(module, "")?;
         ffi::registry_tag_allocations();
         Ok(n)
+    }
+
+    #[cfg(feature = "tch")]
+    /// The old name of [`register_varstore`](Self::register_varstore).
+    ///
+    /// # Errors
+    /// As [`register_varstore`](Self::register_varstore).
+    #[deprecated(since = "0.1.0", note = "renamed `register_varstore` (`watch` is the NVML command)")]
+    pub fn watch_varstore(&self, vs: &tch::nn::VarStore) -> Result<usize> {
+        self.register_varstore(vs)
+    }
+
+    #[cfg(feature = "tch")]
+    /// The old name of [`register_module`](Self::register_module).
+    ///
+    /// # Errors
+    /// As [`register_module`](Self::register_module).
+    #[deprecated(since = "0.1.0", note = "renamed `register_module` (`watch` is the NVML command)")]
+    pub fn watch_module(&self, module: &tch::CModule) -> Result<usize> {
+        self.register_module(module)
     }
 
     #[cfg(feature = "tch")]
@@ -836,7 +857,7 @@ pub fn registry_entries() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpu_mem_track_core::log::{ALLOC_RETRIES, DEVICE_FREE, RESERVED};
+    use gpu_mem_track_log::log::{ALLOC_RETRIES, DEVICE_FREE, RESERVED};
 
     #[test]
     fn cuda_at_lines_show_the_headroom_and_new_allocator_retries() {

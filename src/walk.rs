@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-pub use gpu_mem_track_core::group::{DType, GroupKey, GroupTotals, TensorClass, TensorRole};
+pub use gpu_mem_track_log::group::{DType, GroupKey, GroupTotals, TensorClass, TensorRole};
 use rustc_hash::FxHashMap;
 
 use crate::ffi::{self, GroupTotal, RegistryGroup, RoleCode, TensorRecord, WalkTotals};
@@ -226,7 +226,7 @@ pub use crate::ffi::with_gil_held;
 /// One live tensor, for `MemTracker::print_all_tensors`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorInfo {
-    /// Name given at registration (`watch_varstore`, `watch_module`, `register`), if any.
+    /// Name given at registration (`register_varstore`, `register_module`, `register`), if any.
     pub name: Option<String>,
     /// Sizes.
     pub shape: Vec<i64>,
@@ -277,9 +277,9 @@ pub(crate) fn largest_holders(
     records: &[TensorRecord],
     dims: &[i64],
     n: usize,
-) -> (Vec<gpu_mem_track_core::log::oom::Holder>, (u64, u64)) {
+) -> (Vec<gpu_mem_track_log::log::oom::Holder>, (u64, u64)) {
     let owners = shared_storage_owners(records);
-    type Key<'a> = (&'a [i64], i32, i32, Option<gpu_mem_track_core::Category>, Option<u32>);
+    type Key<'a> = (&'a [i64], i32, i32, Option<gpu_mem_track_log::Category>, Option<u32>);
     let mut grouped: FxHashMap<Key<'_>, GroupTotals> = FxHashMap::default();
     for (i, r) in records.iter().enumerate() {
         if !owns_storage(records, &owners, i) {
@@ -297,7 +297,7 @@ pub(crate) fn largest_holders(
     let holders = groups
         .into_iter()
         .take(n)
-        .map(|((shape, dtype, class_id, category, op), totals)| gpu_mem_track_core::log::oom::Holder {
+        .map(|((shape, dtype, class_id, category, op), totals)| gpu_mem_track_log::log::oom::Holder {
             count: totals.count,
             shape: shape.to_vec(),
             dtype: DType::from_scalar_type(dtype).torch_name(),
@@ -311,8 +311,8 @@ pub(crate) fn largest_holders(
 }
 
 /// How an out-of-memory block names what a group of tensors is.
-fn holder_label(c: gpu_mem_track_core::Category) -> &'static str {
-    use gpu_mem_track_core::Category as C;
+fn holder_label(c: gpu_mem_track_log::Category) -> &'static str {
+    use gpu_mem_track_log::Category as C;
     match c {
         C::Parameter => "parameters",
         C::Buffer => "buffers",

@@ -114,7 +114,7 @@ fn live_training_step_categories_sum_to_the_peak_with_exact_parameters_and_adam_
         .add(nn::linear(vs.root() / "l1", 256, 512, Default::default()))
         .add_fn(|x| x.relu())
         .add(nn::linear(vs.root() / "l2", 512, 10, Default::default()));
-    t.watch_varstore(&vs).unwrap();
+    t.register_varstore(&vs).unwrap();
     let param_bytes: u64 = vs.trainable_variables().iter().map(|p| p.numel() as u64 * 4).sum();
     let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
     for _ in 0..2 {
@@ -227,7 +227,7 @@ fn registered_buffers_stay_buffers_when_autograd_saves_them() {
     let net = nn::seq_t()
         .add(nn::conv2d(vs.root() / "conv", 3, 8, 3, Default::default()))
         .add(nn::batch_norm2d(vs.root() / "bn", 8, Default::default()));
-    t.watch_varstore(&vs).unwrap();
+    t.register_varstore(&vs).unwrap();
     let bytes = |trainable: bool| -> u64 {
         vs.variables()
             .values()
@@ -325,7 +325,7 @@ fn the_demo_step_logs_the_same_lines_with_history_on_and_off() {
         }
         let vs = nn::VarStore::new(Device::Cpu);
         let model = cnn(&vs.root());
-        t.watch_varstore(&vs).unwrap();
+        t.register_varstore(&vs).unwrap();
         let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
         track!(t);
         for _ in 0..3 {

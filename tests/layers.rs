@@ -2,7 +2,7 @@
 //! reaches up to its crate's root (the facade that re-exports them), the C boundary
 //! (`gpu_mem_track_sys::` and `gpu_mem_track_estimate_sys::`, their `GMT_*` codes) is read in the
 //! tracker's `src/ffi/` and the estimator's `src/ffi.rs` only, and the crates stack one way:
-//! log (core) < GPU model < tracker < estimator < command line, the GPU model without libtorch,
+//! log < GPU model < tracker < estimator < command line, the GPU model without libtorch,
 //! and in C++ the tracker's shim < the estimator's native code.
 //!
 //! A module's imports are the `crate::` paths in its files outside `#[cfg(test)]` (tests may
@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
-/// The library crates' sources: the core layer, the GPU model, the tracker, the estimator.
+/// The library crates' sources: the log layer, the GPU model, the tracker, the estimator.
 const LIBRARY_SOURCES: [&str; 4] =
-    ["gpu-mem-track-core/src", "gpu-mem-track-gpu/src", "src", "gpu-mem-track-estimate/src"];
+    ["gpu-mem-track-log/src", "gpu-mem-track-gpu/src", "src", "gpu-mem-track-estimate/src"];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
@@ -267,7 +267,7 @@ fn no_import_cycle_between_module_files() {
     }
 }
 
-/// A test of the test: a `super::` circle planted between two files of a copy of the core crate is
+/// A test of the test: a `super::` circle planted between two files of a copy of the log crate is
 /// found, and so is one through `self::` in a `mod.rs`.
 #[test]
 fn a_planted_super_circle_is_found() {
@@ -288,7 +288,7 @@ fn a_planted_super_circle_is_found() {
     assert!(graph["log"].is_empty(), "a mod.rs re-exporting its own submodule is no edge: {graph:?}");
     let cycle = find_cycle(&graph).expect("log::a -> log::b -> log::a");
     assert!(cycle.contains(&"log::a".to_owned()) && cycle.contains(&"log::b".to_owned()), "{cycle:?}");
-    // Broken the way the core crate broke block <-> oom: what both need moves to a third file.
+    // Broken the way the log crate broke block <-> oom: what both need moves to a third file.
     write("log/b.rs", "use super::c::C;\npub struct B;\n");
     write("log/c.rs", "pub struct C;\n");
     write("log/mod.rs", "mod a;\nmod b;\nmod c;\n");
@@ -350,7 +350,7 @@ fn only_ffi_reads_the_c_boundary() {
     let mut files = Vec::new();
     for dir in [
         "src",
-        "gpu-mem-track-core/src",
+        "gpu-mem-track-log/src",
         "gpu-mem-track-cli/src",
         "gpu-mem-track-estimate/src",
         "gpu-mem-track-estimate/tests",
@@ -406,12 +406,12 @@ fn the_estimator_is_a_crate_above_the_tracker() {
     let tracker_sys = deps(&manifest("gpu-mem-track-sys/Cargo.toml"));
     let estimator = deps(&manifest("gpu-mem-track-estimate/Cargo.toml"));
     let estimator_sys = deps(&manifest("gpu-mem-track-estimate-sys/Cargo.toml"));
-    let log = deps(&manifest("gpu-mem-track-core/Cargo.toml"));
+    let log = deps(&manifest("gpu-mem-track-log/Cargo.toml"));
     // No estimator crate under the tracker (what `cargo tree -p gpu-mem-track` would show).
     for (name, deps) in [("gpu-mem-track", &tracker), ("gpu-mem-track-sys", &tracker_sys)] {
         assert!(!deps.iter().any(|d| d.starts_with("gpu-mem-track-estimate")), "{name}: {deps:?}");
     }
-    assert!(tracker.contains("gpu-mem-track-core") && tracker.contains("gpu-mem-track-sys"), "{tracker:?}");
+    assert!(tracker.contains("gpu-mem-track-log") && tracker.contains("gpu-mem-track-sys"), "{tracker:?}");
     for dep in ["gpu-mem-track", "gpu-mem-track-sys", "gpu-mem-track-estimate-sys"] {
         assert!(estimator.contains(dep), "the estimator does not depend on {dep}: {estimator:?}");
     }
@@ -439,7 +439,7 @@ fn manifest_dependencies(path: &str) -> BTreeSet<String> {
 #[test]
 fn the_gpu_model_sits_below_the_estimator_without_libtorch() {
     let gpu = manifest_dependencies("gpu-mem-track-gpu/Cargo.toml");
-    assert!(gpu.contains("gpu-mem-track-core"), "{gpu:?}");
+    assert!(gpu.contains("gpu-mem-track-log"), "{gpu:?}");
     for libtorch in [
         "gpu-mem-track",
         "gpu-mem-track-sys",
@@ -456,11 +456,11 @@ fn the_gpu_model_sits_below_the_estimator_without_libtorch() {
             "{user} does not use the GPU model"
         );
     }
-    assert!(!manifest_dependencies("gpu-mem-track-core/Cargo.toml").contains("gpu-mem-track-gpu"));
+    assert!(!manifest_dependencies("gpu-mem-track-log/Cargo.toml").contains("gpu-mem-track-gpu"));
     for moved in ["caching_allocator.rs", "cuda_libraries.rs"] {
         assert!(
-            !Path::new(ROOT).join("gpu-mem-track-core/src").join(moved).exists(),
-            "{moved} is back in core"
+            !Path::new(ROOT).join("gpu-mem-track-log/src").join(moved).exists(),
+            "{moved} is back in the log crate"
         );
     }
     for moved in ["gpu_runtime.rs", "profile.rs", "sharding.rs", "main.rs"] {
@@ -499,7 +499,7 @@ fn no_test_harness_in_shipped_code() {
     let mut files = Vec::new();
     for dir in [
         "tests",
-        "gpu-mem-track-core/tests",
+        "gpu-mem-track-log/tests",
         "gpu-mem-track-gpu",
         "gpu-mem-track-estimate/tests",
         "gpu-mem-track-cli/tests",

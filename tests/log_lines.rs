@@ -153,7 +153,7 @@ fn varstore_variables_print_as_parameters_and_grads_as_tensors() {
     track!(t).unwrap();
     let vs = tch::nn::VarStore::new(Device::Cpu);
     let fc = tch::nn::linear(vs.root() / "fc", 32, 16, Default::default());
-    assert_eq!(t.watch_varstore(&vs).unwrap(), 2);
+    assert_eq!(t.register_varstore(&vs).unwrap(), 2);
     track!(t).unwrap();
     assert_eq!(
         last_group_lines(&t),

@@ -1,5 +1,5 @@
 //! TorchScript modules: `CModule::load` creates parameters and buffers no op returns, so they only
-//! appear once `watch_module` registers them.
+//! appear once `register_module` registers them.
 mod common;
 
 use common::{cpu_tracker, last_group_lines, line, python_with_torch, PARAM, TENSOR};
@@ -22,7 +22,7 @@ torch.jit.script(Net()).save(sys.argv[1])
     ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
 )]
 #[test]
-fn watch_module_registers_parameters_and_buffers() {
+fn register_module_registers_parameters_and_buffers() {
     let python = python_with_torch().expect("a Python with torch");
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("net.pt");
@@ -35,7 +35,7 @@ fn watch_module_registers_parameters_and_buffers() {
     let t = cpu_tracker(dir.path());
     let module = tch::CModule::load(&model).unwrap();
     track!(t).unwrap();
-    assert_eq!(t.watch_module(&module).unwrap(), 7, "conv weight+bias, bn weight+bias+3 buffers");
+    assert_eq!(t.register_module(&module).unwrap(), 7, "conv weight+bias, bn weight+bias+3 buffers");
     track!(t).unwrap();
     assert_eq!(
         last_group_lines(&t),

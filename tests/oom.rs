@@ -85,7 +85,7 @@ fn a_step_out_of_memory_mid_backward_leaves_a_whole_block_a_snapshot_and_the_usu
         .unwrap();
     let vs = nn::VarStore::new(Device::Cpu);
     let net = model(&vs.root());
-    t.watch_varstore(&vs).unwrap();
+    t.register_varstore(&vs).unwrap();
     // With a history, the snapshot has the whole trace and the block knows the activations.
     t.record_history(0).unwrap();
     let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();

@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use gpu_mem_track_core::nvml::NvmlReader;
-use gpu_mem_track_core::plot::plot_log_file;
-use gpu_mem_track_core::report::{analyse_files, render_text};
-use gpu_mem_track_core::simulated_nvml::SimulatedNvml;
-use gpu_mem_track_core::trace::read_snapshot_trace;
-use gpu_mem_track_core::watch::{run_watch, NvmlSource, StopReason, WatchConfig, WatchTarget};
+use gpu_mem_track_log::nvml::NvmlReader;
+use gpu_mem_track_log::plot::plot_log_file;
+use gpu_mem_track_log::report::{analyse_files, render_text};
+use gpu_mem_track_log::simulated_nvml::SimulatedNvml;
+use gpu_mem_track_log::trace::read_snapshot_trace;
+use gpu_mem_track_log::watch::{run_watch, NvmlSource, StopReason, WatchConfig, WatchTarget};
 
 /// The binary that runs models (links libtorch).
 const ESTIMATE_BINARY: &str = "gpu-mem-track-estimate";
@@ -109,7 +109,7 @@ enum Command {
         #[arg(long, default_value = "")]
         prefix: String,
         /// Start a new file when the current one reaches this size (`64MiB`, `1GB`, or bytes).
-        #[arg(long, alias = "rotate-bytes", value_parser = gpu_mem_track_core::units::parse_memory_size)]
+        #[arg(long, alias = "rotate-bytes", value_parser = gpu_mem_track_log::units::parse_memory_size)]
         rotate_size: Option<u64>,
         /// Watch a simulated GPU with this many processes instead of NVML (for tests and
         /// soak benchmarks of the watch loop on machines without a driver).

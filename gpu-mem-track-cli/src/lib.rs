@@ -9,8 +9,8 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use anyhow::{bail, Context, Result};
-use gpu_mem_track_core::plot::plot_timeline;
-use gpu_mem_track_core::Trace;
+use gpu_mem_track_log::plot::plot_timeline;
+use gpu_mem_track_log::Trace;
 
 pub mod command;
 pub mod model_args;

@@ -12,11 +12,11 @@ use std::path::PathBuf;
 use clap::builder::{PossibleValue, TypedValueParser};
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
-use gpu_mem_track_core::units::parse_memory_size;
 use gpu_mem_track_gpu::options::{EstimateDevice, FitDimension, Lifetimes, Optimizer};
 use gpu_mem_track_gpu::profile;
 use gpu_mem_track_gpu::sharding::{Parallelism, Shard, TrainingPrecision};
 use gpu_mem_track_gpu::Choice;
+use gpu_mem_track_log::units::parse_memory_size;
 
 /// The command line of the binary that runs models (`gpu-mem-track-estimate`), named as the
 /// `gpu-mem-track` subcommands it serves.
@@ -154,6 +154,9 @@ pub struct ModelArgs {
     /// How ranks share model states: none (DDP), zero1, zero2, or zero3 (FSDP full shard).
     #[arg(long, value_parser = choice::<Shard>(), default_value_t = Shard::None)]
     pub shard: Shard,
+    /// inference (no grad) or train (forward, backward, optimizer step; twice).
+    #[arg(long, value_enum, default_value_t = ModeArg::Train)]
+    pub mode: ModeArg,
 }
 
 impl ModelArgs {
@@ -181,26 +184,31 @@ fn parse_shape(s: &str) -> Result<Shape, String> {
     }
 }
 
-/// `estimate`: its options.
+/// The GPU a run is judged on (`estimate`, `fit`).
 #[derive(clap::Args)]
-pub struct EstimateArgs {
-    /// The model and the run.
-    #[command(flatten)]
-    pub model: ModelArgs,
-    /// inference (no grad) or train (forward, backward, optimizer step; twice).
-    #[arg(long, value_enum, default_value_t = ModeArg::Train)]
-    pub mode: ModeArg,
-    /// The GPU whose figures to show: `auto` (the GPU libtorch sees, else `rtx4090`), a preset
-    /// (`a100-80g`, `h100-80g`, `rtx4090`, `l4`, `t4`, ...) or a profile `.json`; `all` (which
-    /// presets the run fits), `cuda` (the caching-allocator prediction alone) or `none` (tensor
-    /// bytes only). A run that does not fit a GPU is told the first allocation that would raise a
-    /// CUDA out-of-memory error there.
+pub struct GpuArgs {
+    /// The GPU: `auto` (the GPU libtorch sees, else `rtx4090`), a preset (`a100-80g`, `h100-80g`,
+    /// `rtx4090`, `l4`, `t4`, ...) or a profile `.json`; for `estimate` also `all` (which presets
+    /// the run fits), `cuda` (the caching-allocator prediction alone) or `none` (tensor bytes
+    /// only). A run that does not fit a GPU is told the first allocation that would raise a CUDA
+    /// out-of-memory error there.
     #[arg(long, default_value = profile::AUTO)]
     pub device_profile: String,
     /// Device memory instead of the profile's, e.g. `24GiB`, `16000MiB`, `40GB` (with a
     /// `--device-profile` naming one GPU).
     #[arg(long, value_parser = parse_memory_size)]
     pub gpu_mem: Option<u64>,
+}
+
+/// `estimate`: its options.
+#[derive(clap::Args)]
+pub struct EstimateArgs {
+    /// The model and the run.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The GPU the run is judged on.
+    #[command(flatten)]
+    pub gpu: GpuArgs,
     /// Run on the CPU when an op has no meta kernel (slow: real compute).
     #[arg(long)]
     pub allow_cpu: bool,
@@ -225,19 +233,12 @@ pub struct FitArgs {
     /// The model and the run.
     #[command(flatten)]
     pub model: ModelArgs,
-    /// inference or train (forward, backward, optimizer step; twice).
-    #[arg(long, value_enum, default_value_t = ModeArg::Train)]
-    pub mode: ModeArg,
     /// The input dimension to vary: batch (the first) or seq (the second, tokens).
     #[arg(long, value_parser = choice::<FitDimension>(), default_value_t = FitDimension::Batch)]
     pub vary: FitDimension,
-    /// The GPU: `auto` (the GPU libtorch sees, else `rtx4090`), a preset (`a100-80g`, `h100-80g`,
-    /// `rtx4090`, `l4`, `t4`, ...) or a profile `.json`.
-    #[arg(long, default_value = profile::AUTO)]
-    pub device_profile: String,
-    /// Device memory to fit in instead of the profile's, e.g. `24GiB`, `16000MiB`, `40GB`.
-    #[arg(long, value_parser = parse_memory_size)]
-    pub gpu_mem: Option<u64>,
+    /// The GPU the run must fit.
+    #[command(flatten)]
+    pub gpu: GpuArgs,
     /// The largest size to try.
     #[arg(long, default_value_t = 1 << 16, value_parser = clap::value_parser!(i64).range(1..=1 << 40))]
     pub max: i64,
@@ -252,9 +253,6 @@ pub struct TimelineArgs {
     /// The model and the run.
     #[command(flatten)]
     pub model: ModelArgs,
-    /// inference or train (forward, backward, optimizer step; twice).
-    #[arg(long, value_enum, default_value_t = ModeArg::Train)]
-    pub mode: ModeArg,
     /// Draw the run on this GPU, with the cuBLAS and cuBLASLt workspaces its matmuls take (the
     /// `workspace` category): `auto` (the GPU libtorch sees, else `rtx4090`), a preset such as
     /// `h100-80g`, a profile `.json`, or `none` (the meta run alone).

@@ -49,7 +49,7 @@
 #include <vector>
 
 #include "common.h"
-#include "estimator.h"
+#include "internal.h"
 #include "cudnn_rnn.h"
 
 namespace {

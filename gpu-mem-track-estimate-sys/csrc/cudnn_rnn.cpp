@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "recorder.h"
-#include "estimator.h"
+#include "internal.h"
 #include "cudnn_rnn.h"
 
 namespace {

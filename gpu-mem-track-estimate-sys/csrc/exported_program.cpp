@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "common.h"
-#include "estimator.h"
+#include "internal.h"
 #include "registry.h"
 
 namespace {

@@ -8,7 +8,7 @@
 #include <mutex>
 
 #include "common.h"
-#include "estimator.h"
+#include "internal.h"
 #include "recorder.h"
 
 namespace {

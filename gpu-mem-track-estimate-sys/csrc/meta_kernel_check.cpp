@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "common.h"
-#include "estimator.h"
+#include "internal.h"
 
 namespace {
 using at::Tensor;

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "common.h"
-#include "estimator.h"
+#include "internal.h"
 #include "recorder.h"
 
 namespace {

@@ -19,7 +19,7 @@
 #include <sstream>
 
 #include "common.h"
-#include "estimator.h"
+#include "internal.h"
 #include "recorder.h"
 #include "registry.h"
 

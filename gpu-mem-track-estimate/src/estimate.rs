@@ -5,8 +5,8 @@ use std::time::Instant;
 use serde::Serialize;
 
 use gpu_mem_track::recorder::{self, AllocEvent, EventKind};
-use gpu_mem_track_core::{Category, Phase, Replay, Trace};
 use gpu_mem_track_gpu::caching_allocator::CachingStats;
+use gpu_mem_track_log::{Category, Phase, Replay, Trace};
 
 use crate::ffi;
 use crate::figures::{CpuTensors, FallbackOp, ModelSizes};

@@ -11,8 +11,8 @@ use std::{ffi::c_void, ptr::NonNull};
 
 use gpu_mem_track::recorder::{self, AllocEvent};
 use gpu_mem_track::DeviceKind;
-use gpu_mem_track_core::DType;
 use gpu_mem_track_estimate_sys as esys;
+use gpu_mem_track_log::DType;
 use gpu_mem_track_sys as sys;
 use sys::copy_table;
 

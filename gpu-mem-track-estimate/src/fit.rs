@@ -186,7 +186,7 @@ fn secant(probes: &[FitProbe], limit: u64, lo: i64, hi: i64) -> Option<i64> {
 
 /// A memory size from a command line (`24GiB`, `16000MiB`, `40GB`, bytes): the libtorch-free
 /// layer's parser, shared with the `watch` command's sizes.
-pub use gpu_mem_track_core::units::parse_memory_size;
+pub use gpu_mem_track_log::units::parse_memory_size;
 
 /// The device a search judges against: `profile` with its memory replaced by `memory_bytes` when
 /// given (`--gpu-mem 24GiB`).
@@ -207,7 +207,7 @@ fn beyond_the_model(e: Error, value: i64) -> Error {
 
 /// The prediction for one run's trace on `profile`, per rank when `parallelism` is given.
 fn judge(
-    trace: &gpu_mem_track_core::Trace,
+    trace: &gpu_mem_track_log::Trace,
     optimizer: Optimizer,
     profile: &DeviceProfile,
     parallelism: Option<&Parallelism>,

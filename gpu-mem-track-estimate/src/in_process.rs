@@ -21,8 +21,8 @@ use serde::Serialize;
 
 use gpu_mem_track::recorder::{self, AllocEvent, EventKind};
 use gpu_mem_track::DeviceKind;
-use gpu_mem_track_core::log::GroupLine;
-use gpu_mem_track_core::{Category, Phase, Trace};
+use gpu_mem_track_log::log::GroupLine;
+use gpu_mem_track_log::{Category, Phase, Trace};
 
 use crate::error::Result;
 use crate::estimate::{finish_estimate, Estimate, RecorderGuard};

@@ -61,7 +61,7 @@ mod torchscript;
 pub use error::{Error, Result};
 pub use estimate::{estimate_progress, Estimate, PeakPlace, PhasePeak};
 pub use figures::{CpuTensors, FallbackOp, ModelSizes, StaticEstimate};
-pub use gpu_mem_track_core::{Category, Phase, TimelinePoint, Trace, TraceEvent};
+pub use gpu_mem_track_log::{Category, Phase, TimelinePoint, Trace, TraceEvent};
 #[cfg(feature = "tch")]
 pub use native::{inference_step, training_step, NativeStepOptions};
 pub use options::{EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Precision};

@@ -14,7 +14,7 @@ use std::time::Instant;
 use tch::nn;
 use tch::{Device, Kind, Tensor};
 
-use gpu_mem_track_core::{Phase, Trace};
+use gpu_mem_track_log::{Phase, Trace};
 
 use crate::error::{Error, Result};
 use crate::estimate::{finish_estimate, Estimate, RecorderGuard};
@@ -23,8 +23,8 @@ use crate::figures::ModelSizes;
 use gpu_mem_track::recorder;
 use gpu_mem_track::walk::dtype_of;
 use gpu_mem_track::DeviceKind;
-use gpu_mem_track_core::DType;
 use gpu_mem_track_gpu::options::{EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Precision};
+use gpu_mem_track_log::DType;
 
 /// What a tch-native training step is estimated with.
 #[derive(Debug, Clone, PartialEq)]

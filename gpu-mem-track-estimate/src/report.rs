@@ -3,10 +3,10 @@
 use std::fmt;
 use std::path::Path;
 
-use gpu_mem_track_core::log::format::{group_line, MIB};
-use gpu_mem_track_core::log::GroupLine;
+use gpu_mem_track_log::log::format::{group_line, MIB};
+use gpu_mem_track_log::log::GroupLine;
 
-use gpu_mem_track_core::Trace;
+use gpu_mem_track_log::Trace;
 
 use crate::error::Result;
 use crate::estimate::Estimate;

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use gpu_mem_track::recorder::{self, AllocEvent};
 use gpu_mem_track::DeviceKind;
-use gpu_mem_track_core::Trace;
+use gpu_mem_track_log::Trace;
 
 use crate::error::{Error, Result};
 use crate::estimate::{finish_estimate, Estimate};
@@ -180,7 +180,7 @@ pub fn estimate_static(path: &Path, options: &EstimateOptions) -> Result<StaticE
 pub fn estimate_torchscript_with_peak_tensors(
     path: &Path,
     options: &EstimateOptions,
-) -> Result<(Estimate, Trace, Vec<gpu_mem_track_core::log::GroupLine>)> {
+) -> Result<(Estimate, Trace, Vec<gpu_mem_track_log::log::GroupLine>)> {
     recorder::walk_peaks(true);
     let run = estimate_torchscript_traced(path, options);
     recorder::walk_peaks(false); // a run that failed before recording leaves it asked for
@@ -191,7 +191,7 @@ pub fn estimate_torchscript_with_peak_tensors(
 
 /// The live tensors the recording's peak walk captured ([`recorder::walk_peaks`]), grouped as the
 /// log groups them, largest first; views are counted on their storage owner's line, as in the log.
-pub(crate) fn peak_tensor_groups() -> Vec<gpu_mem_track_core::log::GroupLine> {
+pub(crate) fn peak_tensor_groups() -> Vec<gpu_mem_track_log::log::GroupLine> {
     let snap = recorder::peak_walk();
     let mut groups: Vec<_> = snap.groups.into_iter().collect();
     groups.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(b.1.count.cmp(&a.1.count)).then(a.0.cmp(&b.0)));
@@ -199,11 +199,11 @@ pub(crate) fn peak_tensor_groups() -> Vec<gpu_mem_track_core::log::GroupLine> {
     groups
         .into_iter()
         .filter(|(key, _)| !key.view)
-        .map(|(key, totals)| gpu_mem_track_core::log::GroupLine {
-            sign: gpu_mem_track_core::Sign::Plus,
+        .map(|(key, totals)| gpu_mem_track_log::log::GroupLine {
+            sign: gpu_mem_track_log::Sign::Plus,
             count: totals.count,
             shape: key.shape.to_vec(),
-            memory_mib: totals.bytes as f64 / gpu_mem_track_core::log::format::MIB,
+            memory_mib: totals.bytes as f64 / gpu_mem_track_log::log::format::MIB,
             class: key.class,
             dtype: key.dtype.torch_name(),
             role: key.role.clone(),

@@ -1,6 +1,6 @@
 //! What CUDA libraries take from PyTorch's caching allocator for themselves: which ops call cuBLAS
 //! and how large its workspaces are. The estimator places these workspaces in its GPU replay; the
-//! tracker's CUDA history names them (category [`Workspace`](gpu_mem_track_core::Category::Workspace)),
+//! tracker's CUDA history names them (category [`Workspace`](gpu_mem_track_log::Category::Workspace)),
 //! and its log's `Workspace Memory` figure counts them ([`attribute`]).
 //!
 //! Sources: PyTorch 2.13, `aten/src/ATen/cuda/CublasHandlePool.cpp`. A cuBLAS handle's workspace

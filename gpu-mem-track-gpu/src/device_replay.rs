@@ -16,8 +16,8 @@ use serde::Serialize;
 
 use crate::caching_allocator::{BlockId, CachingAllocatorModel, CachingStats, OutOfMemory};
 use crate::runtime::{is_allocation_primitive, RuntimeAllocation, RuntimeKind};
-use gpu_mem_track_core::log::oom::human_bytes;
-use gpu_mem_track_core::{Phase, Trace, TraceEvent};
+use gpu_mem_track_log::log::oom::human_bytes;
+use gpu_mem_track_log::{Phase, Trace, TraceEvent};
 
 /// What the caching allocator model shows for a trace with its GPU library allocations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]

@@ -1,7 +1,7 @@
 //! # gpu-mem-track-gpu
 //!
 //! What a run's allocations become on a GPU, without libtorch and without a GPU. Given a
-//! [`Trace`](gpu_mem_track_core::Trace) (every allocation and free of a step, in order, with its
+//! [`Trace`](gpu_mem_track_log::Trace) (every allocation and free of a step, in order, with its
 //! phase, op and category: from the estimator's meta run, the tracker's memory history, or a
 //! PyTorch memory snapshot), this crate models what PyTorch's CUDA runtime makes of it:
 //!
@@ -26,7 +26,7 @@
 //! A training step's trace on an H100, in a few lines:
 //!
 //! ```
-//! use gpu_mem_track_core::{Category, Phase, Trace, TraceEvent};
+//! use gpu_mem_track_log::{Category, Phase, Trace, TraceEvent};
 //! use gpu_mem_track_gpu::profile::{predict, DeviceProfile};
 //!
 //! const MIB: u64 = 1 << 20;
@@ -69,7 +69,7 @@ pub use options::Choice;
 /// Events of a trace for the tests of this crate's modules.
 #[cfg(test)]
 pub(crate) mod test_events {
-    use gpu_mem_track_core::{Category, Phase, Trace, TraceEvent};
+    use gpu_mem_track_log::{Category, Phase, Trace, TraceEvent};
 
     pub const MIB: u64 = 1 << 20;
 

@@ -9,7 +9,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use gpu_mem_track_core::DType;
+use gpu_mem_track_log::DType;
 
 /// An option chosen by name: parsed by `FromStr` (canonical names and aliases, any case), shown by
 /// `Display` (the canonical name). The command line lists [`Choice::NAMES`] in its `--help`.

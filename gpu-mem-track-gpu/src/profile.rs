@@ -14,7 +14,7 @@ use crate::cuda_libraries;
 use crate::device_replay::{replay_on_device, replay_with_runtime, FirstOom, GpuReplay};
 use crate::error::{Error, Result};
 use crate::runtime::{place_runtime_allocations, RuntimeAllocation, RuntimeKind, RuntimeSizes};
-use gpu_mem_track_core::Trace;
+use gpu_mem_track_log::Trace;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -116,7 +116,7 @@ impl DeviceProfile {
         if hidden {
             return fallback();
         }
-        let Ok(gpu) = gpu_mem_track_core::nvml::NvmlReader::open().and_then(|n| n.describe(0)) else {
+        let Ok(gpu) = gpu_mem_track_log::nvml::NvmlReader::open().and_then(|n| n.describe(0)) else {
             return fallback();
         };
         let context_bytes = Self::presets()
@@ -304,7 +304,7 @@ fn predict_from(profile: &DeviceProfile, trace: &Trace, replays: &Replays) -> Gp
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpu_mem_track_core::{Category, Phase, TraceEvent};
+    use gpu_mem_track_log::{Category, Phase, TraceEvent};
 
     fn profile(cc: (u32, u32)) -> DeviceProfile {
         DeviceProfile {

@@ -61,7 +61,7 @@
 use serde::Serialize;
 
 use crate::cuda_libraries::{calls_cublas, is_op, MATMUL_BACKWARD_NODES};
-use gpu_mem_track_core::{Category, Phase, Trace, TraceEvent};
+use gpu_mem_track_log::{Category, Phase, Trace, TraceEvent};
 
 /// An allocation made by the op named in `top_op` itself rather than by an op it calls: on meta
 /// a kernel's outputs are recorded under `aten::empty`/`aten::empty_strided`.

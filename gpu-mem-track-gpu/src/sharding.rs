@@ -31,7 +31,7 @@
 use serde::Serialize;
 
 use crate::options::{choice_names, Optimizer, Precision};
-use gpu_mem_track_core::{Category, Phase, Trace, TraceEvent};
+use gpu_mem_track_log::{Category, Phase, Trace, TraceEvent};
 
 /// How model states are divided among data-parallel ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use gpu_mem_track_core::memviz::{self, Block, Frame, MemorySnapshot, Segment, TraceEntry};
-use gpu_mem_track_core::{Result, Trace};
+use gpu_mem_track_log::memviz::{self, Block, Frame, MemorySnapshot, Segment, TraceEntry};
+use gpu_mem_track_log::{Result, Trace};
 
 use crate::caching_allocator::{BlockId, CachingAllocatorModel};
 
@@ -16,7 +16,7 @@ use crate::caching_allocator::{BlockId, CachingAllocatorModel};
 /// Each entry carries its `category`.
 ///
 /// # Errors
-/// [`Error::SnapshotWrite`](gpu_mem_track_core::Error::SnapshotWrite) naming the file.
+/// [`Error::SnapshotWrite`](gpu_mem_track_log::Error::SnapshotWrite) naming the file.
 pub fn dump_snapshot(trace: &Trace, path: &Path) -> Result<()> {
     let mut model = CachingAllocatorModel::new();
     let mut blocks: HashMap<i64, BlockId> = HashMap::new();

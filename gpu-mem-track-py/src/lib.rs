@@ -1,7 +1,7 @@
 //! `gpu_mem_track._native`: the thin pyo3 layer of the `gpu_mem_track` Python package over the
-//! tracker core (the `gpu-mem-track` crate without tch). The Pythonic API (`MemTracker`, the gc
+//! tracker (the `gpu-mem-track` crate without tch). The Pythonic API (`MemTracker`, the gc
 //! walk, the caller's frame, the version check) is in `python/gpu_mem_track/`; this module only
-//! turns Python values into the core's types and the core's errors into Python exceptions.
+//! turns Python values into the tracker's types and its errors into Python exceptions.
 //!
 //! Threads: a call that walks the registry keeps the GIL for the whole walk. Under the GIL a
 //! tensor with a Python object cannot die, so `track()` reads those without pinning them
@@ -32,7 +32,7 @@ pyo3::create_exception!(
 #[used]
 static BUILT_AGAINST: &str = gpu_mem_track::BUILD_MARKER;
 
-/// The core's error as the Python exception a Python user expects: bad options are `ValueError`,
+/// The tracker's error as the Python exception a Python user expects: bad options are `ValueError`,
 /// log-folder and file problems `OSError` subclasses, the rest [`GpuMemTrackError`].
 fn to_py(e: Error) -> PyErr {
     let message = e.to_string();
@@ -68,7 +68,7 @@ fn intern_file(file: &str) -> &'static str {
     leaked
 }
 
-/// One tracker: the core's `MemTracker` (one log file).
+/// One tracker: the Rust `MemTracker` (one log file).
 #[pyclass(name = "Tracker", module = "gpu_mem_track._native", frozen)]
 struct PyTracker {
     inner: MemTracker,
@@ -147,7 +147,7 @@ impl PyTracker {
     }
 
     /// The seconds each of `times` tracks takes in Rust alone, at the site `file:line` (for the
-    /// benchmark: the core's `track!()` on the Python program's own tensors, without the Python
+    /// benchmark: the Rust tracker's `track!()` on the Python program's own tensors, without the Python
     /// call, the caller's frame and the returned dict).
     fn time_tracks(&self, file: &str, line: u32, function: &str, times: usize) -> PyResult<Vec<f64>> {
         let site = Site { file: intern_file(file), line, function: function.into() };
@@ -466,11 +466,8 @@ impl PyFinished {
 #[pyo3(signature = (probe, max, dimension="batch"))]
 fn fit_search(py: Python<'_>, probe: Bound<'_, PyAny>, max: i64, dimension: &str) -> PyResult<String> {
     use gpu_mem_track_estimate::fit::{search_largest, FitDimension};
-    let dimension = match dimension {
-        "batch" => FitDimension::Batch,
-        "seq" | "sequence" => FitDimension::Seq,
-        other => return Err(PyValueError::new_err(format!("dimension: {other:?} (use batch or seq)"))),
-    };
+    let dimension: FitDimension =
+        dimension.parse().map_err(|e| PyValueError::new_err(format!("dimension: {e}")))?;
     // A Python error inside a probe ends the search; it is raised as it was.
     let mut raised: Option<PyErr> = None;
     let result = search_largest(
@@ -532,7 +529,7 @@ fn recording_owner(cdata: usize, site: usize) -> PyResult<()> {
 /// `buffer`, `input`, `gradient`).
 #[pyfunction]
 fn recording_tag(cdata: usize, category: &str) -> PyResult<()> {
-    use gpu_mem_track_core::Category;
+    use gpu_mem_track_log::Category;
     let category = match category {
         "parameter" => Category::Parameter,
         "buffer" => Category::Buffer,
@@ -625,7 +622,7 @@ fn cpu_allocated() -> u64 {
 #[pyfunction]
 #[pyo3(signature = (logs, top=5))]
 fn report(py: Python<'_>, logs: Vec<PathBuf>, top: usize) -> PyResult<(String, String)> {
-    use gpu_mem_track_core::report::{analyse_files, render_text};
+    use gpu_mem_track_log::report::{analyse_files, render_text};
     if logs.is_empty() {
         return Err(PyValueError::new_err("report(): give at least one log file"));
     }

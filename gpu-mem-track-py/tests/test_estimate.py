@@ -20,13 +20,13 @@ def transformer_block() -> torch.nn.Module:
 def test_transformer_block_with_dropout_trains_on_meta():
     block = transformer_block()
     params = sum(p.numel() * p.element_size() for p in block.parameters())
-    e = gpu_mem_track.estimate(block, torch.randn(8, 32, 64), mode="train", optimizer="adamw", device="h100-80g")
+    e = gpu_mem_track.estimate(block, torch.randn(8, 32, 64), mode="train", optimizer="adamw", device_profile="h100-80g")
     # Parameters, their gradients and AdamW's two moments are all live at the step's end.
     assert e["param_bytes"] == params and e["optimizer_state_bytes"] == 2 * params
     assert e.peak_bytes >= 4 * params
     assert e.fits is True and e.gpu["profile"]["name"] == "h100-80g"
     assert "adamw" in json.dumps(e["options"]).lower()
-    inference = gpu_mem_track.estimate(block, torch.randn(8, 32, 64), mode="inference", device="cuda")
+    inference = gpu_mem_track.estimate(block, torch.randn(8, 32, 64), mode="inference", device_profile="cuda")
     assert inference.gpu is None and inference.peak_bytes < e.peak_bytes
     assert block.training  # the caller's mode is given back
 
@@ -35,7 +35,7 @@ def test_resnet50_training_matches_the_command_lines_torchscript_estimate(tmp_pa
     torchvision = pytest.importorskip("torchvision", reason="needs torchvision (installed beside the main torch)")
     model = torchvision.models.resnet50()
     x = torch.randn(16, 3, 224, 224)
-    e = gpu_mem_track.estimate(model, x, mode="train", optimizer="adamw", device="h100-80g")
+    e = gpu_mem_track.estimate(model, x, mode="train", optimizer="adamw", device_profile="h100-80g")
     params = sum(p.numel() * 4 for p in model.parameters())
     assert e["param_bytes"] == params and e.peak_bytes > 4 * params and e.fits is True
     binary = os.environ.get("GMT_ESTIMATE_BINARY")

@@ -41,7 +41,7 @@ def test_one_call_trains_a_built_model_without_touching_its_weights():
     model = Blocks(depth=2, width=64)
     before = [p.detach().clone() for p in model.parameters()]
     params = nbytes(model.parameters())
-    e = gpu_mem_track.estimate(model, torch.randn(32, 64), optimizer="adamw", device="h100-80g")
+    e = gpu_mem_track.estimate(model, torch.randn(32, 64), optimizer="adamw", device_profile="h100-80g")
     assert e["param_bytes"] == params and e["grad_bytes"] == params
     assert e["optimizer_state_bytes"] == 2 * params  # AdamW: exp_avg and exp_avg_sq
     assert e["input_bytes"] == 32 * 64 * 4
@@ -54,7 +54,7 @@ def test_one_call_trains_a_built_model_without_touching_its_weights():
 
 def test_the_breakdown_charges_each_module_its_parameters_gradients_and_state():
     model = Blocks(depth=2, width=64)
-    e = gpu_mem_track.estimate(model, torch.randn(32, 64), optimizer="adam", device="h100-80g")
+    e = gpu_mem_track.estimate(model, torch.randn(32, 64), optimizer="adam", device_profile="h100-80g")
     rows = e.breakdown()
     first = rows["Blocks.blocks.0.0"]  # Linear(64, 256): weight and bias
     linear = (64 * 256 + 256) * 4
@@ -81,7 +81,7 @@ def test_a_dict_forward_that_branches_in_python():
             logits = self.a(h) if batch["task"] == "small" else self.b(h)
             return {"loss": torch.nn.functional.cross_entropy(logits, batch["y"]), "logits": logits}
 
-    with Estimator(device="a100-40g") as est:
+    with Estimator(device_profile="a100-40g") as est:
         model = Heads()
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         for task in ("small", "large"):
@@ -101,7 +101,7 @@ def test_a_dict_forward_that_branches_in_python():
 
 def test_autocast_bfloat16_computes_in_half_the_bytes():
     def run(autocast: bool):
-        with Estimator(device="cuda") as est:
+        with Estimator(device_profile="cuda") as est:
             model = Blocks(depth=4, width=512)
             opt = torch.optim.AdamW(model.parameters())
             x = torch.randn(2048, 512, device="cuda")
@@ -127,7 +127,7 @@ def test_autocast_bfloat16_computes_in_half_the_bytes():
 
 def test_checkpointing_frees_the_activations_of_the_checkpointed_blocks():
     def run(checkpoint: bool):
-        with Estimator(device="h100-80g") as est:
+        with Estimator(device_profile="h100-80g") as est:
             model = Blocks(depth=6, width=256, checkpoint=checkpoint)
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
             x = torch.randn(4096, 256)
@@ -146,7 +146,7 @@ def test_checkpointing_frees_the_activations_of_the_checkpointed_blocks():
 
 def test_a_compiled_module_runs_as_it_would_eagerly():
     def run(compiled: bool):
-        with Estimator(device="cuda") as est:
+        with Estimator(device_profile="cuda") as est:
             model = Blocks(depth=2, width=128)
             step = torch.compile(model) if compiled else model
             step(torch.randn(64, 128)).sum().backward()
@@ -166,7 +166,7 @@ def test_a_hugging_face_causal_lm_from_a_config():
     mask = torch.ones(4, 128, dtype=torch.long)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        with Estimator(device="h100-80g") as est:
+        with Estimator(device_profile="h100-80g") as est:
             model = transformers.AutoModelForCausalLM.from_config(cfg)
             opt = torch.optim.AdamW(model.parameters())
             for _ in range(2):
@@ -189,7 +189,7 @@ def test_a_hugging_face_causal_lm_from_a_config():
     # a model built outside: the same peak (within the few bytes two ways of making the batch and
     # the optimizer differ by).
     built = transformers.AutoModelForCausalLM.from_config(cfg)
-    one = gpu_mem_track.estimate(built, input_ids=ids, attention_mask=mask, labels=ids, device="h100-80g")
+    one = gpu_mem_track.estimate(built, input_ids=ids, attention_mask=mask, labels=ids, device_profile="h100-80g")
     assert one.peak_bytes == pytest.approx(e.peak_bytes, rel=1e-3) and one["param_bytes"] == params
 
 
@@ -200,13 +200,13 @@ def test_sharding_and_fit_from_python():
         model(torch.randn(batch, 1024)).sum().backward()
         opt.step()
 
-    with Estimator(device="h100-80g", world_size=8, shard="zero3") as est:
+    with Estimator(device_profile="h100-80g", world_size=8, shard="zero3") as est:
         step(16)
     rank = est.result["rank"]
     params = est.result["param_bytes"]
     assert rank["parallelism"]["world_size"] == 8 and rank["model_states"]["parameters"] < params
     budget = 512 * MIB  # parameters, gradients and AdamW's moments take 256 MiB
-    found = gpu_mem_track.fit(step, device="h100-80g", gpu_memory=budget + 540 * MIB, max=1 << 16)
+    found = gpu_mem_track.fit(step, device_profile="h100-80g", gpu_memory=budget + 540 * MIB, max=1 << 16)
     largest = found["largest"]
     assert largest is not None and 1 <= largest < 1 << 16
     fits = {p["value"]: p["fits"] for p in found["probes"]}
@@ -225,11 +225,19 @@ def test_bad_input_names_the_problem():
     with pytest.raises(ValueError, match="mode"):
         gpu_mem_track.estimate(model, x, mode="finetune")
     with pytest.raises(ValueError, match="no-such-gpu"):
-        gpu_mem_track.estimate(model, x, device="no-such-gpu")
+        gpu_mem_track.estimate(model, x, device_profile="no-such-gpu")
     with pytest.raises(ValueError, match="built before the block"), Estimator():
         model(x)
     with pytest.raises(ValueError, match="one GPU profile"):
-        gpu_mem_track.fit(lambda b: None, device="cuda")
+        gpu_mem_track.fit(lambda b: None, device_profile="cuda")
     # After a failed block the next one runs.
-    e = gpu_mem_track.estimate(model, x, mode="inference", device="cuda")
+    e = gpu_mem_track.estimate(model, x, mode="inference", device_profile="cuda")
     assert e.gpu is None and e["param_bytes"] == nbytes(model.parameters())
+    # device=, the old name of device_profile, still works, with a deprecation warning.
+    with pytest.warns(DeprecationWarning, match="pass device_profile='cuda'"):
+        old = gpu_mem_track.estimate(model, x, mode="inference", device="cuda")
+    assert old.gpu is None and old.peak_bytes == e.peak_bytes
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="one GPU profile"):
+        gpu_mem_track.fit(lambda b: None, device="all")
+    with pytest.raises(TypeError, match="pass device_profile only"):
+        Estimator(device_profile="t4", device="l4")

@@ -3,7 +3,7 @@ torch and the wheel).
 
 1. `MemTracker.track()` at 1 000, 10 000 and 100 000 live tensors (on the CPU, or on CUDA with
    --device cuda), in the mix of `benches/track.rs`: 16 shapes, a quarter of the tensors views. Beside
-   it, the Rust core's own track (`track!()`) timed in Rust on the same tensors, and their ratio (the
+   it, the Rust tracker's own track (`track!()`) timed in Rust on the same tensors, and their ratio (the
    Python call, the caller's frame and the returned dict); and Pytorch-Memory-Utils'
    `track()` in the same process when GMT_PMU_TRACKER (or --reference) names its
    `gpu_mem_track.py`. Its `get_tensors()` yields CUDA tensors only; the copy loaded here has that
@@ -77,7 +77,7 @@ def bench_track(sizes: list[int], device: str, reference, reference_all: bool, f
         f"{os.cpu_count()} cores)"
     )
     print(
-        f"{'live tensors':>12} | {'gpu_mem_track, Python':>38} | {'Rust core, same tensors':>38} | Python/Rust"
+        f"{'live tensors':>12} | {'gpu_mem_track, Python':>38} | {'Rust tracker, same tensors':>38} | Python/Rust"
         f" | {'Pytorch-Memory-Utils':>38} | ratio"
     )
     for n in sizes:

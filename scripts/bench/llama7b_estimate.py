@@ -31,7 +31,7 @@ def with_estimator() -> str:
     from gpu_mem_track import Estimator
 
     ids = torch.randint(0, CONFIG.vocab_size, SHAPE)
-    with Estimator(device="h100-80g") as est:
+    with Estimator(device_profile="h100-80g") as est:
         model = transformers.AutoModelForCausalLM.from_config(CONFIG).cuda()
         opt = torch.optim.AdamW(model.parameters())
         loss = model(input_ids=ids.cuda(), labels=ids.cuda()).loss

@@ -42,12 +42,12 @@ what was asked.
                                the main torch; the shim and the estimator's C++ against the
                                oldest and newest torch's headers. Every step runs; a table of
                                their times and results ends it, and it fails if any step did
-  scripts/dev matrix           the version matrix CI leaves out: the core tests against the
+  scripts/dev matrix           the version matrix CI leaves out: the pair tests against the
                                oldest pair (torch 2.9) and the GPU machines' (torch 2.11), the
                                latter's GPU bundle run without cargo, the Python package's tests
                                on the newest torch. Run it before resolving a change to the C++,
                                the Python package or the build scripts
-  scripts/dev compat [V ...]   only the core tests, against the pairs of these torch versions
+  scripts/dev compat [V ...]   only the pair tests, against the pairs of these torch versions
                                (default: every supported pair but the main one)
   scripts/dev bundle-check     build the GPU bundle for torch 2.11 and run it without cargo
   scripts/dev shim-check [V]   compile the shim against torch V's headers only (default: the
@@ -212,9 +212,9 @@ TRAINERS = ["lightning==2.6.6", "accelerate==1.15.0"]
 # allocator counts, history, estimates on the meta device (tch-native, and TorchScript exported by
 # that pair's torch), the dependent crate. Three packages: the tracker's tests, the estimator's
 # (native, estimate, saved), the dependent fixture's.
-CORE_TESTS = "-p gpu-mem-track -p gpu-mem-track-estimate -p dependent --lib --test log_lines --test history"
-CORE_TESTS += " --test native --test estimate --test errors --test saved --test sampler --test concurrency"
-CORE_TESTS += " --test linking --test dependent --test large_walk"
+PAIR_TESTS = "-p gpu-mem-track -p gpu-mem-track-estimate -p dependent --lib --test log_lines --test history"
+PAIR_TESTS += " --test native --test estimate --test errors --test saved --test sampler --test concurrency"
+PAIR_TESTS += " --test linking --test dependent --test large_walk"
 # What a pair's own setup must not inherit from the calling shell (`--torch` unsets the same).
 FOREIGN = ("LIBTORCH", "LIBTORCH_USE_PYTORCH", "VIRTUAL_ENV")
 ERR = sys.stderr.fileno()
@@ -417,7 +417,7 @@ def cmd_free_in_ci(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- the pairs' trees and their core tests ----------------------------------------------------
+# -- the pairs' trees and their pair tests ----------------------------------------------------
 
 
 def copy_tree(dest: Path) -> None:
@@ -457,7 +457,7 @@ def pair_tree(version: str, env: dict) -> Path:
     copy_tree(d)
     dependent = d / "tests/fixtures/dependent/Cargo.toml"
     dependent.write_text(re.sub(r"(?m)^tch = .*$", f'tch = "={tch}"', dependent.read_text()))
-    # Dependencies unoptimised: the core tests are small, and libtorch's C++ bindings compile in
+    # Dependencies unoptimised: the pair tests are small, and libtorch's C++ bindings compile in
     # half the time at -O0. In the tree's config, so that scripts/gpu-bundle reuses the build.
     (d / ".cargo").mkdir(exist_ok=True)
     (d / ".cargo/config.toml").write_text('[profile.dev.package."*"]\nopt-level = 0\n')
@@ -474,15 +474,15 @@ def cmd_pair_tree(args: argparse.Namespace) -> int:
 
 
 def cmd_compat_run(args: argparse.Namespace) -> int:
-    """The core tests against torch VERSION and its tch, in the pair's tree with its own
+    """The pair tests against torch VERSION and its tch, in the pair's tree with its own
     virtualenv, lockfile and target folder (compat's log holds this process's output)."""
     env = pair_env(args.version)
     d = pair_tree(args.version, env)
-    return run(["cargo", "nextest", "run", "--no-fail-fast", *CORE_TESTS.split()], cwd=d, env=env).returncode
+    return run(["cargo", "nextest", "run", "--no-fail-fast", *PAIR_TESTS.split()], cwd=d, env=env).returncode
 
 
 def cmd_compat(args: argparse.Namespace) -> int:
-    """The core tests against each torch's pair, one result line each."""
+    """The pair tests against each torch's pair, one result line each."""
     if run(["cargo", "nextest", "--version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode:
         log("installing cargo-nextest")
         run(["cargo", "install", "--locked", "cargo-nextest"])
@@ -772,7 +772,7 @@ def shim_check(version: str) -> int:
         gxx += ["-DGMT_HAVE_TORCH_CUDA", *cuda, f"-I{ROOT}/gpu-mem-track-sys/csrc", f"-I{out}/torch/include"]
         gxx += [f"-I{out}/torch/include/torch/csrc/api/include", f]
         rc = 1 if run(gxx).returncode != 0 else rc
-    why = f"tch {(tch_for(version) or '').split(' ')[0]} builds against it (scripts/dev matrix runs that pair's core tests)"
+    why = f"tch {(tch_for(version) or '').split(' ')[0]} builds against it (scripts/dev matrix runs that pair's pair tests)"
     if re.match(r"2\.[678]\.", version):
         why = "for the Python package only: the tch releases of this torch are older than the Rust crate accepts"
     cargo_home = os.environ.get("CARGO_HOME") or f"{os.environ.get('HOME', '')}/.cargo"
@@ -954,8 +954,8 @@ def parser() -> argparse.ArgumentParser:
     add("setup-libtorch", cmd_setup_libtorch, "the environment for a torch, as shell commands").add_argument("torch")
     add("free-in-ci", cmd_free_in_ci, "remove what has served, in CI").add_argument("paths", nargs="*")
     add("pair-tree", cmd_pair_tree, "prepare a pair's tree, print it").add_argument("torch")
-    add("compat", cmd_compat, "the core tests against pairs").add_argument("versions", nargs="+")
-    add("compat-run", cmd_compat_run, "one pair's core tests (compat's child)").add_argument("version")
+    add("compat", cmd_compat, "the pair tests against pairs").add_argument("versions", nargs="+")
+    add("compat-run", cmd_compat_run, "one pair's pair tests (compat's child)").add_argument("version")
     add("wheel", cmd_wheel, "the Python package's wheel for a torch").add_argument("version")
     add("wheels", cmd_wheels, "wheels for several torches").add_argument("versions", nargs="+")
     s = add("python-env", cmd_python_env, "a virtualenv holding torch, pytest and the built wheel")

@@ -29,7 +29,7 @@ pub(crate) use sys::{
     TORCH_VERSION_CHECK_BYPASSED,
 };
 
-use gpu_mem_track_core::{Category, Phase};
+use gpu_mem_track_log::{Category, Phase};
 
 use crate::error::{Error, Result};
 

@@ -2,7 +2,7 @@
 //! a device kind with its phase, op and site, beneath the memory history and the estimates.
 use std::ffi::{c_void, CStr};
 
-use gpu_mem_track_core::{Category, Phase};
+use gpu_mem_track_log::{Category, Phase};
 use gpu_mem_track_sys as sys;
 
 use super::DeviceKind;

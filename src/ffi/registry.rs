@@ -2,7 +2,7 @@
 //! (per tensor or grouped as the log groups them), and the names and groups it interns.
 use std::sync::Arc;
 
-use gpu_mem_track_core::{Category, DType, TensorClass, TensorRole};
+use gpu_mem_track_log::{Category, DType, TensorClass, TensorRole};
 use gpu_mem_track_sys as sys;
 use std::ffi::{c_void, CStr};
 use std::ptr::NonNull;
@@ -368,7 +368,7 @@ pub(crate) struct WalkTotals {
     pub storage_count: usize,
 }
 
-/// libtorch's name of a scalar type ("Float", "BFloat16", ...), to check gpu-mem-track-core's table.
+/// libtorch's name of a scalar type ("Float", "BFloat16", ...), to check gpu-mem-track-log's table.
 #[cfg(test)]
 pub(crate) fn scalar_type_name(scalar_type: i32) -> &'static str {
     // SAFETY: returns a pointer to a static string (c10::toString) or a literal.
@@ -525,9 +525,9 @@ pub(crate) fn peak_walk_records() -> (Vec<TensorRecord>, Vec<i64>) {
 
 #[cfg(test)]
 mod tests {
-    use gpu_mem_track_core::DType;
+    use gpu_mem_track_log::DType;
 
-    /// gpu-mem-track-core names dtypes without libtorch: its table must match libtorch's own.
+    /// gpu-mem-track-log names dtypes without libtorch: its table must match libtorch's own.
     #[test]
     fn dtype_table_matches_libtorch() {
         for n in 0..46 {

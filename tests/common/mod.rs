@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 use std::path::Path;
 
+#[allow(unused_imports)] // each test file uses some of them
 pub use gpu_mem_track_testkit::*;
 
 use gpu_mem_track::{MemTracker, TrackedDevice};

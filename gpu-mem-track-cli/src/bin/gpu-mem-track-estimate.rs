@@ -30,7 +30,7 @@ use gpu_mem_track_estimate::{
 };
 
 /// The [`EstimateOptions`] of a model's arguments, for a run on `device`.
-fn estimate_options(args: &ModelArgs, mode: ModeArg, device: EstimateDevice) -> EstimateOptions {
+fn estimate_options(args: &ModelArgs, device: EstimateDevice) -> EstimateOptions {
     let Some(input) = &args.input else {
         ModelCli::command()
             .error(clap::error::ErrorKind::MissingRequiredArgument, "running a model needs --input <SHAPE>")
@@ -40,7 +40,7 @@ fn estimate_options(args: &ModelArgs, mode: ModeArg, device: EstimateDevice) -> 
         input_shape: input.0.clone(),
         input_is_index: args.ids,
         precision: args.precision.working(),
-        mode: match mode {
+        mode: match args.mode {
             ModeArg::Train => Mode::Train(args.optimizer),
             ModeArg::Inference => Mode::Inference,
         },
@@ -142,7 +142,7 @@ fn with_flags(e: Error) -> anyhow::Error {
 }
 
 fn estimate(args: EstimateArgs) -> Result<()> {
-    if args.gpu_mem.is_some() && matches!(args.device_profile.as_str(), "cuda" | "none" | "all") {
+    if args.gpu.gpu_mem.is_some() && matches!(args.gpu.device_profile.as_str(), "cuda" | "none" | "all") {
         ModelCli::command()
             .error(
                 clap::error::ErrorKind::ArgumentConflict,
@@ -150,7 +150,7 @@ fn estimate(args: EstimateArgs) -> Result<()> {
             )
             .exit()
     }
-    let mut options = estimate_options(&args.model, args.mode, args.run_on);
+    let mut options = estimate_options(&args.model, args.run_on);
     let model = args.model.model.clone();
     if args.method != Method::Meta && matches!(options.mode, Mode::Train(_)) {
         bail!("--method {:?} estimates inference only; use --mode inference or --method meta", args.method);
@@ -170,8 +170,8 @@ fn estimate(args: EstimateArgs) -> Result<()> {
     let rank = args.model.parallelism().map(|p| per_rank_trace(&trace, args.model.optimizer, &p));
     let gpu_trace = rank.as_ref().map_or(&trace, |(t, _)| t);
     let rank_report = rank.as_ref().map(|(t, plan)| RankReport::new(t, *plan));
-    let gpus = gpu_predictions(&args.device_profile, args.gpu_mem, gpu_trace)?;
-    let gpu = (args.device_profile != "all").then(|| gpus.first()).flatten();
+    let gpus = gpu_predictions(&args.gpu.device_profile, args.gpu.gpu_mem, gpu_trace)?;
+    let gpu = (args.gpu.device_profile != "all").then(|| gpus.first()).flatten();
     if let Some(path) = &args.snapshot {
         gpu_mem_track_gpu::snapshot::dump_snapshot(gpu_trace, path)?;
         gpu_mem_track_cli::note(format_args!("wrote {}", path.display()));
@@ -181,7 +181,10 @@ fn estimate(args: EstimateArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    print!("{}", EstimateSummary { model: &model, estimate: &e, with_cuda: args.device_profile != "none" });
+    print!(
+        "{}",
+        EstimateSummary { model: &model, estimate: &e, with_cuda: args.gpu.device_profile != "none" }
+    );
     print!("{}", PeakBreakdown { estimate: &e, trace: &trace });
     // On the CPU, oneDNN's own allocations are in the peak but not in the registry.
     if let (Some(groups), EstimateDevice::Meta) = (&peak_groups, e.options.device) {
@@ -208,14 +211,14 @@ fn estimate(args: EstimateArgs) -> Result<()> {
     Ok(())
 }
 
-fn timeline(args: ModelArgs, mode: ModeArg, device_profile: Option<&str>, output: &Path) -> Result<()> {
+fn timeline(args: ModelArgs, device_profile: Option<&str>, output: &Path) -> Result<()> {
     let kind = gpu_mem_track_cli::TimelineOutput::of(output)?;
     let model = args.model.clone();
     let name = model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     let (estimate, mut trace, mut title) = if model.extension().is_some_and(|x| x == "pickle") {
         (None, read_snapshot_trace(&model)?, name)
     } else {
-        let options = estimate_options(&args, mode, EstimateDevice::Meta);
+        let options = estimate_options(&args, EstimateDevice::Meta);
         let (e, trace) = with_progress(format!("estimating {}", model.display()), options.mode, || {
             estimate_torchscript_traced(&model, &options)
         })?;
@@ -249,16 +252,16 @@ fn run(cli: ModelCli) -> Result<()> {
     cli.verbosity.apply();
     match cli.command {
         ModelCommand::Estimate(args) => estimate(args),
-        ModelCommand::Timeline(TimelineArgs { model, mode, device_profile, output }) => {
-            timeline(model, mode, Some(device_profile.as_str()).filter(|p| *p != "none"), &output)
+        ModelCommand::Timeline(TimelineArgs { model, device_profile, output }) => {
+            timeline(model, Some(device_profile.as_str()).filter(|p| *p != "none"), &output)
         }
         ModelCommand::Fit(args) => fit(args),
     }
 }
 
 fn fit(args: FitArgs) -> Result<()> {
-    let options = estimate_options(&args.model, args.mode, EstimateDevice::Meta);
-    let gpu = budget(&DeviceProfile::find(&args.device_profile)?, args.gpu_mem);
+    let options = estimate_options(&args.model, EstimateDevice::Meta);
+    let gpu = budget(&DeviceProfile::find(&args.gpu.device_profile)?, args.gpu.gpu_mem);
     let parallelism = args.model.parallelism();
     let model = &args.model.model;
     let bar = progress(format!("fitting {} on {}", model.display(), gpu.name), None);

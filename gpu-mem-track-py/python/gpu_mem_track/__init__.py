@@ -1,4 +1,4 @@
-"""Line-by-line GPU memory tracking for PyTorch, on the gpu-mem-track core.
+"""Line-by-line GPU memory tracking for PyTorch, on the gpu-mem-track tracker (Rust).
 
 A drop-in for Pytorch-Memory-Utils' ``MemTracker``::
 

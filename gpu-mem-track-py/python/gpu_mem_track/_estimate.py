@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
-from ._estimator import Estimator
+from ._estimator import Estimator, device_profile_argument
 from ._load import native as _native
 
 #: What ``optimizer=`` names, as the torch optimizer a step makes.
@@ -92,7 +92,7 @@ class Estimate(dict):
 
     @property
     def gpu(self) -> dict | None:
-        """The prediction for the GPU asked for, or ``None`` (``device='cuda'`` or ``'all'``)."""
+        """The prediction for the GPU asked for, or ``None`` (``device_profile='cuda'`` or ``'all'``)."""
         return self.get("gpu")
 
     @property
@@ -152,12 +152,13 @@ def estimate(
     *args: Any,
     mode: str = "train",
     optimizer: str = "adamw",
-    device: str = "h100-80g",
+    device_profile: str = "h100-80g",
     iterations: int = 2,
     gpu_memory: int | None = None,
     world_size: int = 1,
     shard: str = "none",
     precision: str = "fp32",
+    device: str | None = None,
     **kwargs: Any,
 ) -> Estimate:
     """Estimates the memory of ``model(*args, **kwargs)`` without a GPU, in this process.
@@ -169,8 +170,8 @@ def estimate(
     floating tensors) and ``optimizer`` (``sgd``, ``momentum``, ``adam``, ``adamw``: torch's
     foreach implementations, as on a GPU); ``'inference'`` one forward without grad. Precision is
     the model's and its inputs' (``.half()``, ``bfloat16``); ``torch.autocast`` and activation
-    checkpointing inside the model apply as on a GPU. ``device`` and the rest are
-    :class:`Estimator`'s.
+    checkpointing inside the model apply as on a GPU. ``device_profile`` (``device=``, its
+    deprecated old name) and the rest are :class:`Estimator`'s.
 
     Raises:
         ValueError: an option, profile or output the estimator cannot take.
@@ -188,9 +189,10 @@ def estimate(
         )
     if iterations < 1:
         raise ValueError(f"estimate(): iterations={iterations} (at least 1)")
+    device_profile = device_profile_argument("estimate", device_profile, device)
     train = mode == "train"
     was_training = model.training
-    est = Estimator(device, gpu_memory=gpu_memory, world_size=world_size, shard=shard, precision=precision)
+    est = Estimator(device_profile, gpu_memory=gpu_memory, world_size=world_size, shard=shard, precision=precision)
     try:
         with est:
             twins = _meta_twins(model)
@@ -245,15 +247,17 @@ def _meta_input(v: Any) -> Any:
 def fit(
     step: Callable[[int], Any],
     *,
-    device: str = "h100-80g",
+    device_profile: str = "h100-80g",
     max: int = 4096,
     dimension: str = "batch",
     gpu_memory: int | None = None,
     world_size: int = 1,
     shard: str = "none",
     precision: str = "fp32",
+    device: str | None = None,
 ) -> dict:
-    """The largest value in ``1..max`` for which ``step(value)`` fits the GPU ``device``: ``step``
+    """The largest value in ``1..max`` for which ``step(value)`` fits the GPU ``device_profile``
+    (``device=``, its deprecated old name): ``step``
     runs the program's step for a batch (or sequence length, ``dimension='seq'``) of that size -
     building the model if it likes - and runs under an :class:`Estimator` for each value tried
     (about log2(max) of them). Returns ``gpu-mem-track fit --json``'s object: ``largest`` (``None``
@@ -263,13 +267,14 @@ def fit(
     every probe.
 
     Raises:
-        ValueError: ``device`` is not one GPU profile, or another option is wrong.
+        ValueError: ``device_profile`` is not one GPU profile, or another option is wrong.
     """
-    if device in ("cuda", "all", "none"):
-        raise ValueError(f"fit(): device={device!r}; name one GPU profile (h100-80g, a100-40g, ...)")
+    device_profile = device_profile_argument("fit", device_profile, device)
+    if device_profile in ("cuda", "all", "none"):
+        raise ValueError(f"fit(): device_profile={device_profile!r}; name one GPU profile (h100-80g, a100-40g, ...)")
 
     def probe(value: int) -> Any:
-        est = Estimator(device, gpu_memory=gpu_memory, world_size=world_size, shard=shard, precision=precision)
+        est = Estimator(device_profile, gpu_memory=gpu_memory, world_size=world_size, shard=shard, precision=precision)
         with est:
             step(value)
         return est._finished

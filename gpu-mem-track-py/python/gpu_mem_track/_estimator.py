@@ -1,6 +1,6 @@
 """``Estimator``: will it fit? The program's own PyTorch code, run on the meta device in-process.
 
-Inside ``with Estimator(device="h100-80g") as est:`` every tensor is a meta tensor (exact sizes,
+Inside ``with Estimator(device_profile="h100-80g") as est:`` every tensor is a meta tensor (exact sizes,
 no data, no compute): the model is built there with no memory behind its weights, ``"cuda"`` and
 ``"cpu"`` mean meta, and each storage is counted as it is allocated and freed, when Python frees
 it. The block's phases are read from the program itself: a forward of a module called outside
@@ -142,10 +142,26 @@ class _Sites:
         return index
 
 
+def device_profile_argument(caller: str, device_profile: str, device: str | None, default: str = "h100-80g") -> str:
+    """The GPU profile asked for: ``device_profile``, or ``device``, its old name (deprecated: a
+    device is a torch device everywhere else in this package)."""
+    if device is None:
+        return device_profile
+    if device_profile != default:
+        raise TypeError(f"{caller}(): device_profile={device_profile!r} and device={device!r}; pass device_profile only")
+    warnings.warn(
+        f"{caller}(device=...) is deprecated: pass device_profile={device!r}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return device
+
+
 class Estimator:
     """Estimates the GPU memory of the code run inside ``with``, without a GPU.
 
-    ``device``: a GPU profile (``h100-80g``, ``a100-80g``, ``a100-40g``, ``rtx4090``, ``l4``,
+    ``device_profile`` (``gpu-mem-track estimate --device-profile``; ``device=`` is its deprecated
+    old name): a GPU profile (``h100-80g``, ``a100-80g``, ``a100-40g``, ``rtx4090``, ``l4``,
     ``t4``, ... or a profile ``.json``), ``"all"`` for every preset, ``"cuda"`` for the caching
     allocator model alone. ``gpu_memory``: the GPU's memory in bytes, replacing the profile's.
     ``world_size``, ``shard`` (``none``, ``zero1``, ``zero2``, ``zero3``/``fsdp``) and
@@ -162,18 +178,25 @@ class Estimator:
 
     def __init__(
         self,
-        device: str = "h100-80g",
+        device_profile: str = "h100-80g",
         *,
         gpu_memory: int | None = None,
         world_size: int = 1,
         shard: str = "none",
         precision: str = "fp32",
+        device: str | None = None,
     ) -> None:
-        self.device = device
+        self.device_profile = device_profile_argument("Estimator", device_profile, device)
         self.gpu_memory = gpu_memory
         self.parallel = (int(world_size), shard, precision)
         self.result: Any = None
         self._recording: Any = None
+
+    @property
+    def device(self) -> str:
+        """Deprecated: :attr:`device_profile`."""
+        warnings.warn("Estimator.device is deprecated: use device_profile", DeprecationWarning, stacklevel=2)
+        return self.device_profile
 
     # -- what the program's hooks say --------------------------------------------------------
 
@@ -380,7 +403,7 @@ class Estimator:
         if exc_type is not None:
             recording.cancel()
             return False
-        finished = recording.finish(*self._options(), self.device, self.gpu_memory, self.parallel)
+        finished = recording.finish(*self._options(), self.device_profile, self.gpu_memory, self.parallel)
         from ._estimate import Estimate
 
         self._finished = finished

@@ -1,4 +1,4 @@
-"""``MemTracker``: Pytorch-Memory-Utils' class, on the gpu-mem-track core."""
+"""``MemTracker``: Pytorch-Memory-Utils' class, on the gpu-mem-track tracker (Rust)."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def name_tensor_classes() -> None:
 
 def _rank() -> int | None:
     """This process's rank once ``torch.distributed`` is initialised (launchers' variables, read by
-    the core, name it before that)."""
+    the tracker, name it before that)."""
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
@@ -289,7 +289,7 @@ class MemTracker:
 
     def watch(self, model: torch.nn.Module, name: str | None = None) -> torch.nn.Module:
         """Names ``model``'s parameters and buffers by their module path (``name`` or the class,
-        then ``.layer1.0.conv1.weight``), as Rust's ``watch_varstore`` names a VarStore's:
+        then ``.layer1.0.conv1.weight``), as Rust's ``register_varstore`` names a VarStore's:
         :meth:`print_all_gpu_tensor` shows the names, and a named parameter's gradient is marked
         ``gradient``. Returns ``model``."""
         root = name or type(model).__name__

@@ -2,8 +2,8 @@
 //! name the file, never a panic, an abort (stack overflow) or a huge allocation.
 use std::path::Path;
 
-use gpu_mem_track_core::memviz::{write, MemorySnapshot, TraceEntry};
-use gpu_mem_track_core::trace::read_snapshot_trace;
+use gpu_mem_track_log::memviz::{write, MemorySnapshot, TraceEntry};
+use gpu_mem_track_log::trace::read_snapshot_trace;
 use proptest::prelude::*;
 
 fn entry(action: &'static str, addr: u64, size: u64, time_us: i64) -> TraceEntry<'static> {
@@ -34,11 +34,11 @@ fn real_pickle(dir: &Path, n: u64, size: u64) -> Vec<u8> {
 }
 
 /// Reads `bytes` as a snapshot file; the error text when it fails.
-fn read(dir: &Path, bytes: &[u8]) -> Result<gpu_mem_track_core::Trace, String> {
+fn read(dir: &Path, bytes: &[u8]) -> Result<gpu_mem_track_log::Trace, String> {
     let path = dir.join("input.pickle");
     std::fs::write(&path, bytes).unwrap();
     // The segment replay reads the same outside input: it may refuse it, never panic.
-    let _ = gpu_mem_track_core::memviz::replay_segments(&path);
+    let _ = gpu_mem_track_log::memviz::replay_segments(&path);
     read_snapshot_trace(&path).map_err(|e| {
         let text = e.to_string();
         assert!(text.contains("input.pickle"), "the error names the file: {text}");
@@ -127,7 +127,7 @@ fn the_segment_replay_needs_every_block_inside_a_live_segment() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("real.pickle");
     std::fs::write(&path, real_pickle(dir.path(), 4, 4096)).unwrap();
-    let err = gpu_mem_track_core::memviz::replay_segments(&path).unwrap_err().to_string();
+    let err = gpu_mem_track_log::memviz::replay_segments(&path).unwrap_err().to_string();
     assert!(err.contains("device_traces[0][0]: block 0x1000 of 4096 bytes lies in no live segment"), "{err}");
 
     let segmented = || {
@@ -146,10 +146,10 @@ fn the_segment_replay_needs_every_block_inside_a_live_segment() {
     let mut trace = segmented();
     trace.push(entry("alloc", 0x1800, 16, 9)); // overlaps the live block at 0x1000
     write(&path, MemorySnapshot { segments: Vec::new(), device_traces: vec![trace] }).unwrap();
-    let err = gpu_mem_track_core::memviz::replay_segments(&path).unwrap_err().to_string();
+    let err = gpu_mem_track_log::memviz::replay_segments(&path).unwrap_err().to_string();
     assert!(err.contains("overlaps a live block"), "{err}");
     write(&path, MemorySnapshot { segments: Vec::new(), device_traces: vec![segmented()] }).unwrap();
-    let r = gpu_mem_track_core::memviz::replay_segments(&path).unwrap();
+    let r = gpu_mem_track_log::memviz::replay_segments(&path).unwrap();
     assert_eq!((r.blocks, r.segments, r.max_live_segments), (4, 4, 3));
 }
 

@@ -2,17 +2,17 @@
 //! with their signatures, whichever file of `src/log/` holds the item.
 #![allow(unused_imports)]
 
-use gpu_mem_track_core::log::format::{
+use gpu_mem_track_log::log::format::{
     at_line, block, block_with_notes, group_line, group_mib, header, note_line, python_tuple, MIB,
 };
-use gpu_mem_track_core::log::oom::{
+use gpu_mem_track_log::log::oom::{
     human_bytes, Holder, OomReport, OomSummary, FRAGMENTED_SHARE, MAX_HOLDERS, OOM_MARK,
 };
-use gpu_mem_track_core::log::writer::{
+use gpu_mem_track_log::log::writer::{
     launcher_rank, log_file_stem, parse_log_file_name, validate_prefix, LogFileName, LogWriter as W,
     FILE_SUFFIX, TIMESTAMP_FORMAT,
 };
-use gpu_mem_track_core::log::{
+use gpu_mem_track_log::log::{
     parse_log, parse_log_bytes, parse_log_file, parse_log_lenient, AtField, AtLine, GroupLine, LogBlock,
     LogEvent, LogHeader, LogParseError, LogReader, LogWriter, MemoryField, ParsedLog, SourceLocation,
     ALLOCATED, ALLOC_RETRIES, DEVICE_FREE, DEVICE_TOTAL, DEVICE_USED, MAX_BLOCK_CHANGES, MAX_BLOCK_NOTES,

@@ -2,8 +2,8 @@
 //! mutated real logs never panic, always end, and give bounded output.
 use std::path::Path;
 
-use gpu_mem_track_core::log::{parse_log, parse_log_bytes, parse_log_lenient, LogEvent, LogReader};
-use gpu_mem_track_core::report::{analyse, analyse_reader, combine, render_text};
+use gpu_mem_track_log::log::{parse_log, parse_log_bytes, parse_log_lenient, LogEvent, LogReader};
+use gpu_mem_track_log::report::{analyse, analyse_reader, combine, render_text};
 use proptest::prelude::*;
 
 const FIXTURE: &str = include_str!("../../tests/fixtures/pytorch_memory_utils.txt");

@@ -2,8 +2,8 @@
 //! and the writer goes on appending once there is room.
 use std::process::Command;
 
-use gpu_mem_track_core::log::writer::LogWriter;
-use gpu_mem_track_core::Error;
+use gpu_mem_track_log::log::writer::LogWriter;
+use gpu_mem_track_log::Error;
 
 const CHILD: &str = "GMT_SHORT_WRITE_CHILD";
 

@@ -4,11 +4,11 @@ use std::io::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use gpu_mem_track_core::log::{parse_log, parse_log_lenient};
-use gpu_mem_track_core::report::{
+use gpu_mem_track_log::log::{parse_log, parse_log_lenient};
+use gpu_mem_track_log::report::{
     analyse, analyse_file, analyse_reader, combine, render_text, Dialect, LogReport,
 };
-use gpu_mem_track_core::Error;
+use gpu_mem_track_log::Error;
 
 const FIXTURE: &str = include_str!("../../tests/fixtures/pytorch_memory_utils.txt");
 const HEADER: &str = "GPU Memory Track | 01-Jan-24-00:00:00 | Total Tensor Used Memory:0.0    Mb Total Allocated Memory:0.0    Mb\n\n";

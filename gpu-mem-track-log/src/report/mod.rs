@@ -340,8 +340,8 @@ struct GrowthAcc {
 /// this over a parsed log and over a stream.
 ///
 /// ```
-/// use gpu_mem_track_core::log::{LogEvent, LogReader};
-/// use gpu_mem_track_core::report::Analyser;
+/// use gpu_mem_track_log::log::{LogEvent, LogReader};
+/// use gpu_mem_track_log::report::Analyser;
 /// let text = "GPU Memory Track | t | Total Tensor Used Memory:0.0    Mb\n\n\
 ///             At a.rs line 1: f  Total Tensor Used Memory:1.0    Mb\n";
 /// let mut a = Analyser::new("a.txt".as_ref(), 10);
@@ -351,7 +351,7 @@ struct GrowthAcc {
 ///     }
 /// }
 /// assert_eq!(a.finish().points, 1);
-/// # Ok::<(), gpu_mem_track_core::Error>(())
+/// # Ok::<(), gpu_mem_track_log::Error>(())
 /// ```
 pub struct Analyser {
     path: PathBuf,

@@ -1,4 +1,4 @@
-//! # gpu-mem-track-core
+//! # gpu-mem-track-log
 //!
 //! The part of [gpu-mem-track](https://github.com/) that needs no libtorch: the
 //! Pytorch-Memory-Utils log format (writing lines, parsing them back, the diff vocabulary), the
@@ -15,8 +15,8 @@
 //! (`gpu_mem_track`) builds on it and re-exports what its users need.
 //!
 //! ```
-//! use gpu_mem_track_core::log::{parse_log, format};
-//! use gpu_mem_track_core::report::{analyse, render_text, combine};
+//! use gpu_mem_track_log::log::{parse_log, format};
+//! use gpu_mem_track_log::report::{analyse, render_text, combine};
 //!
 //! // `At` lines pad the place to 50 columns, as Pytorch-Memory-Utils does.
 //! let at = format!("At {:<50} Total Tensor Used Memory:4.0    Mb Total Allocated Memory:4.0    Mb", "train.rs line 12: main");
@@ -29,7 +29,7 @@
 //! assert_eq!(log.render(), text);          // our own format reads back to the same text
 //! let report = combine(vec![analyse("x.txt".as_ref(), &log, Vec::new(), 10)]);
 //! assert!(render_text(&report).contains("train.rs line 12: main"));
-//! # Ok::<(), gpu_mem_track_core::log::LogParseError>(())
+//! # Ok::<(), gpu_mem_track_log::log::LogParseError>(())
 //! ```
 #![warn(missing_docs)]
 

@@ -162,7 +162,7 @@ pub struct GroupKey {
 /// Pytorch-Memory-Utils (`| gradient`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TensorRole {
-    /// The gradient of a parameter the tracker knows by name (`watch_varstore`, `register`).
+    /// The gradient of a parameter the tracker knows by name (`register_varstore`, `register`).
     Gradient,
     /// Made by an optimizer step (`MemTracker::optimizer_step`) and kept: Adam's moments.
     OptimizerState,

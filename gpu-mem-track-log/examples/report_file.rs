@@ -1,6 +1,6 @@
 //! `report_file LOG [--json] [--top N]`: what `gpu-mem-track report` prints for one log, read
 //! with the streaming [`analyse_file`] (for measuring time and memory on large logs).
-use gpu_mem_track_core::report::{analyse_file, combine, render_text};
+use gpu_mem_track_log::report::{analyse_file, combine, render_text};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use gpu_mem_track_core::plot::plot_log_file;
+use gpu_mem_track_log::plot::plot_log_file;
 
 /// A noisy training loop with a slow leak, three track points per step.
 fn write_log(path: &std::path::Path, points: usize) {

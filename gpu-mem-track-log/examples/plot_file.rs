@@ -6,17 +6,17 @@
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use gpu_mem_track_core::diff::Sign;
-use gpu_mem_track_core::group::TensorClass;
-use gpu_mem_track_core::log::format;
-use gpu_mem_track_core::log::{
+use gpu_mem_track_log::diff::Sign;
+use gpu_mem_track_log::group::TensorClass;
+use gpu_mem_track_log::log::format;
+use gpu_mem_track_log::log::{
     AtLine, GroupLine, LogHeader, MemoryField, SourceLocation, ALLOCATED, PEAK_ALLOCATED, TENSOR_USED,
 };
-use gpu_mem_track_core::plot::plot_log_file;
+use gpu_mem_track_log::plot::plot_log_file;
 
 /// A training loop of `points` track points, three per step (forward, backward, step), with a
 /// slow leak, a noisy activation size and one spike, so every kind of shape is drawn. The lines
-/// are the core crate's own (`format::header`, `format::block`), as the tracker writes them.
+/// are the log crate's own (`format::header`, `format::block`), as the tracker writes them.
 fn generate(points: usize, out: &Path) -> std::io::Result<()> {
     let mut w = BufWriter::new(std::fs::File::create(out)?);
     let zero = |label: &str| MemoryField { label: label.into(), mib: 0.0 };

@@ -8,10 +8,10 @@
 //! ```
 use std::io::{BufWriter, Write};
 
-use gpu_mem_track_core::diff::Sign;
-use gpu_mem_track_core::group::TensorClass;
-use gpu_mem_track_core::log::format;
-use gpu_mem_track_core::log::{
+use gpu_mem_track_log::diff::Sign;
+use gpu_mem_track_log::group::TensorClass;
+use gpu_mem_track_log::log::format;
+use gpu_mem_track_log::log::{
     AtLine, GroupLine, LogHeader, MemoryField, SourceLocation, ALLOCATED, PEAK_ALLOCATED, TENSOR_USED,
 };
 

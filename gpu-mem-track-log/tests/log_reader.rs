@@ -2,10 +2,10 @@
 //! CRLF, NUL bytes, lines that are not UTF-8, a cut-off last line, over-long lines, no header.
 use std::path::Path;
 
-use gpu_mem_track_core::log::{
+use gpu_mem_track_log::log::{
     parse_log_lenient, LogEvent, LogParseError, LogReader, ParsedLog, MAX_LINE_BYTES,
 };
-use gpu_mem_track_core::Error;
+use gpu_mem_track_log::Error;
 
 const FIXTURE: &str = include_str!("../../tests/fixtures/pytorch_memory_utils.txt");
 

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use gpu_mem_track_core::log::parse_log;
-use gpu_mem_track_core::plot::{plot_log, plot_log_file, PlotError};
+use gpu_mem_track_log::log::parse_log;
+use gpu_mem_track_log::plot::{plot_log, plot_log_file, PlotError};
 use proptest::prelude::*;
 
 type Plotted = Result<Vec<String>, PlotError>;

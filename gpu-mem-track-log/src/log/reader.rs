@@ -217,14 +217,14 @@ pub enum LogEvent {
 /// ([`Error::LogRead`], [`Error::LogParse`], naming the path given to [`LogReader::with_path`]).
 ///
 /// ```
-/// use gpu_mem_track_core::log::{LogEvent, LogReader};
+/// use gpu_mem_track_log::log::{LogEvent, LogReader};
 /// let text = "GPU Memory Track | t | Total Tensor Used Memory:0.0    Mb\r\n\r\n\
 ///             At a.rs line 1: f  Total Tensor Used Memory:1.0    Mb\r\njunk\n";
 /// let items: Vec<_> = LogReader::new(text.as_bytes()).collect::<Result<_, _>>()?;
 /// assert!(matches!(items[0], LogEvent::Header(_)));
 /// assert!(matches!(&items[1], LogEvent::Block(b) if b.at.tensor_used_mib() == Some(1.0)));
 /// assert!(matches!(&items[2], LogEvent::Skipped(e) if e.line == 4));
-/// # Ok::<(), gpu_mem_track_core::Error>(())
+/// # Ok::<(), gpu_mem_track_log::Error>(())
 /// ```
 pub struct LogReader<R> {
     reader: R,

@@ -3,8 +3,8 @@
 use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use gpu_mem_track_core::log::parse_log;
-use gpu_mem_track_core::report::{analyse, analyse_reader};
+use gpu_mem_track_log::log::parse_log;
+use gpu_mem_track_log::report::{analyse, analyse_reader};
 
 const HEADER: &str = "GPU Memory Track | 01-Jan-24-00:00:00 | Total Tensor Used Memory:0.0    Mb Total Allocated Memory:0.0    Mb\n\n";
 
