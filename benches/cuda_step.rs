@@ -1,4 +1,4 @@
-//! Where the time of a launch-bound CUDA training step goes while gpu-mem-track watches it.
+//! Where the time of a launch-bound CUDA training step goes while gpu-mem-track tracks it.
 //!
 //! An 8-layer MLP (width 256 and 2048, batch 64, ReLU, cross-entropy, tch's `nn::Adam`) steps on
 //! `cuda:0` without a sync per step, so the CPU's time per op is what the step costs. Each stage

@@ -32,7 +32,7 @@ fn main() {
         .files([
             "csrc/torchscript.cpp",
             "csrc/exported_program.cpp",
-            "csrc/native_steps.cpp",
+            "csrc/tch_steps.cpp",
             "csrc/meta_allocator.cpp",
             "csrc/meta_kernels.cpp",
             "csrc/meta_kernel_check.cpp",

@@ -1,5 +1,5 @@
 // The C boundary of the estimator's native code (gpu-mem-track-estimate-sys): meta kernels and the
-// meta allocator, "the CPU means meta", TorchScript runs and the static graph estimate, tch-native
+// meta allocator, "the CPU means meta", TorchScript runs and the static graph estimate, tch
 // steps and optimizers. It stands on the tracker's shim (shim.h: errors, device kinds, the
 // allocation recorder), whose headers gpu-mem-track-sys exports; the tracker never calls into it.
 // As there, a function that can fail returns a malloc'd error message (gmt_free_string) or NULL.
@@ -52,7 +52,7 @@ void gmt_cpu_means_meta_counts(int64_t* made_on_cpu, int64_t* moved_to_meta);
 // Up to 8 of them ("moved to meta at aten::add [4, 8] Float"), one a line; clears the list.
 char* gmt_cpu_means_meta_examples(void);
 // ---- TorchScript estimation (torchscript.cpp) ----
-// The optimizers the estimator runs (native_steps.cpp), for TorchScript and tch-native models.
+// The optimizers the estimator runs (tch_steps.cpp), for TorchScript and tch models.
 enum gmt_optimizer { GMT_OPT_NONE = 0, GMT_OPT_SGD = 1, GMT_OPT_SGD_MOMENTUM = 2, GMT_OPT_ADAM = 3, GMT_OPT_ADAMW = 4 };
 typedef struct {
   const char* path;
@@ -142,7 +142,7 @@ gmt_error gmt_exported_program_outputs(void* program, const int64_t* values, siz
 // input is the run's input).
 gmt_error gmt_estimate_exported(const void* program, const gmt_estimate_options* options, gmt_estimate_result* out);
 
-// ---- tch-native models (native_steps.cpp) ----
+// ---- tch models (tch_steps.cpp) ----
 // Moves a variable's data to the device (GMT_DEV_META/CPU) in place, converting floating dtypes
 // to `dtype` (-1: keep). `tensor` is an at::Tensor*.
 gmt_error gmt_tensor_to_device_in_place(void* tensor, int32_t device_kind, int32_t dtype);

@@ -17,12 +17,12 @@ void meta_fallback_install();
 // kernel registrations) when the library is linked statically.
 int meta_kernels_linked();
 
-// Bytes of the distinct storages among `ts` (native_steps.cpp).
+// Bytes of the distinct storages among `ts` (tch_steps.cpp).
 int64_t unique_storage_bytes(const std::vector<at::Tensor>& ts);
 
 // One optimizer's state, updated with the multi-tensor (foreach) kernels PyTorch uses by default
 // on CUDA, so the temporaries (one parameter-sized set for Adam's denominator) are the same
-// (native_steps.cpp). For TorchScript runs and tch-native steps alike.
+// (tch_steps.cpp). For TorchScript runs and tch steps alike.
 struct OptimizerState {
   int32_t kind = GMT_OPT_NONE;
   int64_t step = 0;

@@ -1,5 +1,5 @@
 //! Raw FFI to the gpu-mem-track estimator's C++ (`csrc/`, declared in `csrc/estimate.h`):
-//! TorchScript runs and the static graph estimate, tch-native steps and the optimizers, the meta
+//! TorchScript runs and the static graph estimate, tch steps and the optimizers, the meta
 //! allocator, hand-written meta kernels and "the CPU means meta". The safe API is the
 //! `gpu-mem-track-estimate` crate's `ffi` module.
 //!

@@ -8,7 +8,7 @@
 use anyhow::{bail, Context, Result};
 use gpu_mem_track_estimate::fit::{budget, fit_training_step, parse_memory_size, FitDimension};
 use gpu_mem_track_estimate::profile::DeviceProfile;
-use gpu_mem_track_estimate::{EstimateDevice, NativeStepOptions, Optimizer, Precision};
+use gpu_mem_track_estimate::{EstimateDevice, Optimizer, Precision, TchStepOptions};
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
@@ -108,7 +108,7 @@ fn main() -> Result<()> {
         profile.name,
         profile.memory_bytes as f64 / (1u64 << 30) as f64
     );
-    let options = NativeStepOptions {
+    let options = TchStepOptions {
         input_shape: vec![1, seq],
         input_is_index: true,
         target_shape: vec![1, seq],

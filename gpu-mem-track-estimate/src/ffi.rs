@@ -1,6 +1,6 @@
 //! Safe wrappers over `gpu-mem-track-estimate-sys` (the estimator's C++) and what the estimator
 //! reads of the tracker's shim through `gpu-mem-track-sys` (its error and table helpers): TorchScript
-//! and static estimates, tch-native models moved to meta, the shim's optimizers, the meta
+//! and static estimates, tch models moved to meta, the shim's optimizers, the meta
 //! allocator, hand-written meta kernels and the CPU-means-meta mode, saved-for-backward capture.
 //! The only module of this crate with `unsafe` code.
 #![allow(unsafe_code)]
@@ -40,7 +40,7 @@ fn c_string(call: &'static str, s: &str) -> Result<CString> {
     Ok(sys::safe::c_string(call, s)?)
 }
 
-/// The optimizers the shim implements for tch-native estimates.
+/// The optimizers the shim implements for tch estimates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum OptimizerKind {
     None,
@@ -86,7 +86,7 @@ pub(crate) fn meta_rnn_follows_cudnn(on: bool) {
     unsafe { esys::gmt_meta_rnn_follows_cudnn(c_int::from(on)) }
 }
 
-/// What the shim reports of a TorchScript (or tch-native) run besides its recording.
+/// What the shim reports of a TorchScript (or tch) run besides its recording.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct RunFigures {
     pub sizes: ModelSizes,

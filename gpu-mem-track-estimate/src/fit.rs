@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 #[cfg(feature = "tch")]
-use crate::native::{training_step, NativeStepOptions};
+use crate::tch_model::{training_step, TchStepOptions};
 use crate::torchscript::torchscript_trace;
 use gpu_mem_track_gpu::device_replay::FirstOom;
 pub use gpu_mem_track_gpu::options::FitDimension;
@@ -265,7 +265,7 @@ pub fn fit_torchscript(
 }
 
 #[cfg(feature = "tch")]
-/// As [`fit_torchscript`] for a tch-native model's training step ([`training_step`]): the
+/// As [`fit_torchscript`] for a tch model's training step ([`training_step`]): the
 /// varied dimension is set in both the input and the target shape.
 ///
 /// # Errors
@@ -273,7 +273,7 @@ pub fn fit_torchscript(
 pub fn fit_training_step<M>(
     build: impl Fn(&tch::nn::Path) -> M,
     loss: impl Fn(&M, &tch::Tensor, &tch::Tensor) -> tch::Tensor,
-    options: &NativeStepOptions,
+    options: &TchStepOptions,
     dimension: FitDimension,
     profile: &DeviceProfile,
     max: i64,
@@ -284,7 +284,7 @@ pub fn fit_training_step<M>(
         dimension,
         max,
         |v| {
-            let o = NativeStepOptions {
+            let o = TchStepOptions {
                 input_shape: with_dimension(dimension, &options.input_shape, v)?,
                 target_shape: with_dimension(dimension, &options.target_shape, v)
                     .unwrap_or(options.target_shape.clone()),

@@ -7,13 +7,13 @@
 //! ([`caching_allocator`], with cuBLAS and cuDNN workspaces per GPU in [`profile`]) to predict
 //! `memory_allocated`, `memory_reserved` and what `nvidia-smi` would show.
 //!
-//! A training step of a tch-native model, estimated on the meta device:
+//! A training step of a tch model, estimated on the meta device:
 //!
 //! ```
-//! use gpu_mem_track_estimate::{training_step, EstimateDevice, NativeStepOptions, Optimizer, Precision};
+//! use gpu_mem_track_estimate::{training_step, EstimateDevice, TchStepOptions, Optimizer, Precision};
 //! use tch::nn::{self, Module};
 //!
-//! let options = NativeStepOptions {
+//! let options = TchStepOptions {
 //!     input_shape: vec![32, 64],
 //!     input_is_index: false,
 //!     target_shape: vec![],
@@ -50,12 +50,12 @@ mod ffi;
 mod figures;
 pub mod fit;
 pub mod in_process;
-#[cfg(feature = "tch")]
-mod native;
 pub mod report;
 #[cfg(feature = "tch")]
 mod saved;
 mod size;
+#[cfg(feature = "tch")]
+mod tch_model;
 mod torchscript;
 
 pub use error::{Error, Result};
@@ -63,7 +63,11 @@ pub use estimate::{estimate_progress, Estimate, PeakPlace, PhasePeak};
 pub use figures::{CpuTensors, FallbackOp, ModelSizes, StaticEstimate};
 pub use gpu_mem_track_log::{Category, Phase, TimelinePoint, Trace, TraceEvent};
 #[cfg(feature = "tch")]
-pub use native::{inference_step, training_step, NativeStepOptions};
+pub use tch_model::{inference_step, training_step, TchStepOptions};
+/// The old name of [`TchStepOptions`].
+#[cfg(feature = "tch")]
+#[deprecated(since = "0.1.0", note = "renamed `TchStepOptions`")]
+pub type NativeStepOptions = TchStepOptions;
 pub use options::{EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Precision};
 
 /// Whether LSTM and GRU take cuDNN's path in a meta run, as they do on a CUDA device: on by

@@ -1,4 +1,4 @@
-"""The Python twin of `benches/cuda_step.rs`: what watching a launch-bound CUDA training step costs
+"""The Python twin of `benches/cuda_step.rs`: what tracking a launch-bound CUDA training step costs
 from Python, as a user runs it (`import gpu_mem_track`, a `MemTracker`, `track()` each step).
 
 The same step: an 8-layer MLP (width 256 and 2048, batch 64, ReLU, cross-entropy,

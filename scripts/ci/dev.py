@@ -209,11 +209,11 @@ PINS = {
 }
 TRAINERS = ["lightning==2.6.6", "accelerate==1.15.0"]
 # The tests every pair must pass: log lines, registry (and its walk split across threads), CPU
-# allocator counts, history, estimates on the meta device (tch-native, and TorchScript exported by
+# allocator counts, history, estimates on the meta device (tch, and TorchScript exported by
 # that pair's torch), the dependent crate. Three packages: the tracker's tests, the estimator's
-# (native, estimate, saved), the dependent fixture's.
+# (tch_model, estimate, saved), the dependent fixture's.
 PAIR_TESTS = "-p gpu-mem-track -p gpu-mem-track-estimate -p dependent --lib --test log_lines --test history"
-PAIR_TESTS += " --test native --test estimate --test errors --test saved --test sampler --test concurrency"
+PAIR_TESTS += " --test tch_model --test estimate --test errors --test saved --test sampler --test concurrency"
 PAIR_TESTS += " --test linking --test dependent --test large_walk"
 # What a pair's own setup must not inherit from the calling shell (`--torch` unsets the same).
 FOREIGN = ("LIBTORCH", "LIBTORCH_USE_PYTORCH", "VIRTUAL_ENV")

@@ -1,4 +1,4 @@
-// tch-native models: parameters moved to the meta device in place, inputs made on it, gradients
+// tch models: parameters moved to the meta device in place, inputs made on it, gradients
 // dropped, and the optimizers (driven from Rust here, from torchscript.cpp for TorchScript runs).
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>

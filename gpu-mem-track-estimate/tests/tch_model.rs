@@ -1,4 +1,4 @@
-//! tch-native models estimated on the meta device equal a CPU run of the same step.
+//! tch models estimated on the meta device equal a CPU run of the same step.
 use gpu_mem_track_testkit as common;
 
 use common::{GPU_ALLOCATED_ABOVE_PCT, GPU_ALLOCATED_BELOW_PCT, GPU_RESERVED_PCT};
@@ -8,7 +8,7 @@ use gpu_mem_track_estimate::runtime::{
 };
 use gpu_mem_track_estimate::Phase;
 use gpu_mem_track_estimate::{
-    inference_step, training_step, EstimateDevice, Mode, NativeStepOptions, Optimizer, Precision,
+    inference_step, training_step, EstimateDevice, Mode, Optimizer, Precision, TchStepOptions,
 };
 use tch::nn::{self, Module, ModuleT, OptimizerConfig, RNN};
 use tch::{Kind, Tensor};
@@ -33,7 +33,7 @@ fn within(meta: u64, cpu: u64, what: &str) {
 #[test]
 fn native_cnn_step_on_meta_matches_the_cpu() {
     let step = |m: &nn::SequentialT, x: &Tensor, y: &Tensor| m.forward_t(x, true).cross_entropy_for_logits(y);
-    let options = |device| NativeStepOptions {
+    let options = |device| TchStepOptions {
         input_shape: vec![32, 1, 28, 28],
         input_is_index: false,
         target_shape: vec![32],
@@ -71,7 +71,7 @@ fn native_cnn_step_on_meta_matches_the_cpu() {
 
 #[test]
 fn a_failing_step_is_an_error_naming_the_problem() {
-    let options = NativeStepOptions {
+    let options = TchStepOptions {
         input_shape: vec![4, 7],
         input_is_index: false,
         target_shape: vec![],
@@ -103,7 +103,7 @@ fn ops_without_a_meta_kernel_run_their_cpu_kernel_and_match_the_cpu() {
             .add(nn::linear(p / "l3", 256, 10, Default::default()))
     }
     let step = |m: &nn::Sequential, x: &Tensor, y: &Tensor| m.forward(x).cross_entropy_for_logits(y);
-    let options = |device| NativeStepOptions { device, ..adam(Precision::F32, &[32, 64], false, &[32]) };
+    let options = |device| TchStepOptions { device, ..adam(Precision::F32, &[32, 64], false, &[32]) };
     let (meta, _) = training_step(mlp, step, &options(EstimateDevice::Meta)).unwrap();
     let (cpu, _) = training_step(mlp, step, &options(EstimateDevice::Cpu)).unwrap();
     // What the forward pass keeps (outputs, dropout masks as bool) is the CPU run's to the byte.
@@ -135,8 +135,8 @@ fn adam(
     input_shape: &[i64],
     input_is_index: bool,
     target_shape: &[i64],
-) -> NativeStepOptions {
-    NativeStepOptions {
+) -> TchStepOptions {
+    TchStepOptions {
         input_shape: input_shape.to_vec(),
         input_is_index,
         target_shape: target_shape.to_vec(),
@@ -169,11 +169,11 @@ fn cpu_rise_during<T>(f: impl FnOnce() -> T) -> (T, u64) {
 /// live after forward), and that the meta run made no tensor on the CPU.
 fn meta_matches_cpu<M>(
     what: &str,
-    case: NativeStepOptions,
+    case: TchStepOptions,
     build: impl Fn(&nn::Path) -> M,
     step: impl Fn(&M, &Tensor, &Tensor) -> Tensor,
 ) -> gpu_mem_track_estimate::Estimate {
-    let options = |device| NativeStepOptions { device, ..case.clone() };
+    let options = |device| TchStepOptions { device, ..case.clone() };
     let (cpu, _) = training_step(&build, &step, &options(EstimateDevice::Cpu)).unwrap();
     let (meta, cpu_rise) = cpu_rise_during(|| {
         training_step(&build, &step, &options(EstimateDevice::Meta))
@@ -396,8 +396,7 @@ fn masks_made_on_the_build_device_in_forward_land_on_meta() {
 #[test]
 fn inference_of_a_tch_model_estimates_on_meta_like_the_cpu() {
     let (batch, seq, dim) = MASKED;
-    let options =
-        |device| NativeStepOptions { device, ..adam(Precision::F32, &[batch, seq, dim], false, &[]) };
+    let options = |device| TchStepOptions { device, ..adam(Precision::F32, &[batch, seq, dim], false, &[]) };
     let forward = |m: &Masked, x: &Tensor| m.logits(x);
     let (cpu, _) = inference_step(masked, forward, &options(EstimateDevice::Cpu)).unwrap();
     let (meta, _) = inference_step(masked, forward, &options(EstimateDevice::Meta)).unwrap();
@@ -415,7 +414,7 @@ fn inference_of_a_tch_model_estimates_on_meta_like_the_cpu() {
 /// the estimate, and on this one after it, stays on the CPU.
 #[test]
 fn cpu_work_elsewhere_during_an_estimate_stays_on_the_cpu() {
-    let options = NativeStepOptions {
+    let options = TchStepOptions {
         input_shape: vec![4, 8],
         input_is_index: false,
         target_shape: vec![4],

@@ -26,9 +26,9 @@ use gpu_mem_track::DeviceKind;
 use gpu_mem_track_gpu::options::{EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Precision};
 use gpu_mem_track_log::DType;
 
-/// What a tch-native training step is estimated with.
+/// What a tch training step is estimated with.
 #[derive(Debug, Clone, PartialEq)]
-pub struct NativeStepOptions {
+pub struct TchStepOptions {
     /// Input shape, batch first.
     pub input_shape: Vec<i64>,
     /// Integer token ids (int64) rather than floats.
@@ -85,7 +85,7 @@ struct Loaded<M> {
     sizes: ModelSizes,
 }
 
-/// Everything an estimate of a tch-native model sets up and takes down around the run: the meta
+/// Everything an estimate of a tch model sets up and takes down around the run: the meta
 /// allocator, the recording, "the CPU means meta", the build, the input and the target.
 struct NativeRun<M> {
     loaded: Loaded<M>,
@@ -99,7 +99,7 @@ struct NativeRun<M> {
 }
 
 impl<M> NativeRun<M> {
-    fn begin(build: impl FnOnce(&nn::Path) -> M, options: &NativeStepOptions) -> Result<Self> {
+    fn begin(build: impl FnOnce(&nn::Path) -> M, options: &TchStepOptions) -> Result<Self> {
         gpu_mem_track::install()?;
         let meta = options.device == EstimateDevice::Meta;
         if meta {
@@ -160,7 +160,7 @@ fn tensor_bytes(t: &Tensor) -> u64 {
     (t.numel() * t.kind().elt_size_in_bytes()) as u64
 }
 
-fn estimate_options(options: &NativeStepOptions, mode: Mode) -> EstimateOptions {
+fn estimate_options(options: &TchStepOptions, mode: Mode) -> EstimateOptions {
     EstimateOptions {
         input_shape: options.input_shape.clone(),
         input_is_index: options.input_is_index,
@@ -182,7 +182,7 @@ fn estimate_options(options: &NativeStepOptions, mode: Mode) -> EstimateOptions 
 pub fn training_step<M>(
     build: impl FnOnce(&nn::Path) -> M,
     step: impl Fn(&M, &Tensor, &Tensor) -> Tensor,
-    options: &NativeStepOptions,
+    options: &TchStepOptions,
 ) -> Result<(Estimate, Trace)> {
     let mut run = NativeRun::begin(build, options)?;
     let mut optimizer = ffi::ShimOptimizer::new(options.optimizer.into())?;
@@ -213,9 +213,9 @@ pub fn training_step<M>(
 pub fn inference_step<M>(
     build: impl FnOnce(&nn::Path) -> M,
     forward: impl Fn(&M, &Tensor) -> Tensor,
-    options: &NativeStepOptions,
+    options: &TchStepOptions,
 ) -> Result<(Estimate, Trace)> {
-    let options = NativeStepOptions { target_shape: Vec::new(), ..options.clone() };
+    let options = TchStepOptions { target_shape: Vec::new(), ..options.clone() };
     let run = NativeRun::begin(build, &options)?;
     for it in 1..=2 {
         recorder::set_phase(Some(Phase::Forward), it);
