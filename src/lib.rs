@@ -112,6 +112,8 @@ pub mod history;
 mod oom;
 pub mod recorder;
 pub mod sampler;
+#[cfg(feature = "tch")]
+pub mod saved;
 pub mod site;
 mod tracker;
 pub mod walk;

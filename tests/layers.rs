@@ -422,6 +422,27 @@ fn the_estimator_is_a_crate_above_the_tracker() {
     assert!(!log.iter().any(|d| d.starts_with("gpu-mem-track") || d == "tch"), "{log:?}");
 }
 
+/// The estimator reaches the tracker's shim only through the tracker's safe API (the
+/// saved-for-backward capture is `gpu_mem_track::saved`): its `ffi.rs` calls its own `-sys`
+/// crate's functions, and of the tracker's `-sys` crate names only the shared error type.
+#[test]
+fn the_estimator_calls_the_trackers_shim_through_the_tracker() {
+    let ffi =
+        std::fs::read_to_string(Path::new(ROOT).join("gpu-mem-track-estimate/src/ffi.rs")).expect("ffi.rs");
+    let direct: BTreeSet<&str> = ffi
+        .match_indices("sys::gmt_")
+        .filter(|(at, _)| !ffi[..*at].ends_with('e')) // `esys::`: the estimator's own
+        .map(|(at, _)| {
+            let rest = &ffi[at + 5..];
+            &rest[..rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len())]
+        })
+        .collect();
+    assert_eq!(direct, BTreeSet::from(["gmt_error"]), "the estimator calls the tracker's shim directly");
+    let tracker =
+        std::fs::read_to_string(Path::new(ROOT).join("src/ffi/saved.rs")).expect("src/ffi/saved.rs");
+    assert!(tracker.contains("gmt_saved_capture_begin"));
+}
+
 /// The names in a manifest's `[dependencies]` table.
 fn manifest_dependencies(path: &str) -> BTreeSet<String> {
     let text = std::fs::read_to_string(Path::new(ROOT).join(path)).expect("manifest");

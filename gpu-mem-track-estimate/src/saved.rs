@@ -35,14 +35,6 @@ pub struct SavedReport {
     pub allocator_delta: i64,
 }
 
-struct CaptureGuard;
-
-impl Drop for CaptureGuard {
-    fn drop(&mut self) {
-        ffi::saved_capture_end();
-    }
-}
-
 fn live_bytes() -> u64 {
     gpu_mem_track::cpu_allocator_stats().map_or(0, |s| s.current) + ffi::meta_allocator_current()
 }
@@ -67,15 +59,11 @@ pub fn memory_for_backward_excluding<T>(
 ) -> Result<(T, SavedReport)> {
     gpu_mem_track::install()?;
     let before = live_bytes();
-    ffi::saved_capture_begin(inputs)?;
-    let output = {
-        let _guard = CaptureGuard;
-        forward()
-    };
+    let (output, saved) = gpu_mem_track::saved::capture(inputs, forward)?;
     let allocator_delta = live_bytes() as i64 - before as i64;
-    let (entries, parameter_bytes) = ffi::saved_entries();
+    let parameter_bytes = saved.parameter_bytes;
     let mut by_op: BTreeMap<String, (u64, usize)> = BTreeMap::new();
-    for (bytes, op) in entries {
+    for (bytes, op) in saved.storages {
         let e = by_op.entry(op).or_default();
         e.0 += bytes;
         e.1 += 1;

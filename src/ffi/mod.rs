@@ -9,6 +9,8 @@ mod cuda;
 mod oom;
 mod recorder;
 mod registry;
+#[cfg(feature = "tch")]
+mod saved;
 
 pub(crate) use allocator::*;
 pub(crate) use cuda::*;
@@ -19,6 +21,8 @@ pub use recorder::{op_name, AllocEvent, EventKind};
 use registry::tidy_op_name;
 pub use registry::with_gil_held;
 pub(crate) use registry::*;
+#[cfg(feature = "tch")]
+pub(crate) use saved::*;
 
 use std::ffi::CString;
 
