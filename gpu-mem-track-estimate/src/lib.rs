@@ -29,14 +29,14 @@
 //! assert_eq!(estimate.sizes.grad_bytes, params);
 //! assert_eq!(estimate.sizes.optimizer_state_bytes, 2 * params); // Adam: exp_avg, exp_avg_sq
 //! assert!(estimate.peak.bytes >= 4 * params);
-//! print!("{}", gpu_mem_track_estimate::report::PeakBreakdown { estimate: &estimate, trace: &trace });
+//! print!("{}", gpu_mem_track_estimate::text::PeakBreakdown { estimate: &estimate, trace: &trace });
 //! # Ok::<(), gpu_mem_track_estimate::Error>(())
 //! ```
 //!
 //! The rest: [`estimate_torchscript`] (a TorchScript file), [`estimate_static`] (its graph,
 //! statically), [`varstore_size`] and [`torchscript_size`], [`memory_for_backward`], [`fit`] (the
 //! largest batch or sequence that fits a GPU), [`sharding`] (ZeRO and mixed precision, per rank),
-//! and [`report`]: the text the `gpu-mem-track-estimate` binary prints, as `Display`s.
+//! and [`text`]: the text the `gpu-mem-track-estimate` binary prints, as `Display`s.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -50,7 +50,12 @@ mod ffi;
 mod figures;
 pub mod fit;
 pub mod in_process;
-pub mod report;
+pub mod text;
+/// The old name of [`text`] (a `report` is the log's, `gpu-mem-track report`).
+#[deprecated(since = "0.1.0", note = "renamed `text`")]
+pub mod report {
+    pub use crate::text::*;
+}
 #[cfg(feature = "tch")]
 mod saved;
 mod size;

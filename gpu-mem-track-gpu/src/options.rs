@@ -18,12 +18,28 @@ pub trait Choice: std::str::FromStr<Err = String> + fmt::Display + Copy + Send +
     const NAMES: &'static [&'static str];
 }
 
-/// `Display` of a [`Choice`] as its canonical name.
-macro_rules! choice_names {
-    ($ty:ty { $($variant:path => $name:literal),+ $(,)? }) => {
+/// A [`Choice`] from one table: `Display` (each variant's first name), `FromStr` (any of its
+/// names, in any case, `-` and `_` ignored: `amp_bf16`, `SGD-Momentum`) and [`Choice::NAMES`];
+/// `$what` names the option in the error, which lists the first names.
+macro_rules! choice {
+    ($ty:ty, $what:literal { $($variant:path => $name:literal $(| $alias:literal)*),+ $(,)? }) => {
         impl std::fmt::Display for $ty {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str(match self { $($variant => $name),+ })
+            }
+        }
+        impl std::str::FromStr for $ty {
+            type Err = String;
+            fn from_str(s: &str) -> std::result::Result<Self, String> {
+                let key = $crate::options::choice_key(s);
+                $(
+                    if key == $crate::options::choice_key($name)
+                        $(|| key == $crate::options::choice_key($alias))*
+                    {
+                        return Ok($variant);
+                    }
+                )+
+                Err($crate::options::unknown_choice($what, s, <$ty as $crate::options::Choice>::NAMES))
             }
         }
         impl $crate::options::Choice for $ty {
@@ -31,7 +47,21 @@ macro_rules! choice_names {
         }
     };
 }
-pub(crate) use choice_names;
+pub(crate) use choice;
+
+/// What a name is compared by: lowercase, without `-` and `_`.
+pub(crate) fn choice_key(s: &str) -> String {
+    s.chars().filter(|c| !matches!(c, '-' | '_')).map(|c| c.to_ascii_lowercase()).collect()
+}
+
+/// `unknown optimizer "lion" (use sgd, momentum, adam or adamw)`.
+pub(crate) fn unknown_choice(what: &str, s: &str, names: &[&str]) -> String {
+    let list = match names {
+        [init @ .., last] if !init.is_empty() => format!("{} or {last}", init.join(", ")),
+        _ => names.join(""),
+    };
+    format!("unknown {what} {s:?} (use {list})")
+}
 
 /// Element type of parameters and float inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -56,29 +86,6 @@ impl Precision {
     }
 }
 
-impl std::str::FromStr for Precision {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "f32" | "float32" | "fp32" => Ok(Precision::F32),
-            "f16" | "float16" | "fp16" | "half" => Ok(Precision::F16),
-            "bf16" | "bfloat16" => Ok(Precision::Bf16),
-            other => Err(format!("unknown dtype {other:?} (use f32, f16 or bf16)")),
-        }
-    }
-}
-
-impl std::str::FromStr for Lifetimes {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "torchscript" | "ts" => Ok(Lifetimes::TorchScript),
-            "eager" => Ok(Lifetimes::Eager),
-            other => Err(format!("unknown lifetimes {other:?} (use torchscript or eager)")),
-        }
-    }
-}
-
 /// Optimizer whose state a training step allocates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -91,19 +98,6 @@ pub enum Optimizer {
     Adam,
     /// AdamW: as Adam.
     AdamW,
-}
-
-impl std::str::FromStr for Optimizer {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "sgd" => Ok(Optimizer::Sgd),
-            "momentum" | "sgd-momentum" | "sgd_momentum" => Ok(Optimizer::SgdMomentum),
-            "adam" => Ok(Optimizer::Adam),
-            "adamw" => Ok(Optimizer::AdamW),
-            other => Err(format!("unknown optimizer {other:?} (use sgd, momentum, adam or adamw)")),
-        }
-    }
 }
 
 /// Inference (forward without grad) or training steps (forward, backward, optimizer step).
@@ -182,35 +176,48 @@ pub enum FitDimension {
     Seq,
 }
 
-impl std::str::FromStr for FitDimension {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "batch" => Ok(FitDimension::Batch),
-            "seq" | "sequence" => Ok(FitDimension::Seq),
-            other => Err(format!("unknown dimension {other:?} to vary (use batch or seq)")),
-        }
-    }
-}
-
-choice_names!(Precision { Precision::F32 => "f32", Precision::F16 => "f16", Precision::Bf16 => "bf16" });
-choice_names!(Lifetimes { Lifetimes::TorchScript => "torchscript", Lifetimes::Eager => "eager" });
-choice_names!(Optimizer {
+choice!(Precision, "dtype" {
+    Precision::F32 => "f32" | "float32" | "fp32",
+    Precision::F16 => "f16" | "float16" | "fp16" | "half",
+    Precision::Bf16 => "bf16" | "bfloat16",
+});
+choice!(Lifetimes, "lifetimes" { Lifetimes::TorchScript => "torchscript" | "ts", Lifetimes::Eager => "eager" });
+choice!(Optimizer, "optimizer" {
     Optimizer::Sgd => "sgd",
-    Optimizer::SgdMomentum => "momentum",
+    Optimizer::SgdMomentum => "momentum" | "sgd-momentum",
     Optimizer::Adam => "adam",
     Optimizer::AdamW => "adamw",
 });
-choice_names!(EstimateDevice { EstimateDevice::Meta => "meta", EstimateDevice::Cpu => "cpu" });
-choice_names!(FitDimension { FitDimension::Batch => "batch", FitDimension::Seq => "seq" });
+choice!(EstimateDevice, "device to estimate on" { EstimateDevice::Meta => "meta", EstimateDevice::Cpu => "cpu" });
+choice!(FitDimension, "dimension to vary" { FitDimension::Batch => "batch", FitDimension::Seq => "seq" | "sequence" });
 
-impl std::str::FromStr for EstimateDevice {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "meta" => Ok(EstimateDevice::Meta),
-            "cpu" => Ok(EstimateDevice::Cpu),
-            other => Err(format!("unknown device {other:?} to estimate on (use meta or cpu)")),
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_choice_parses_its_names_and_aliases_in_any_spelling_and_shows_its_first_name() {
+        for (text, want) in [
+            ("momentum", Optimizer::SgdMomentum),
+            ("SGD_Momentum", Optimizer::SgdMomentum),
+            ("AdamW", Optimizer::AdamW),
+        ] {
+            assert_eq!(text.parse::<Optimizer>(), Ok(want), "{text}");
         }
+        assert_eq!("half".parse::<Precision>(), Ok(Precision::F16));
+        assert_eq!("sequence".parse::<FitDimension>(), Ok(FitDimension::Seq));
+        assert_eq!(Optimizer::SgdMomentum.to_string(), "momentum");
+        assert_eq!(Optimizer::NAMES, ["sgd", "momentum", "adam", "adamw"]);
+        for name in Optimizer::NAMES {
+            assert_eq!(name.parse::<Optimizer>().map(|o| o.to_string()).as_deref(), Ok(*name));
+        }
+        assert_eq!(
+            "lion".parse::<Optimizer>(),
+            Err("unknown optimizer \"lion\" (use sgd, momentum, adam or adamw)".into())
+        );
+        assert_eq!(
+            "".parse::<EstimateDevice>(),
+            Err("unknown device to estimate on \"\" (use meta or cpu)".into())
+        );
     }
 }

@@ -30,7 +30,7 @@
 //! in the transient reduce buckets, which are not modelled.
 use serde::Serialize;
 
-use crate::options::{choice_names, Optimizer, Precision};
+use crate::options::{choice, Optimizer, Precision};
 use gpu_mem_track_log::{Category, Phase, Trace, TraceEvent};
 
 /// How model states are divided among data-parallel ranks.
@@ -47,19 +47,6 @@ pub enum Shard {
     /// ZeRO-3 / FSDP full shard: parameters, gradients and optimizer state divided, each layer's
     /// parameters gathered while it computes.
     Zero3,
-}
-
-impl std::str::FromStr for Shard {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s.to_ascii_lowercase().replace(['-', '_'], "").as_str() {
-            "none" | "ddp" => Ok(Shard::None),
-            "zero1" => Ok(Shard::Zero1),
-            "zero2" => Ok(Shard::Zero2),
-            "zero3" | "fsdp" => Ok(Shard::Zero3),
-            _ => Err(format!("unknown sharding {s:?} (use none, zero1, zero2, zero3 or fsdp)")),
-        }
-    }
 }
 
 /// Precision of a training step.
@@ -80,29 +67,18 @@ pub enum TrainingPrecision {
     AmpFp16,
 }
 
-impl std::str::FromStr for TrainingPrecision {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s.to_ascii_lowercase().replace('_', "-").as_str() {
-            "fp32" | "f32" => Ok(TrainingPrecision::Fp32),
-            "fp16" | "f16" => Ok(TrainingPrecision::Fp16),
-            "bf16" => Ok(TrainingPrecision::Bf16),
-            "amp-bf16" => Ok(TrainingPrecision::AmpBf16),
-            "amp-fp16" | "amp-f16" => Ok(TrainingPrecision::AmpFp16),
-            _ => {
-                Err(format!("unknown training precision {s:?} (use fp32, fp16, bf16, amp-bf16 or amp-fp16)"))
-            }
-        }
-    }
-}
-
-choice_names!(Shard { Shard::None => "none", Shard::Zero1 => "zero1", Shard::Zero2 => "zero2", Shard::Zero3 => "zero3" });
-choice_names!(TrainingPrecision {
-    TrainingPrecision::Fp32 => "fp32",
-    TrainingPrecision::Fp16 => "fp16",
+choice!(Shard, "sharding" {
+    Shard::None => "none" | "ddp",
+    Shard::Zero1 => "zero1",
+    Shard::Zero2 => "zero2",
+    Shard::Zero3 => "zero3" | "fsdp",
+});
+choice!(TrainingPrecision, "training precision" {
+    TrainingPrecision::Fp32 => "fp32" | "f32",
+    TrainingPrecision::Fp16 => "fp16" | "f16",
     TrainingPrecision::Bf16 => "bf16",
     TrainingPrecision::AmpBf16 => "amp-bf16",
-    TrainingPrecision::AmpFp16 => "amp-fp16",
+    TrainingPrecision::AmpFp16 => "amp-fp16" | "amp-f16",
 });
 
 impl TrainingPrecision {

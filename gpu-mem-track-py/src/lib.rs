@@ -388,10 +388,10 @@ impl PyFinished {
         gpu_memory: Option<u64>,
         parallelism: Option<gpu_mem_track_estimate::sharding::Parallelism>,
     ) -> PyResult<Self> {
-        use gpu_mem_track_estimate::report::{
+        use gpu_mem_track_estimate::sharding::per_rank_trace;
+        use gpu_mem_track_estimate::text::{
             estimate_json, gpu_predictions, GpuTable, PeakBreakdown, PeakTensors, RankReport,
         };
-        use gpu_mem_track_estimate::sharding::per_rank_trace;
         use gpu_mem_track_estimate::Mode;
         let e = &done.estimate;
         let optimizer = match e.options.mode {
@@ -418,7 +418,7 @@ impl PyFinished {
             text.push_str(&r.to_string());
         }
         match (one, gpus.first()) {
-            (true, Some(g)) => text.push_str(&gpu_mem_track_estimate::report::GpuReport(g).to_string()),
+            (true, Some(g)) => text.push_str(&gpu_mem_track_estimate::text::GpuReport(g).to_string()),
             _ if !gpus.is_empty() => text.push_str(&GpuTable(&gpus).to_string()),
             _ => {}
         }

@@ -17,12 +17,12 @@ use gpu_mem_track_cli::model_args::{
 };
 use gpu_mem_track_estimate::fit::{budget, fit_torchscript, FitProbe};
 use gpu_mem_track_estimate::profile::DeviceProfile;
-use gpu_mem_track_estimate::report::{
+use gpu_mem_track_estimate::runtime::{place_runtime_allocations, with_workspaces, RuntimeSizes};
+use gpu_mem_track_estimate::sharding::per_rank_trace;
+use gpu_mem_track_estimate::text::{
     estimate_json, gpu_predictions, mib, EstimateSummary, FitReport, GpuReport, GpuTable, PeakBreakdown,
     PeakTensors, RankReport,
 };
-use gpu_mem_track_estimate::runtime::{place_runtime_allocations, with_workspaces, RuntimeSizes};
-use gpu_mem_track_estimate::sharding::per_rank_trace;
 use gpu_mem_track_estimate::Error;
 use gpu_mem_track_estimate::{
     estimate_progress, estimate_static, estimate_torchscript_traced, estimate_torchscript_with_peak_tensors,

@@ -1,5 +1,5 @@
 //! The estimator's figures as text: what `gpu-mem-track estimate` and `fit` print, as `Display`s, so
-//! a library user prints the same report. Each ends its lines with `\n`; print them with `print!`.
+//! a library user prints the same text. Each ends its lines with `\n`; print them with `print!`.
 use std::fmt;
 use std::path::Path;
 
