@@ -15,8 +15,11 @@ pub fn probe() -> Vec<&'static str> {
     // An NVIDIA driver with a device: its control node and the per-GPU entries in /proc.
     let gpu = Path::new("/dev/nvidiactl").exists()
         && std::fs::read_dir("/proc/driver/nvidia/gpus").is_ok_and(|mut d| d.next().is_some());
-    let python = python_with(&["torch"]).is_some();
-    let torchvision = python && python_with(&["torch", "torchvision"]).is_some();
+    // The Python the tests will run (the first with torch), and whether that one has torchvision:
+    // another interpreter's torchvision is no use to them.
+    let python = python_with(&["torch"]);
+    let torchvision = python.as_deref().is_some_and(|p| imports(p, &["torchvision"]));
+    let python = python.is_some();
     let memory_viz = env::var_os("GMT_MEMORY_VIZ_JS").is_some_and(|p| Path::new(&p).is_file())
         && Path::new("/usr/share/nodejs/d3").exists()
         && env::var_os("PATH").is_some_and(|p| env::split_paths(&p).any(|d| d.join("chromium").is_file()));
@@ -35,10 +38,13 @@ pub fn python_with(modules: &[&str]) -> Option<PathBuf> {
     }
     candidates.push(crate::workspace_root().join(".venv/bin/python"));
     candidates.push("python3".into());
+    candidates.into_iter().find(|p| imports(p, modules))
+}
+
+/// Whether `python` can import these modules.
+fn imports(python: &Path, modules: &[&str]) -> bool {
     let code = format!("import {}", modules.join(", "));
-    candidates
-        .into_iter()
-        .find(|p| Command::new(p).args(["-c", &code]).output().is_ok_and(|o| o.status.success()))
+    Command::new(python).args(["-c", &code]).output().is_ok_and(|o| o.status.success())
 }
 
 #[cfg(test)]
@@ -53,5 +59,11 @@ mod tests {
         assert!(positions.windows(2).all(|w| w[0] < w[1]), "{found:?}");
         assert!(!found.contains(&"gmt_torchvision") || found.contains(&"gmt_python_torch"), "{found:?}");
         assert_eq!(found.contains(&"gmt_python_torch"), python_with(&["torch"]).is_some());
+        // torchvision counts only in the interpreter the tests use.
+        let tests_python = python_with(&["torch"]);
+        assert_eq!(
+            found.contains(&"gmt_torchvision"),
+            tests_python.is_some_and(|p| imports(&p, &["torchvision"]))
+        );
     }
 }
