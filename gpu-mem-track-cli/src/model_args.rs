@@ -116,7 +116,10 @@ impl<T: Choice> TypedValueParser for ChoiceParser<T> {
     }
 
     fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
-        Some(Box::new(T::NAMES.iter().map(|name| PossibleValue::new(*name))))
+        let values = T::NAMES.iter().zip(T::HELP).zip(T::ALIASES);
+        Some(Box::new(values.map(|((name, help), aliases)| {
+            PossibleValue::new(*name).help(*help).aliases(aliases.iter().copied())
+        })))
     }
 }
 
@@ -162,12 +165,7 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// The data-parallel job, when one was described (else figures are for one process).
     pub fn parallelism(&self) -> Option<Parallelism> {
-        let asked = self.precision.mixed() || self.world_size > 1 || self.shard != Shard::None;
-        asked.then_some(Parallelism {
-            world_size: self.world_size,
-            shard: self.shard,
-            precision: self.precision,
-        })
+        Parallelism::asked(self.world_size, self.shard, self.precision)
     }
 }
 
@@ -187,7 +185,7 @@ fn parse_shape(s: &str) -> Result<Shape, String> {
 /// The GPU a run is judged on (`estimate`, `fit`).
 #[derive(clap::Args)]
 pub struct GpuArgs {
-    /// The GPU: `auto` (the GPU libtorch sees, else `rtx4090`), a preset (`a100-80g`, `h100-80g`,
+    /// The GPU: `auto` (the first GPU CUDA shows this process, as NVML describes it, else `rtx4090`), a preset (`a100-80g`, `h100-80g`,
     /// `rtx4090`, `l4`, `t4`, ...) or a profile `.json`; for `estimate` also `all` (which presets
     /// the run fits), `cuda` (the caching-allocator prediction alone) or `none` (tensor bytes
     /// only). A run that does not fit a GPU is told the first allocation that would raise a CUDA
@@ -254,7 +252,7 @@ pub struct TimelineArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Draw the run on this GPU, with the cuBLAS and cuBLASLt workspaces its matmuls take (the
-    /// `workspace` category): `auto` (the GPU libtorch sees, else `rtx4090`), a preset such as
+    /// `workspace` category): `auto` (the first GPU CUDA shows this process, as NVML describes it, else `rtx4090`), a preset such as
     /// `h100-80g`, a profile `.json`, or `none` (the meta run alone).
     #[arg(long, default_value = profile::AUTO)]
     pub device_profile: String,
@@ -295,10 +293,14 @@ mod tests {
     fn help_lists_each_choice_and_its_default() {
         let mut cli = ModelCli::command();
         cli.build();
-        let help = cli.find_subcommand_mut("fit").unwrap().render_long_help().to_string();
+        let fit = cli.find_subcommand_mut("fit").unwrap();
+        let help = fit.render_long_help().to_string();
         assert!(help.contains("[default: adam]"), "{help}");
-        assert!(help.contains("possible values: sgd, momentum, adam, adamw"), "{help}");
-        assert!(help.contains("fp32, fp16, bf16, amp-bf16, amp-fp16"), "{help}");
+        assert!(help.contains("- momentum: SGD with momentum: one buffer per parameter"), "{help}");
+        assert!(help.contains("- amp-bf16: Mixed precision"), "{help}");
+        let short = fit.render_help().to_string();
+        assert!(short.contains("[possible values: sgd, momentum, adam, adamw]"), "{short}");
+        assert!(short.contains("fp32, fp16, bf16, amp-bf16, amp-fp16"), "{short}");
         assert!(!print_help("report", true));
     }
 }

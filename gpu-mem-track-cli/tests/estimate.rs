@@ -353,7 +353,7 @@ fn a_timeline_on_a_gpu_profile_shows_its_cublas_workspaces() {
     let m = model.to_str().unwrap();
     let workspace_at_peak = |extra: &[&str]| timeline_peak_bytes(dir.path(), m, "workspace", extra);
     assert_eq!(workspace_at_peak(&["--device-profile", "none"]), 0, "a meta run has no cuBLAS");
-    // The default, `auto`, is the GPU libtorch sees, else an RTX 4090 (sm 8.9: 8.1 MiB + 1 MiB).
+    // The default, `auto`, is the first GPU CUDA shows this process, else an RTX 4090 (sm 8.9: 8.1 MiB + 1 MiB).
     let auto = workspace_at_peak(&[]);
     assert!(auto > 0, "{auto}");
     // sm 9.0: 32 MiB cuBLAS + 1 MiB cuBLASLt, for the program's thread and autograd's.

@@ -43,6 +43,12 @@
 // The GPU model (no libtorch), under the names this crate has always given it.
 use gpu_mem_track_gpu::options;
 pub use gpu_mem_track_gpu::{caching_allocator, device_replay, profile, runtime, sharding};
+/// The old home of [`runtime`] and [`device_replay`], the two jobs it had.
+#[deprecated(since = "0.1.0", note = "split into `runtime` (placement) and `device_replay`")]
+pub mod gpu_runtime {
+    pub use crate::device_replay::*;
+    pub use crate::runtime::*;
+}
 mod error;
 mod estimate;
 mod exported;

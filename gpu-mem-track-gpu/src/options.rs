@@ -16,13 +16,18 @@ use gpu_mem_track_log::DType;
 pub trait Choice: std::str::FromStr<Err = String> + fmt::Display + Copy + Send + Sync + 'static {
     /// The canonical names, as `--help` lists them.
     const NAMES: &'static [&'static str];
+    /// What each name means, one line each (`--help`).
+    const HELP: &'static [&'static str];
+    /// The other names each value is accepted under (shell completions).
+    const ALIASES: &'static [&'static [&'static str]];
 }
 
-/// A [`Choice`] from one table: `Display` (each variant's first name), `FromStr` (any of its
-/// names, in any case, `-` and `_` ignored: `amp_bf16`, `SGD-Momentum`) and [`Choice::NAMES`];
-/// `$what` names the option in the error, which lists the first names.
+/// A [`Choice`] from one table, a line per value: its names (the first canonical), then what it
+/// means. From it come `Display` (the first name), `FromStr` (any of its names, in any case, `-`
+/// and `_` ignored: `amp_bf16`, `SGD-Momentum`) and [`Choice`]'s lists; `$what` names the option
+/// in the error, which lists the first names.
 macro_rules! choice {
-    ($ty:ty, $what:literal { $($variant:path => $name:literal $(| $alias:literal)*),+ $(,)? }) => {
+    ($ty:ty, $what:literal { $($variant:path => $name:literal $(| $alias:literal)* ; $help:literal),+ $(,)? }) => {
         impl std::fmt::Display for $ty {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str(match self { $($variant => $name),+ })
@@ -44,6 +49,8 @@ macro_rules! choice {
         }
         impl $crate::options::Choice for $ty {
             const NAMES: &'static [&'static str] = &[$($name),+];
+            const HELP: &'static [&'static str] = &[$($help),+];
+            const ALIASES: &'static [&'static [&'static str]] = &[$(&[$($alias),*]),+];
         }
     };
 }
@@ -177,19 +184,28 @@ pub enum FitDimension {
 }
 
 choice!(Precision, "dtype" {
-    Precision::F32 => "f32" | "float32" | "fp32",
-    Precision::F16 => "f16" | "float16" | "fp16" | "half",
-    Precision::Bf16 => "bf16" | "bfloat16",
+    Precision::F32 => "f32" | "float32" | "fp32"; "float32",
+    Precision::F16 => "f16" | "float16" | "fp16" | "half"; "float16",
+    Precision::Bf16 => "bf16" | "bfloat16"; "bfloat16",
 });
-choice!(Lifetimes, "lifetimes" { Lifetimes::TorchScript => "torchscript" | "ts", Lifetimes::Eager => "eager" });
+choice!(Lifetimes, "lifetimes" {
+    Lifetimes::TorchScript => "torchscript" | "ts"; "The TorchScript interpreter's: each value freed right after its last use",
+    Lifetimes::Eager => "eager"; "Eager PyTorch's: a local lives until rebound or its forward returns",
+});
 choice!(Optimizer, "optimizer" {
-    Optimizer::Sgd => "sgd",
-    Optimizer::SgdMomentum => "momentum" | "sgd-momentum",
-    Optimizer::Adam => "adam",
-    Optimizer::AdamW => "adamw",
+    Optimizer::Sgd => "sgd"; "Plain SGD: no state",
+    Optimizer::SgdMomentum => "momentum" | "sgd-momentum"; "SGD with momentum: one buffer per parameter",
+    Optimizer::Adam => "adam"; "Adam: two buffers per parameter, plus a parameter-sized temporary per step",
+    Optimizer::AdamW => "adamw"; "AdamW: as Adam",
 });
-choice!(EstimateDevice, "device to estimate on" { EstimateDevice::Meta => "meta", EstimateDevice::Cpu => "cpu" });
-choice!(FitDimension, "dimension to vary" { FitDimension::Batch => "batch", FitDimension::Seq => "seq" | "sequence" });
+choice!(EstimateDevice, "device to estimate on" {
+    EstimateDevice::Meta => "meta"; "Shapes only, fast",
+    EstimateDevice::Cpu => "cpu"; "Real compute, to check an estimate",
+});
+choice!(FitDimension, "dimension to vary" {
+    FitDimension::Batch => "batch"; "The first input dimension",
+    FitDimension::Seq => "seq" | "sequence"; "The second input dimension (tokens of a [batch, seq] input)",
+});
 
 #[cfg(test)]
 mod tests {

@@ -94,7 +94,7 @@ impl DeviceProfile {
 
 pub use cuda_libraries::cublaslt_workspace_bytes;
 
-/// The profile name that stands for the GPU libtorch sees (else [`FALLBACK`]): the command
+/// The profile name that stands for the first GPU CUDA shows this process (else [`FALLBACK`]): the command
 /// line's default.
 pub const AUTO: &str = "auto";
 
@@ -102,18 +102,13 @@ pub const AUTO: &str = "auto";
 pub const FALLBACK: &str = "rtx4090";
 
 impl DeviceProfile {
-    /// The GPU libtorch sees first (`cuda:0`), as NVML describes it (name, memory, compute
-    /// capability; the context reserve of the preset of the same compute capability, else
-    /// 500 MiB); without one, the [`FALLBACK`] preset.
+    /// The first GPU CUDA shows this process (`cuda:0`), as NVML describes it (name, memory,
+    /// compute capability; the context reserve of the preset of the same compute capability, else
+    /// 500 MiB); without one, the [`FALLBACK`] preset. Read through NVML, so no libtorch is needed:
+    /// a GPU machine with a CPU-only libtorch gets its GPU.
     pub fn auto() -> DeviceProfile {
         let fallback = || Self::find(FALLBACK).expect("the fallback is a preset");
-        // CUDA's first device, read through NVML (no libtorch needed); `CUDA_VISIBLE_DEVICES=""`
-        // or `-1` hides every device from CUDA.
-        let hidden = std::env::var("CUDA_VISIBLE_DEVICES").is_ok_and(|v| {
-            let first = v.split(',').next().unwrap_or("").trim();
-            first.is_empty() || first.starts_with('-')
-        });
-        if hidden {
+        if !cuda_shows_a_device(std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref()) {
             return fallback();
         }
         let Ok(gpu) = gpu_mem_track_log::nvml::NvmlReader::open().and_then(|n| n.describe(0)) else {
@@ -130,6 +125,15 @@ impl DeviceProfile {
             context_bytes,
         }
     }
+}
+
+/// Whether CUDA shows this process a device under `CUDA_VISIBLE_DEVICES` (`None`: unset, every
+/// device): CUDA reads the list up to its first invalid entry, so a first entry that is neither an
+/// index nor a `GPU-`/`MIG-` UUID (`""`, `-1`, SLURM's `NoDevFiles`) hides them all.
+fn cuda_shows_a_device(visible: Option<&str>) -> bool {
+    let Some(list) = visible else { return true };
+    let first = list.split(',').next().unwrap_or("").trim();
+    first.parse::<u32>().is_ok() || first.starts_with("GPU-") || first.starts_with("MIG-")
 }
 
 /// A prediction that cannot be exact: the bounds, and what the gap is.
@@ -304,6 +308,16 @@ fn predict_from(profile: &DeviceProfile, trace: &Trace, replays: &Replays) -> Gp
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cuda_visible_devices_hides_every_device_from_its_first_invalid_entry() {
+        for shown in [None, Some("0"), Some("3,1"), Some(" 2 "), Some("GPU-8f2a61c4"), Some("MIG-1c2d")] {
+            assert!(cuda_shows_a_device(shown), "{shown:?}");
+        }
+        for hidden in ["", "-1", "NoDevFiles", "none", ",0"] {
+            assert!(!cuda_shows_a_device(Some(hidden)), "{hidden:?}");
+        }
+    }
     use gpu_mem_track_log::{Category, Phase, TraceEvent};
 
     fn profile(cc: (u32, u32)) -> DeviceProfile {

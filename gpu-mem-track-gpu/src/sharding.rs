@@ -68,17 +68,17 @@ pub enum TrainingPrecision {
 }
 
 choice!(Shard, "sharding" {
-    Shard::None => "none" | "ddp",
-    Shard::Zero1 => "zero1",
-    Shard::Zero2 => "zero2",
-    Shard::Zero3 => "zero3" | "fsdp",
+    Shard::None => "none" | "ddp"; "Plain data parallelism (DDP): every rank holds everything",
+    Shard::Zero1 => "zero1"; "ZeRO-1: optimizer state (and mixed precision's master weights) divided among ranks",
+    Shard::Zero2 => "zero2"; "ZeRO-2: as ZeRO-1, gradients reduced to their owner",
+    Shard::Zero3 => "zero3" | "fsdp"; "ZeRO-3 / FSDP full shard: parameters, gradients and optimizer state divided",
 });
 choice!(TrainingPrecision, "training precision" {
-    TrainingPrecision::Fp32 => "fp32" | "f32",
-    TrainingPrecision::Fp16 => "fp16" | "f16",
-    TrainingPrecision::Bf16 => "bf16",
-    TrainingPrecision::AmpBf16 => "amp-bf16",
-    TrainingPrecision::AmpFp16 => "amp-fp16" | "amp-f16",
+    TrainingPrecision::Fp32 => "fp32" | "f32" | "float32"; "Everything float32",
+    TrainingPrecision::Fp16 => "fp16" | "f16" | "float16" | "half"; "Everything float16 (parameters, gradients, optimizer state, activations)",
+    TrainingPrecision::Bf16 => "bf16" | "bfloat16"; "Everything bfloat16 (parameters, gradients, optimizer state, activations)",
+    TrainingPrecision::AmpBf16 => "amp-bf16"; "Mixed precision: bfloat16 weights, gradients and activations; fp32 master weights and optimizer state",
+    TrainingPrecision::AmpFp16 => "amp-fp16" | "amp-f16"; "As amp-bf16 with float16",
 });
 
 impl TrainingPrecision {
@@ -130,6 +130,16 @@ pub struct Parallelism {
 impl Default for Parallelism {
     fn default() -> Self {
         Parallelism { world_size: 1, shard: Shard::None, precision: TrainingPrecision::Fp32 }
+    }
+}
+
+impl Parallelism {
+    /// The job these options describe, when they describe one: several ranks, sharded model
+    /// states or mixed precision. `None`: figures are one process's, as the step ran. The command
+    /// line and Python both ask this.
+    pub fn asked(world_size: u64, shard: Shard, precision: TrainingPrecision) -> Option<Parallelism> {
+        let asked = precision.mixed() || world_size > 1 || shard != Shard::None;
+        asked.then_some(Parallelism { world_size: world_size.max(1), shard, precision })
     }
 }
 

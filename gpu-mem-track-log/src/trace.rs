@@ -1,7 +1,8 @@
 //! Allocation traces: each allocation tagged with a category (parameter, gradient, optimizer
 //! state, input, activation, temporary) and the phase of the run that made it; the one replay of
 //! live and peak bytes ([`Replay`]) that live history, estimates and snapshot readers share; and a
-//! trace as a PyTorch memory snapshot laid out by the CUDA caching allocator model.
+//! memory snapshot read back as a trace (writing one laid out by the CUDA caching allocator model
+//! is `gpu-mem-track-gpu`'s `snapshot`).
 use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;

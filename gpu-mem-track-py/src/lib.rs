@@ -326,15 +326,21 @@ impl PyRecording {
             device: EstimateDevice::Meta,
             lifetimes: Lifetimes::Eager,
         };
+        // Parsed whatever they say. One rank's figures only for several ranks or sharded states:
+        // the Python model runs in its own dtype (autocast included), so a precision alone
+        // changes nothing the run did not already record.
         let parallelism = match parallel {
-            Some((world_size, shard, precision)) if world_size > 1 || shard != "none" => {
-                Some(gpu_mem_track_estimate::sharding::Parallelism {
+            Some((world_size, shard, precision)) => {
+                use gpu_mem_track_estimate::sharding::{Parallelism, Shard};
+                let shard: Shard = shard.parse().map_err(|e| option("shard", e))?;
+                let precision = precision.parse().map_err(|e| option("precision", e))?;
+                (world_size > 1 || shard != Shard::None).then_some(Parallelism {
                     world_size: world_size.max(1),
-                    shard: shard.parse().map_err(|e| option("shard", e))?,
-                    precision: precision.parse().map_err(|e| option("precision", e))?,
+                    shard,
+                    precision,
                 })
             }
-            _ => None,
+            None => None,
         };
         let sizes = ModelSizes {
             param_count: sizes.param_count,

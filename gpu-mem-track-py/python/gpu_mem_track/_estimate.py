@@ -77,7 +77,7 @@ class Estimate(dict):
 
     Bytes throughout. ``["peak"]["bytes"]`` is the peak of the tensors the step holds at once;
     ``["cuda"]`` the caching allocator model's figures on a plain CUDA device; ``["gpu"]`` the
-    prediction for the GPU asked for (``device``), with ``fits``; ``["breakdown"]`` what each
+    prediction for the GPU asked for (``device_profile``), with ``fits``; ``["breakdown"]`` what each
     module and category held at the peak. ``str()`` is the text ``estimate`` prints.
     """
 

@@ -8,7 +8,7 @@ any other starts an iteration, ``Tensor.backward`` the backward, an optimizer's 
 optimizer step. Each allocation is charged to the module running (module hooks, forward and
 backward) and to a category (parameters, buffers, input, activations, gradients, optimizer state,
 temporaries). On leaving the block, the recording goes through the model of the GPU's CUDA
-caching allocator and its cuBLAS / cuDNN workspaces (``device``): ``est.result`` is the
+caching allocator and its cuBLAS / cuDNN workspaces (``device_profile``): ``est.result`` is the
 ``Estimate``, the same figures as ``gpu-mem-track estimate --json``.
 """
 
