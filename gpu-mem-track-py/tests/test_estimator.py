@@ -239,5 +239,6 @@ def test_bad_input_names_the_problem():
     assert old.gpu is None and old.peak_bytes == e.peak_bytes
     with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="one GPU profile"):
         gpu_mem_track.fit(lambda b: None, device="all")
-    with pytest.raises(TypeError, match="pass device_profile only"):
-        Estimator(device_profile="t4", device="l4")
+    for both in ("t4", "h100-80g"):  # the default too: device must not win silently
+        with pytest.raises(TypeError, match="pass device_profile only"):
+            Estimator(device_profile=both, device="l4")

@@ -152,7 +152,7 @@ def estimate(
     *args: Any,
     mode: str = "train",
     optimizer: str = "adamw",
-    device_profile: str = "h100-80g",
+    device_profile: str | None = None,
     iterations: int = 2,
     gpu_memory: int | None = None,
     world_size: int = 1,
@@ -247,7 +247,7 @@ def _meta_input(v: Any) -> Any:
 def fit(
     step: Callable[[int], Any],
     *,
-    device_profile: str = "h100-80g",
+    device_profile: str | None = None,
     max: int = 4096,
     dimension: str = "batch",
     gpu_memory: int | None = None,

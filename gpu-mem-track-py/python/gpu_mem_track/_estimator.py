@@ -142,12 +142,15 @@ class _Sites:
         return index
 
 
-def device_profile_argument(caller: str, device_profile: str, device: str | None, default: str = "h100-80g") -> str:
+DEFAULT_DEVICE_PROFILE = "h100-80g"
+
+
+def device_profile_argument(caller: str, device_profile: str | None, device: str | None) -> str:
     """The GPU profile asked for: ``device_profile``, or ``device``, its old name (deprecated: a
-    device is a torch device everywhere else in this package)."""
+    device is a torch device everywhere else in this package), else ``h100-80g``."""
     if device is None:
-        return device_profile
-    if device_profile != default:
+        return DEFAULT_DEVICE_PROFILE if device_profile is None else device_profile
+    if device_profile is not None:
         raise TypeError(f"{caller}(): device_profile={device_profile!r} and device={device!r}; pass device_profile only")
     warnings.warn(
         f"{caller}(device=...) is deprecated: pass device_profile={device!r}",
@@ -161,7 +164,7 @@ class Estimator:
     """Estimates the GPU memory of the code run inside ``with``, without a GPU.
 
     ``device_profile`` (``gpu-mem-track estimate --device-profile``; ``device=`` is its deprecated
-    old name): a GPU profile (``h100-80g``, ``a100-80g``, ``a100-40g``, ``rtx4090``, ``l4``,
+    old name): a GPU profile (``h100-80g``, the default, ``a100-80g``, ``a100-40g``, ``rtx4090``, ``l4``,
     ``t4``, ... or a profile ``.json``), ``"all"`` for every preset, ``"cuda"`` for the caching
     allocator model alone. ``gpu_memory``: the GPU's memory in bytes, replacing the profile's.
     ``world_size``, ``shard`` (``none``, ``zero1``, ``zero2``, ``zero3``/``fsdp``) and
@@ -178,7 +181,7 @@ class Estimator:
 
     def __init__(
         self,
-        device_profile: str = "h100-80g",
+        device_profile: str | None = None,
         *,
         gpu_memory: int | None = None,
         world_size: int = 1,
