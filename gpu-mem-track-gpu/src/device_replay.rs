@@ -246,11 +246,7 @@ pub fn replay_with_stats(
 mod tests {
     use super::*;
     use crate::runtime::{place_runtime_allocations, RuntimeSizes};
-    use crate::test_events::{ev, trace, MIB};
-
-    fn replay(t: &Trace, sizes: RuntimeSizes) -> GpuReplay {
-        replay_with_runtime(t, &place_runtime_allocations(t, sizes))
-    }
+    use crate::test_events::{ev, replay, trace, MIB};
 
     fn with_iteration(mut e: TraceEvent, iteration: u32) -> TraceEvent {
         e.iteration = iteration;

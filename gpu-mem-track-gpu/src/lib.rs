@@ -89,4 +89,9 @@ pub(crate) mod test_events {
     pub fn trace(events: Vec<TraceEvent>) -> Trace {
         Trace { events, ..Trace::default() }
     }
+
+    /// The trace replayed with the GPU library allocations `sizes` asks for placed in it.
+    pub fn replay(t: &Trace, sizes: crate::runtime::RuntimeSizes) -> crate::device_replay::GpuReplay {
+        crate::device_replay::replay_with_runtime(t, &crate::runtime::place_runtime_allocations(t, sizes))
+    }
 }

@@ -232,12 +232,7 @@ pub fn largest_cudnn_workspace(trace: &Trace) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device_replay::{replay_with_runtime, GpuReplay};
-    use crate::test_events::{ev, trace, MIB};
-
-    fn replay(t: &Trace, sizes: RuntimeSizes) -> GpuReplay {
-        replay_with_runtime(t, &place_runtime_allocations(t, sizes))
-    }
+    use crate::test_events::{ev, replay, trace, MIB};
 
     #[test]
     fn a_workspace_that_fits_a_cached_free_block_leaves_peak_reserved_unchanged() {
