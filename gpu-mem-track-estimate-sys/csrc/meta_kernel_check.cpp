@@ -16,6 +16,7 @@
 
 namespace {
 using at::Tensor;
+using OptTensor = std::optional<Tensor>;
 
 // A case: the op it checks (as registered), a label for its shapes, and the call, given inputs
 // on one device (the same list, CPU or meta twins).
@@ -287,11 +288,76 @@ std::vector<Case> cases() {
                  },
                  /*compare_strides=*/false});  // as above: the gradients' layout is not the CPU's
   }
+  // Memory-efficient attention has no CPU kernel: its output is held to the fused CPU kernel's
+  // (the logsumexp differs on purpose: padded to 32 rows, as on a GPU), its gradients to what
+  // autograd gives the math path on the CPU, the mask's among them.
+  for (auto [b, h, l, s, e] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>>{{2, 4, 16, 16, 8}, {1, 2, 7, 9, 16}}) {
+    c.push_back({"_scaled_dot_product_efficient_attention", "q " + describe(rnd({b, h, l, e})),
+                 [=] { return std::vector<Tensor>{rnd({b, h, l, e}), rnd({b, h, s, e}), rnd({b, h, s, e}), rnd({b, h, l, s})}; },
+                 [](const std::vector<Tensor>& a, bool meta) {
+                   if (!meta) return std::vector<Tensor>{std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(a[0], a[1], a[2]))};
+                   auto r = at::_scaled_dot_product_efficient_attention(a[0], a[1], a[2], a[3], true);
+                   return std::vector<Tensor>{std::get<0>(r), std::get<1>(r)};
+                 },
+                 /*compare_strides=*/false});
+    c.push_back({"_scaled_dot_product_efficient_attention_backward", "q " + describe(rnd({b, h, l, e})) + " mask " + describe(rnd({b, h, l, s})),
+                 [=] {
+                   Tensor q = rnd({b, h, l, e}), k = rnd({b, h, s, e}), v = rnd({b, h, s, e});
+                   return std::vector<Tensor>{rnd({b, h, l, e}), q, k, v, rnd({b, h, l, s}), at::randn_like(q), rnd({b, h, (l + 31) / 32 * 32})};
+                 },
+                 [](const std::vector<Tensor>& a, bool meta) {
+                   if (!meta) {
+                     std::vector<Tensor> leaves;
+                     for (size_t i = 1; i <= 4; ++i) leaves.push_back(a[i].detach().requires_grad_());
+                     at::scaled_dot_product_attention(leaves[0], leaves[1], leaves[2], leaves[3]).backward(a[0]);
+                     return std::vector<Tensor>{leaves[0].grad(), leaves[1].grad(), leaves[2].grad(), leaves[3].grad()};
+                   }
+                   const Tensor seed = at::empty({}, a[0].options().dtype(at::kLong));
+                   auto r = at::_scaled_dot_product_efficient_attention_backward(a[0], a[1], a[2], a[3], a[4], a[5], a[6], seed, seed, 0.0, {true, true, true, true});
+                   return std::vector<Tensor>{std::get<0>(r), std::get<1>(r), std::get<2>(r), std::get<3>(r)};
+                 },
+                 /*compare_strides=*/false});
+  }
+  // RMSNorm: the fused kernel's forward has a CPU body (its composite), its backward is
+  // compared with what autograd gives that body on the CPU.
+  for (auto [shape, norm, kind, weighted] : std::vector<std::tuple<std::vector<int64_t>, std::vector<int64_t>, at::ScalarType, bool>>{
+           {{4, 6, 8}, {8}, at::kFloat, true}, {{3, 10}, {10}, at::kFloat, false}, {{2, 5, 4, 6}, {4, 6}, at::kBFloat16, true}}) {
+    const auto make = [shape = shape, norm = norm, kind = kind, weighted = weighted] {
+      Tensor x = rnd(shape).to(kind);
+      Tensor w = weighted ? rnd(norm).to(kind) : Tensor();
+      return std::vector<Tensor>{x, w};
+    };
+    c.push_back({"_fused_rms_norm", describe(make()[0]), make,
+                 [norm = norm](const std::vector<Tensor>& a, bool) {
+                   const OptTensor w = a[1].defined() ? OptTensor(a[1]) : std::nullopt;
+                   auto [out, rstd] = at::_fused_rms_norm(a[0], norm, w, 1e-6);
+                   return std::vector<Tensor>{out, rstd};
+                 }});
+    c.push_back({"_fused_rms_norm_backward", describe(make()[0]),
+                 [make, norm = norm] {
+                   auto xw = make();
+                   const OptTensor w = xw[1].defined() ? OptTensor(xw[1]) : std::nullopt;
+                   Tensor rstd = std::get<1>(at::_fused_rms_norm(xw[0], norm, w, 1e-6));
+                   return std::vector<Tensor>{at::randn_like(xw[0]), xw[0], xw[1], rstd};
+                 },
+                 [norm = norm](const std::vector<Tensor>& a, bool meta) {
+                   const bool weighted = a[2].defined();
+                   if (!meta) {
+                     Tensor x = a[1].detach().requires_grad_();
+                     Tensor w = weighted ? a[2].detach().requires_grad_() : Tensor();
+                     at::rms_norm(x, norm, weighted ? OptTensor(w) : std::nullopt, 1e-6).backward(a[0]);
+                     return std::vector<Tensor>{x.grad(), weighted ? w.grad() : Tensor()};
+                   }
+                   auto [gx, gw] = at::_fused_rms_norm_backward(a[0], a[1], norm, a[3], weighted ? OptTensor(a[2]) : std::nullopt, {true, weighted});
+                   return std::vector<Tensor>{gx, gw};
+                 }});
+  }
   return c;
 }
 
-// The meta twin of a CPU input: same sizes, strides and dtype.
+// The meta twin of a CPU input: same sizes, strides and dtype (an absent optional input stays absent).
 Tensor meta_twin(const Tensor& t) {
+  if (!t.defined()) return t;
   return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
 }
 }  // namespace

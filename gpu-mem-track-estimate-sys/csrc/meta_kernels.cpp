@@ -7,6 +7,7 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/dropout_compositeimplicitautograd_dispatch.h>
 #include <torch/library.h>
 
 #include <map>
@@ -251,18 +252,99 @@ std::tuple<Tensor, Tensor, Tensor> flash_attention_backward_meta(const Tensor&, 
                                                                  const Tensor& v, const Tensor&, const Tensor&,
                                                                  double, bool, const OptTensor&,
                                                                  std::optional<double>) {
-  return {at::empty_like(q), at::empty_like(k), at::empty_like(v)};
+  Tensor gq = at::empty_like(q), gk = at::empty_like(k), gv = at::empty_like(v);
+  if (q.dim() == 4 && k.dim() == 4 && k.size(1) != q.size(1)) {
+    // Grouped-query attention: the flash backward computes the key and value gradients per query
+    // head, (batch, seq, query heads, dim), and sums each group into the result (flash_api.cpp,
+    // mha_bwd: dk_expanded, dv_expanded); both are freed as it returns.
+    const int64_t b = q.size(0), h = q.size(1), s = k.size(2);
+    [[maybe_unused]] Tensor dk_expanded = at::empty({b, s, h, k.size(3)}, k.options());
+    [[maybe_unused]] Tensor dv_expanded = at::empty({b, s, h, v.size(3)}, v.options());
+  }
+  return {gq, gk, gv};
+}
+
+// Memory-efficient attention, which a GPU runs where flash attention cannot: a mask that
+// requires grad (T5's learned position bias) among other cases. It saves the output, a
+// logsumexp padded to 32 rows and the mask; its backward also gives the mask's gradient, of the
+// mask's (expanded) sizes with the last dimension padded to 16 (attention/cuda/attention.cu).
+std::tuple<Tensor, Tensor, Tensor, Tensor> efficient_attention_meta(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                                    const OptTensor&, bool compute_log_sumexp, double,
+                                                                    bool, std::optional<double>) {
+  const int64_t b = q.size(0), h = q.size(1), l = q.size(2), ev = v.size(-1);
+  Tensor out = at::empty({b, l, h, ev}, q.options()).transpose(1, 2);
+  Tensor lse = at::empty({b, h, compute_log_sumexp ? (l + 31) / 32 * 32 : 0}, q.options().dtype(at::kFloat));
+  const auto seed = q.options().dtype(at::kLong);
+  return {out, lse, at::empty({}, seed), at::empty({}, seed)};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> efficient_attention_backward_meta(
+    const Tensor&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const Tensor&,
+    const Tensor&, const Tensor&, const Tensor&, double, std::array<bool, 4> mask, bool, std::optional<double>) {
+  // Gradients in (batch, seq, heads, dim) memory, returned as (batch, heads, seq, dim).
+  auto permuted = [](const Tensor& t) {
+    return at::empty({t.size(0), t.size(2), t.size(1), t.size(3)}, t.options()).transpose(1, 2);
+  };
+  Tensor grad_bias;
+  if (mask[3] && bias.defined()) {
+    auto sizes = bias.sizes().vec();
+    const int64_t last = sizes.back();
+    sizes.back() = (last + 15) / 16 * 16;
+    grad_bias = at::empty(sizes, bias.options()).slice(-1, 0, last);
+  }
+  return {mask[0] ? permuted(q) : Tensor(), mask[1] ? permuted(k) : Tensor(), mask[2] ? permuted(v) : Tensor(),
+          grad_bias};
 }
 
 Tensor sdpa_fused_on_meta(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& mask, double dropout,
                           bool is_causal, std::optional<double> scale, bool enable_gqa) {
-  const bool fusable = q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && !enable_gqa && q.size(1) == k.size(1);
+  const bool four_d = q.dim() == 4 && k.dim() == 4 && v.dim() == 4;
+  const bool masked = mask.has_value() && mask->defined();
+  // Grouped-query attention (enable_gqa, fewer key/value heads than query heads) is the flash
+  // kernels' on a GPU when there is no mask; with one, a GPU falls back to the math path too.
+  const bool grouped = four_d && enable_gqa && q.size(1) != k.size(1);
+  const bool fusable =
+      four_d && (grouped ? !masked && k.size(1) > 0 && q.size(1) % k.size(1) == 0 : q.size(1) == k.size(1));
+  if (fusable && masked && mask->requires_grad()) {
+    // The flash kernels take no gradient for a mask; a GPU runs memory-efficient attention on
+    // the mask expanded to (batch, heads, query, key), as sdpa's preprocess_mask does.
+    const bool log_sumexp =
+        at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+    const Tensor bias = mask->expand({q.size(0), q.size(1), q.size(2), k.size(2)});
+    return std::get<0>(at::_scaled_dot_product_efficient_attention(q, k, v, bias, log_sumexp, dropout, is_causal, scale));
+  }
   if (!fusable) {
     // The composite math implementation; its ops record their own autograd nodes.
     return std::get<0>(
         at::_scaled_dot_product_attention_math(q, k, v, mask, dropout, is_causal, std::nullopt, scale, enable_gqa));
   }
   return std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout, is_causal, mask, scale));
+}
+
+// at::dropout takes the fused kernel (native_dropout: the output and a bool mask) for a CUDA
+// tensor in training with 0 < p < 1 (Dropout.cpp, is_fused_kernel_acceptable); on any other
+// device it draws float noise of the input's size and keeps it for backward, four bytes an
+// element where a GPU keeps one. Meta tensors stand for CUDA ones, so they take the fused kernel.
+Tensor dropout_as_on_cuda(const Tensor& x, double p, bool train) {
+  if (train && p > 0 && p < 1 && x.sym_numel() > 0) return std::get<0>(at::native_dropout(x, p, train));
+  return at::compositeimplicitautograd::dropout(x, p, train);
+}
+
+// RMSNorm: at::rms_norm calls the fused kernel, which keeps the input and one float rstd per
+// row for backward (layer_norm.cpp, rms_norm_symint); with no Meta kernel, meta tensors would
+// run its composite body, whose autograd keeps the normalised activation as well.
+std::tuple<Tensor, Tensor> fused_rms_norm_meta(const Tensor& x, IntArrayRef normalized, const OptTensor&,
+                                               std::optional<double>) {
+  const int64_t axis = x.dim() - static_cast<int64_t>(normalized.size());
+  std::vector<int64_t> stat_shape(x.sizes().begin(), x.sizes().begin() + axis);
+  stat_shape.resize(x.dim(), 1);
+  return {at::empty(x.sizes(), x.options()), at::empty(stat_shape, stats_options(x))};
+}
+
+std::tuple<Tensor, Tensor> fused_rms_norm_backward_meta(const Tensor&, const Tensor& x, IntArrayRef, const Tensor&,
+                                                        const OptTensor& w, std::array<bool, 2> mask) {
+  const bool weight = mask[1] && w.has_value() && w->defined();
+  return {mask[0] ? at::empty(x.sizes(), x.options()) : Tensor(), weight ? at::empty(w->sizes(), w->options()) : Tensor()};
 }
 
 // ---- dropout, activations and their backwards, roll. The meta-via-CPU fallback would run these
@@ -340,6 +422,10 @@ bool compatible_shallow_copy_meta(const Tensor&, const Tensor&) { return true; }
   X("_has_compatible_shallow_copy_type", compatible_shallow_copy_meta) \
   X("_scaled_dot_product_flash_attention_for_cpu", flash_attention_meta) \
   X("_scaled_dot_product_flash_attention_for_cpu_backward", flash_attention_backward_meta) \
+  X("_scaled_dot_product_efficient_attention", efficient_attention_meta) \
+  X("_scaled_dot_product_efficient_attention_backward", efficient_attention_backward_meta) \
+  X("_fused_rms_norm", fused_rms_norm_meta) \
+  X("_fused_rms_norm_backward", fused_rms_norm_backward_meta) \
   X("native_dropout", native_dropout_meta) \
   X("native_dropout_backward", native_dropout_backward_meta) \
   X("hardtanh", hardtanh_meta) \
@@ -366,6 +452,7 @@ const char* const kHandWritten[] = {
 
 TORCH_LIBRARY_IMPL(aten, AutogradMeta, m) {
   m.impl("scaled_dot_product_attention", sdpa_fused_on_meta);
+  m.impl("dropout", dropout_as_on_cuda);
 }
 
 namespace {

@@ -89,7 +89,8 @@ fn a_failing_step_is_an_error_naming_the_problem() {
 /// Dropout, hardtanh, hardswish and roll have hand-written meta kernels (elementwise over whole
 /// activations: copying them to the CPU would cost what the estimate avoids); log_sigmoid and
 /// prelu's backward have no Meta kernel in libtorch C++ and run their CPU kernel on CPU copies of
-/// their meta inputs. Either way the estimate equals the CPU run.
+/// their meta inputs. Either way the estimate equals the CPU run, but for what `at::dropout`
+/// keeps, which follows the GPU's kernel.
 #[test]
 fn ops_without_a_meta_kernel_run_their_cpu_kernel_and_match_the_cpu() {
     fn mlp(p: &nn::Path) -> nn::Sequential {
@@ -106,8 +107,10 @@ fn ops_without_a_meta_kernel_run_their_cpu_kernel_and_match_the_cpu() {
     let options = |device| TchStepOptions { device, ..adam(Precision::F32, &[32, 64], false, &[32]) };
     let (meta, _) = training_step(mlp, step, &options(EstimateDevice::Meta)).unwrap();
     let (cpu, _) = training_step(mlp, step, &options(EstimateDevice::Cpu)).unwrap();
-    // What the forward pass keeps (outputs, dropout masks as bool) is the CPU run's to the byte.
-    assert_eq!(meta.live_after_forward, cpu.live_after_forward);
+    // What the forward pass keeps is the CPU run's to the byte but for `dropout`'s mask: on meta,
+    // as on a GPU, `at::dropout` runs the fused kernel, which keeps a bool mask; the CPU draws
+    // float noise and keeps that, three bytes more for each of its 32x256 elements.
+    assert_eq!(meta.live_after_forward + 3 * 32 * 256, cpu.live_after_forward);
     // Peaks: CPU kernels' own temporaries are CPU memory the meta run leaves out (a GPU's fused
     // kernel makes only the output and the mask), so meta is at most the CPU run.
     assert!(meta.forward_peak <= cpu.forward_peak, "{} > {}", meta.forward_peak, cpu.forward_peak);

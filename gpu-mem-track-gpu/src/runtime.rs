@@ -47,8 +47,9 @@
 //!   of every step (see that file).
 //! * Looked at and already in the meta sequence, so nothing is added: max-pool indices (on any
 //!   device but the CPU, `max_pool2d` calls `max_pool2d_with_indices`, `MaxPooling.cpp`), dropout
-//!   masks (`native_dropout` returns its bool mask on CUDA as on meta), attention's logsumexp (this
-//!   crate's meta kernel for fused attention returns it as the flash kernel does). cuDNN
+//!   masks (`dropout` takes `native_dropout` on meta as on CUDA, which keeps a bool mask),
+//!   attention's logsumexp (the estimator's meta kernel for fused attention returns it as the
+//!   flash kernel does). cuDNN
 //!   batch-norm's reserve space and workspace (`aten/src/ATen/native/cudnn/BatchNorm.cpp`, sized
 //!   by `cudnnGetBatchNormalizationTrainingExReserveSpaceSize`/`...WorkspaceSize` for
 //!   `CUDNN_BATCHNORM_OPS_BN`, no fused activation) are cuDNN's choice and small next to the

@@ -193,6 +193,148 @@ def test_a_hugging_face_causal_lm_from_a_config():
     assert one.peak_bytes == pytest.approx(e.peak_bytes, rel=1e-3) and one["param_bytes"] == params
 
 
+def _forward_keeps(build, batch: int = 64, width: int = 256) -> int:
+    """Bytes a training forward of ``build(width)`` keeps for backward, beyond parameters and input."""
+    with Estimator(device_profile="cuda") as est:
+        model = build(width).cuda()
+        x = torch.randn(batch, width, device="cuda")
+        model(x).sum().backward()
+    e = est.result
+    return e["live_after_forward"] - e["param_bytes"] - e["input_bytes"]
+
+
+def test_dropout_keeps_a_bool_mask_as_on_a_gpu():
+    # A GPU runs nn.Dropout in training as one fused kernel that keeps a bool mask (one byte an
+    # element) for backward; other devices keep float noise (four). Two Linear layers, dropout
+    # between them: the second Linear keeps its input either way (dropout's output, or with p=0
+    # the first Linear's); with p=0.5 the mask is kept as well.
+    def net(p):
+        return lambda w: torch.nn.Sequential(torch.nn.Linear(w, w), torch.nn.Dropout(p), torch.nn.Linear(w, w))
+
+    with_dropout, without = _forward_keeps(net(0.5)), _forward_keeps(net(0.0))
+    assert with_dropout - without == 64 * 256  # the mask, bool
+
+
+def test_rms_norm_keeps_its_input_and_one_statistic_per_row():
+    # torch.nn.RMSNorm runs the fused kernel (`_fused_rms_norm`) on a GPU, which keeps only its
+    # input and a float rstd per row; its composite body would also keep the normalised rows.
+    def net(norm):
+        return lambda w: torch.nn.Sequential(torch.nn.Linear(w, w), norm(w), torch.nn.Linear(w, w))
+
+    rms, none = _forward_keeps(net(torch.nn.RMSNorm)), _forward_keeps(net(lambda w: torch.nn.Identity()))
+    # The norm's output (the second Linear's input) and its rstd: 64 rows of 256 floats, and 64.
+    assert rms - none == 64 * 256 * 4 + 64 * 4
+
+
+def test_a_learned_attention_bias_takes_memory_efficient_attention():
+    # T5 adds a learned position bias to attention scores: scaled_dot_product_attention's mask
+    # requires grad, which flash attention cannot give. A GPU runs memory-efficient attention,
+    # which keeps no (batch, heads, query, key) scores; the eager path keeps the softmax of them.
+    transformers = pytest.importorskip("transformers", reason="needs transformers")
+    ids = torch.randint(0, 256, (4, 128))
+
+    def keeps(attention: str) -> int:
+        cfg = transformers.T5Config(
+            d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16, vocab_size=256, decoder_start_token_id=0,
+            attn_implementation=attention,
+        )
+        model = transformers.T5ForConditionalGeneration(cfg)
+        e = gpu_mem_track.estimate(model, input_ids=ids, labels=ids, optimizer="sgd", device_profile="cuda")
+        return e["live_after_forward"]
+
+    sdpa, eager = keeps("sdpa"), keeps("eager")
+    scores = 4 * 4 * 128 * 128 * 4  # one attention's probabilities, float
+    # Each of the six attentions (two encoder, two decoder self, two cross) keeps its probabilities
+    # on the eager path and its dropout mask: more than six score tensors of difference.
+    assert eager - sdpa >= 6 * scores, (eager, sdpa)
+
+
+def test_grouped_query_attention_takes_the_flash_kernels():
+    # Llama-style models with fewer key/value heads than query heads call
+    # scaled_dot_product_attention(enable_gqa=True) when there is no mask: a GPU's flash kernels.
+    # The math path would keep (batch, heads, query, key) weights, so the grouped model would
+    # come out far above the one with a key/value head per query head; it needs less.
+    transformers = pytest.importorskip("transformers", reason="needs transformers")
+    ids = torch.randint(0, 1000, (2, 512))
+
+    def peak(kv_heads: int) -> int:
+        cfg = transformers.LlamaConfig(
+            num_hidden_layers=2, hidden_size=256, num_attention_heads=8, num_key_value_heads=kv_heads,
+            intermediate_size=512, vocab_size=1000,
+        )
+        model = transformers.LlamaForCausalLM(cfg)
+        return gpu_mem_track.estimate(model, input_ids=ids, labels=ids, optimizer="sgd", device_profile="cuda").peak_bytes
+
+    grouped, full = peak(2), peak(8)
+    weights = 2 * 8 * 512 * 512 * 4  # one layer's attention weights on the math path, float
+    assert grouped < full < grouped + weights, (grouped, full)
+
+
+def test_constant_inputs_keep_their_values_through_the_ops_that_read_them():
+    ids = torch.randint(0, 10, (4, 16))
+    total = int(ids.sum())
+    with Estimator(device_profile="cuda") as est:
+        ones = torch.ones_like(ids).cuda()  # made filled
+        mask = torch.ones(4, 16, dtype=torch.long).cuda().to(dtype=torch.bool)
+        assert bool(mask[:, :8].sum() == 32) and bool(mask.all()) and not bool((~mask).any())
+        assert int(ones.sum()) == 64 and (ones * 3).max().item() == 3
+        assert bool(torch.full((2, 2), 7).cuda().eq(7).all())
+        unknown = ids.cuda()  # values differ: a read of it reads 0, and is counted
+        assert not bool(unknown.sum() == total)
+    assert est.result["meta_scalar_reads"] == 1
+
+
+def test_an_all_ones_attention_mask_is_dropped_as_on_a_gpu():
+    # Hugging Face drops an attention mask that masks nothing (it reads `mask.sum() == numel`) and
+    # then runs attention without one: the flash kernels, grouped-query attention included. A
+    # mask with padding is kept, and its values (unknown on meta) are read as 0.
+    transformers = pytest.importorskip("transformers", reason="needs transformers")
+    cfg = transformers.LlamaConfig(
+        num_hidden_layers=2, hidden_size=256, num_attention_heads=8, num_key_value_heads=2, intermediate_size=512,
+        vocab_size=1000,
+    )
+    model = transformers.LlamaForCausalLM(cfg)
+    ids = torch.randint(0, 1000, (2, 512))
+    padded = torch.ones_like(ids)
+    padded[:, :7] = 0
+
+    def run(**mask):
+        return gpu_mem_track.estimate(model, input_ids=ids, labels=ids, optimizer="sgd", device_profile="cuda", **mask)
+
+    none, ones, pad = run(), run(attention_mask=torch.ones_like(ids)), run(attention_mask=padded)
+    # The same step, with the mask itself (int64, one a token) as the one more input.
+    assert ones.peak_bytes == none.peak_bytes + ids.numel() * 8 and ones["meta_scalar_reads"] == 0
+    assert pad.peak_bytes > none.peak_bytes and pad["meta_scalar_reads"] > 0
+
+
+def test_a_float32_mixture_of_experts_runs_its_experts_as_a_gpu_does():
+    # Mixtral's experts call torch._grouped_mm, which a GPU runs in float32 too (one matmul per
+    # expert) while torch's meta kernel takes bfloat16 only. In the block meta is the GPU; after
+    # it, torch's meta kernel is back.
+    transformers = pytest.importorskip("transformers", reason="needs transformers")
+    if not hasattr(torch.ops.aten, "_grouped_mm"):
+        pytest.skip("torch has no _grouped_mm")
+    cfg = transformers.MixtralConfig(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+        vocab_size=256, num_local_experts=4, num_experts_per_tok=2,
+    )
+    ids = torch.randint(0, 256, (2, 32))
+    with Estimator(device_profile="h100-80g") as est:
+        model = transformers.MixtralForCausalLM(cfg)
+        opt = torch.optim.AdamW(model.parameters())
+        model(input_ids=ids.cuda(), labels=ids.cuda()).loss.backward()
+        opt.step()
+        a = torch.randn(10, 8, device="cuda")
+        out = torch._grouped_mm(a, torch.randn(3, 8, 6, device="cuda"), offs=torch.tensor([3, 7, 10], device="cuda").int())
+        assert out.shape == (10, 6) and out.stride() == (8, 1)  # 6 floats padded to 16 bytes
+    e = est.result
+    assert e["param_bytes"] > 0 and e["optimizer_state_bytes"] == 2 * e["param_bytes"]
+    assert e["breakdown"] and e.fits is True
+    meta = torch.empty(10, 8, device="meta"), torch.empty(3, 8, 6, device="meta")
+    with pytest.raises(RuntimeError, match="BF16"):
+        torch._grouped_mm(*meta, offs=torch.empty(3, dtype=torch.int32, device="meta"))
+
+
 def test_sharding_and_fit_from_python():
     def step(batch: int) -> None:
         model = Blocks(depth=2, width=1024)

@@ -16,6 +16,7 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from ._estimator import Estimator, device_profile_argument
+from ._known_values import constant_of
 from ._load import native as _native
 
 #: What ``optimizer=`` names, as the torch optimizer a step makes.
@@ -193,10 +194,12 @@ def estimate(
     train = mode == "train"
     was_training = model.training
     est = Estimator(device_profile, gpu_memory=gpu_memory, world_size=world_size, shard=shard, precision=precision)
+    # Constant inputs (an all-ones attention mask), read while they have data, outside the block.
+    constants = {id(v): constant_of(v) for v in tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)}
     try:
         with est:
             twins = _meta_twins(model)
-            inputs = tree_map(_meta_input, (args, kwargs))
+            inputs = tree_map(lambda v: _meta_input(v, est, constants.get(id(v))), (args, kwargs))
             model.train(train)
             trainable = list({id(t): t for t in twins.values() if t.requires_grad}.values())  # tied once
             opt = OPTIMIZERS[optimizer](trainable) if train else None
@@ -237,9 +240,10 @@ def _meta_twins(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return twins
 
 
-def _meta_input(v: Any) -> Any:
+def _meta_input(v: Any, est: Estimator, constant: Any) -> Any:
     if isinstance(v, torch.Tensor) and v.device.type != "meta":
         t = torch.empty_strided(v.size(), v.stride(), dtype=v.dtype, device="meta")
+        est._note_constant(t, constant)
         return t.requires_grad_(v.requires_grad)
     return v
 

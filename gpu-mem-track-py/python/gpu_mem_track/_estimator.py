@@ -27,6 +27,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 from . import _autocast
+from ._known_values import READS, KnownValues, constant_of
 from ._load import native as _native
 
 _META = torch.device("meta")
@@ -48,19 +49,56 @@ def _meta_device(d: Any) -> Any:
     return d
 
 
+def _grouped_mm_as_on_a_gpu(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """``aten::_grouped_mm`` on meta, as the CUDA kernel allocates its result (GroupedBlas.cpp,
+    create_grouped_gemm_output_tensor): the last dimension's stride padded to 16 bytes."""
+    a2, b2 = mat_a.dim() == 2, mat_b.dim() == 2
+    if a2 and b2:
+        size = [offs.size(0), mat_a.size(0), mat_b.size(1)]
+    elif a2:
+        size = [mat_a.size(0), mat_b.size(-1)]
+    elif b2:
+        size = [mat_a.size(1), mat_b.size(1)]
+    else:
+        size = [mat_a.size(0), mat_a.size(1), mat_b.size(-1)]
+    dtype = out_dtype or mat_a.dtype
+    align = max(16 // dtype.itemsize, 1)
+    last = (size[-1] + align - 1) // align * align
+    stride = [size[1] * last, last, 1] if a2 == b2 else [last, 1]
+    return torch.empty_strided(size, stride, dtype=dtype, device=mat_a.device)
+
+
 class _MetaMode(TorchFunctionMode):
     """Sees every torch call of the block: CUDA devices become meta before torch would initialise
-    CUDA for them, ``Tensor.backward`` starts the backward phase, and autocast("cuda") casts meta
-    tensors as it casts CUDA ones."""
+    CUDA for them, ``Tensor.backward`` starts the backward phase, autocast("cuda") casts meta
+    tensors as it casts CUDA ones, and constant inputs keep their values (``_known_values``)."""
 
     def __init__(self, estimator: Estimator) -> None:
         super().__init__()
         self._estimator = estimator
         self._casts = _autocast.Casts()
+        self.known = KnownValues()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
+        if name in READS and args and isinstance(args[0], torch.Tensor):
+            known, value = self.known.read(name, args[0])
+            if known:
+                return value
+        out = self._call(func, name, args, kwargs)
+        if name in ("cuda", "to") and args and isinstance(args[0], torch.Tensor) and args[0].device.type != "meta":
+            recording = self._estimator._recording
+            recording.pause()  # the CPU is the CPU while the tensor's values are read
+            try:
+                self.known.set(out, constant_of(args[0]))
+            finally:
+                recording.resume()
+        else:
+            self.known.follow(name, args, kwargs, out)
+        return out
+
+    def _call(self, func, name: str, args: tuple, kwargs: dict) -> Any:
         if "device" in kwargs:
             kwargs = {**kwargs, "device": _meta_device(kwargs["device"])}
         if name == "cuda":  # Tensor.cuda(device=None, non_blocking=False, ...): stays on meta
@@ -263,6 +301,11 @@ class Estimator:
                 if isinstance(v, torch.Tensor) and v.device.type == "meta":
                     _native.recording_owner(v._cdata, owner[1])
 
+    def _note_constant(self, meta: torch.Tensor, value: Any) -> None:
+        """``meta`` stands in the block for a tensor of the program's whose elements all hold
+        ``value`` (``_known_values.constant_of``; ``None``: not constant)."""
+        self._mode.known.set(meta, value)
+
     def _optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._own_gradients()
         self._optimizers[id(optimizer)] = weakref.ref(optimizer)
@@ -295,20 +338,25 @@ class Estimator:
             tracker = ModTracker()
             sites = self._sites
 
+            def fqn(module):
+                # ModTracker's backward hooks hold their module weakly: one the program made in
+                # its forward and dropped (the CrossEntropyLoss T5 builds per call) arrives as None.
+                return None if module is None else tracker.get_known_fqn(module)
+
             def pre_forward(module, args):
                 if threading.get_ident() == self._thread:
-                    sites.enter(tracker.get_known_fqn(module))
+                    sites.enter(fqn(module))
 
             def post_forward(module, args, output):
                 if threading.get_ident() == self._thread:
-                    sites.leave(tracker.get_known_fqn(module))
+                    sites.leave(fqn(module))
 
             def pre_backward(module, grad_output):
                 self._enter_backward()
-                sites.enter(tracker.get_known_fqn(module), backward=True)
+                sites.enter(fqn(module), backward=True)
 
             def post_backward(module, grad_input):
-                sites.leave(tracker.get_known_fqn(module))
+                sites.leave(fqn(module))
 
             tracker.register_user_hooks(pre_forward, post_forward, pre_backward, post_backward)
             # A module called outside any other's forward is the model: its call starts an
@@ -333,7 +381,7 @@ class Estimator:
             self._undo.append(pre.remove)
             post = _optim.register_optimizer_step_post_hook(self._own_state)
             self._undo.append(post.remove)
-            mode = _MetaMode(self)
+            mode = self._mode = _MetaMode(self)
             mode.__enter__()
             self._undo.append(lambda: mode.__exit__(None, None, None))
         except BaseException:
@@ -376,6 +424,17 @@ class Estimator:
                 return _original(*args)
 
             patch(torch, name, asked)
+        # MoE experts (torch._grouped_mm): a GPU runs any float dtype, bf16 in its fused kernel and
+        # the others one matmul per group, into the same padded output. torch's meta kernel takes
+        # bf16 only; in the block meta stands for the GPU. Registered for the block alone (torch
+        # < 2.8 has no such op; one that refuses the override keeps its own kernel).
+        if hasattr(torch.ops.aten, "_grouped_mm"):
+            lib = torch.library.Library("aten", "IMPL")
+            try:
+                lib.impl("_grouped_mm", _grouped_mm_as_on_a_gpu, "Meta")
+            except RuntimeError:
+                pass
+            self._undo.append(lib._destroy)
         # torch.compile'd code runs eagerly in the block, as the estimate of an eager step; its
         # compiler (dynamo) is imported by torch.compile, before the block or inside it.
         self._eager_compile()
