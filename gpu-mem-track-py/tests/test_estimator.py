@@ -270,6 +270,23 @@ def test_grouped_query_attention_takes_the_flash_kernels():
     assert grouped < full < grouped + weights, (grouped, full)
 
 
+def test_a_fused_optimizer_runs_as_on_a_gpu():
+    # AdamW(fused=True) (Hugging Face Trainer's default) checks that its parameters are on a
+    # device with fused kernels: meta is the GPU in the block. The fused step makes no
+    # parameter-sized temporaries, which the foreach step does.
+    def peak(**kind) -> int:
+        with Estimator(device_profile="cuda") as est:
+            model = Blocks(depth=2, width=256).cuda()
+            opt = torch.optim.AdamW(model.parameters(), **kind)
+            model(torch.randn(8, 256, device="cuda")).sum().backward()
+            opt.step()
+        return est.result.peak_bytes
+
+    fused, foreach = peak(fused=True), peak(foreach=True)
+    params = nbytes(Blocks(depth=2, width=256).parameters())
+    assert 4 * params <= fused < foreach  # parameters, gradients and both moments at least
+
+
 def test_constant_inputs_keep_their_values_through_the_ops_that_read_them():
     ids = torch.randint(0, 10, (4, 16))
     total = int(ids.sum())
@@ -282,6 +299,25 @@ def test_constant_inputs_keep_their_values_through_the_ops_that_read_them():
         unknown = ids.cuda()  # values differ: a read of it reads 0, and is counted
         assert not bool(unknown.sum() == total)
     assert est.result["meta_scalar_reads"] == 1
+
+
+def test_a_shuffling_data_loader_and_real_tensors_read_in_the_block():
+    # The data pipeline stays real: a DataLoader's shuffle (randperm with its own generator) and
+    # its `.tolist()`, and reads of tensors made from data. A meta tensor's `.tolist()` is its
+    # known value, else zeros (a counted read).
+    xs, ys = torch.randn(64, 32), torch.randint(0, 4, (64,))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs, ys), batch_size=16, shuffle=True)
+    with Estimator(device_profile="cuda") as est:
+        assert torch.tensor([3, 1, 2]).tolist() == [3, 1, 2]
+        assert torch.zeros(2, 2, device="cuda").tolist() == [[0.0, 0.0], [0.0, 0.0]]
+        model = torch.nn.Linear(32, 4).cuda()
+        batches = 0
+        for x, y in loader:
+            torch.nn.functional.cross_entropy(model(x.cuda()), y.cuda()).backward()
+            batches += 1
+    assert batches == 4
+    e = est.result
+    assert e["options"]["input_shape"] == [16, 32] and e["input_bytes"] == 16 * 32 * 4  # the model's input
 
 
 def test_an_all_ones_attention_mask_is_dropped_as_on_a_gpu():

@@ -36,6 +36,9 @@ _META = torch.device("meta")
 #: copied to meta, as a real run copies it to the GPU.
 _FROM_DATA = frozenset({"tensor", "as_tensor", "asarray", "new_tensor", "frombuffer", "from_numpy"})
 
+#: Reads of a tensor's values into Python.
+_READ_REAL = frozenset({"tolist", "numpy", "item", "__bool__", "__int__", "__float__", "__index__", "__array__"})
+
 #: Optimizer classes the estimator's figures name (others are named by the state they keep).
 _OPTIMIZERS = {"SGD": "sgd", "Adam": "adam", "AdamW": "adamw"}
 
@@ -68,6 +71,18 @@ def _grouped_mm_as_on_a_gpu(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     return torch.empty_strided(size, stride, dtype=dtype, device=mat_a.device)
 
 
+class _DevicesWithMeta(list):
+    """A list of device types with meta in it while CUDA is."""
+
+    def __init__(self, devices: list) -> None:
+        super().__init__([*devices, "meta"] if "cuda" in devices else devices)
+
+    def remove(self, device: str) -> None:
+        super().remove(device)
+        if device == "cuda" and "meta" in self:
+            super().remove("meta")
+
+
 class _MetaMode(TorchFunctionMode):
     """Sees every torch call of the block: CUDA devices become meta before torch would initialise
     CUDA for them, ``Tensor.backward`` starts the backward phase, autocast("cuda") casts meta
@@ -86,6 +101,8 @@ class _MetaMode(TorchFunctionMode):
             known, value = self.known.read(name, args[0])
             if known:
                 return value
+        if name == "tolist" and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
+            return self.known.tolist(args[0])
         out = self._call(func, name, args, kwargs)
         if name in ("cuda", "to") and args and isinstance(args[0], torch.Tensor) and args[0].device.type != "meta":
             recording = self._estimator._recording
@@ -110,7 +127,11 @@ class _MetaMode(TorchFunctionMode):
             if isinstance(device, int) and not isinstance(device, bool):
                 device = _META  # x.to(0): CUDA device 0
             args = (args[0], _meta_device(device), *args[2:])
-        if name in _FROM_DATA:
+        # A sampler's shuffle (torch.randperm with its own generator, DataLoader's RandomSampler)
+        # is the data pipeline's: its indices are read with `.tolist()`, so they are real. So is
+        # reading a real tensor's values (`.tolist()` copies it first, which would be meta).
+        real_read = name in _READ_REAL and args and isinstance(args[0], torch.Tensor) and args[0].device.type != "meta"
+        if name in _FROM_DATA or real_read or (name == "randperm" and kwargs.get("generator") is not None):
             recording = self._estimator._recording
             recording.pause()
             try:
@@ -404,6 +425,11 @@ class Estimator:
         # (the multi-tensor kernels, with their own temporaries); meta counts as a GPU here.
         foreach_devices = optim._get_foreach_kernels_supported_devices
         patch(optim, "_get_foreach_kernels_supported_devices", lambda: [*foreach_devices(), "meta"])
+        # `fused=True` (Hugging Face Trainer's default AdamW) checks its parameters' device the
+        # same way; an optimizer whose fused kernel has no CUDA version removes "cuda" from the
+        # list, and then meta goes too.
+        fused_devices = optim._get_fused_kernels_supported_devices
+        patch(optim, "_get_fused_kernels_supported_devices", lambda: _DevicesWithMeta(fused_devices()))
         # autocast("cuda") without a GPU disables itself; inside the block meta is the GPU.
         amp_common = torch.cuda.amp.common
         patch(amp_common, "amp_definitely_not_available", lambda: False)

@@ -49,7 +49,7 @@ _FILLED = {
     "full_like": lambda a, k: _scalar(k["fill_value"] if "fill_value" in k else a[1] if len(a) > 1 else None),
     "new_full": lambda a, k: _scalar(k["fill_value"] if "fill_value" in k else a[2] if len(a) > 2 else None),
 }  # fmt: skip
-#: Python reads of a tensor's value.
+#: Python reads of a tensor's value (``tolist`` aside: ``KnownValues.tolist``).
 READS = frozenset({"__bool__", "item", "__int__", "__float__", "__index__"})
 
 
@@ -85,6 +85,18 @@ class KnownValues:
         if name == "__float__":
             return True, float(v)
         return True, bool(v) if t.dtype == torch.bool else v if t.dtype.is_floating_point else int(v)
+
+    def tolist(self, t: torch.Tensor) -> Any:
+        """``t.tolist()`` of a meta tensor: its known value in every element, else zeros (one
+        read, counted as ``.item()`` counts it)."""
+        v = self._values.get(t)
+        if v is None:
+            v = t.reshape(-1)[0].item() if t.numel() else 0  # reads 0, and counts the read
+        v = bool(v) if t.dtype == torch.bool else float(v) if t.dtype.is_floating_point else v if t.is_complex() else int(v)
+        out: Any = v
+        for n in reversed(t.shape):
+            out = [out] * n if not isinstance(out, list) else [list(out) for _ in range(n)]
+        return out
 
     def follow(self, name: str, args: tuple, kwargs: dict, out: Any) -> None:
         """Records the value of ``out``, the result of ``name(*args, **kwargs)``, where it follows
