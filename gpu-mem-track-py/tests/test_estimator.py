@@ -298,7 +298,11 @@ def test_constant_inputs_keep_their_values_through_the_ops_that_read_them():
         assert bool(torch.full((2, 2), 7).cuda().eq(7).all())
         unknown = ids.cuda()  # values differ: a read of it reads 0, and is counted
         assert not bool(unknown.sum() == total)
-    assert est.result["meta_scalar_reads"] == 1
+        padded = torch.ones(4, 16, dtype=torch.long).cuda()
+        view = padded[:, :8]
+        padded[:, :3] = 0  # written: neither it nor its views are known any more (two more reads)
+        assert not bool(padded.all()) and not bool(view.all())
+    assert est.result["meta_scalar_reads"] == 3
 
 
 def test_a_shuffling_data_loader_and_real_tensors_read_in_the_block():

@@ -10,7 +10,9 @@ takes another path than the GPU would. An integer or bool tensor whose elements 
 when the program hands it to the device keeps its value here, as does a tensor made filled
 (``torch.ones``, ``zeros``, ``full`` and their ``_like`` and ``new_`` forms), and so does what
 views, casts, sums, comparisons and negations make of them; a Python read of such a
-one-element tensor returns its value. Nothing else is known: other reads still read 0.
+one-element tensor returns its value. A write into a known tensor (an in-place op, ``x[i] = v``,
+``out=``) forgets it and every tensor on its storage. Nothing else is known: other reads still
+read 0.
 """
 
 from __future__ import annotations
@@ -101,6 +103,12 @@ class KnownValues:
     def follow(self, name: str, args: tuple, kwargs: dict, out: Any) -> None:
         """Records the value of ``out``, the result of ``name(*args, **kwargs)``, where it follows
         from known ones."""
+        if _writes(name, kwargs):
+            # An in-place op or out=: its target (and every view of the same storage) no longer
+            # holds what was known.
+            target = kwargs.get("out", args[0] if args else None)
+            self._forget(target)
+            return
         if not isinstance(out, torch.Tensor) or out.device.type != "meta":
             return
         if name in _FILLED:  # a factory (on the CPU too: in the block the CPU means meta)
@@ -136,6 +144,13 @@ class KnownValues:
             result = int(result)
         self._values[out] = result
 
+    def _forget(self, target: Any) -> None:
+        for t in target if isinstance(target, (list, tuple)) else (target,):
+            if isinstance(t, torch.Tensor) and t.device.type == "meta":
+                storage = t.untyped_storage()._cdata
+                for known in [k for k in self._values if k.untyped_storage()._cdata == storage]:
+                    del self._values[known]
+
     def clear(self) -> None:
         self._values = WeakIdKeyDictionary()
 
@@ -149,6 +164,20 @@ def constant_of(real: Any) -> Any:
         return None
     first = real.reshape(-1)[0]
     return first.item() if bool((real == first).all()) else None
+
+
+def _writes(name: str, kwargs: dict) -> bool:
+    """Whether ``name`` writes into its first argument (``add_``, ``x[i] = v``, ``x += 1``) or
+    into ``out=``."""
+    if "out" in kwargs:
+        return True
+    if name.startswith("__"):
+        return name == "__setitem__" or (name.startswith("__i") and name not in ("__index__", "__int__", "__invert__"))
+    return name.endswith("_") and name not in _KEEP_VALUES
+
+
+#: In-place methods that change a tensor's flags, not its values.
+_KEEP_VALUES = frozenset({"requires_grad_", "detach_", "share_memory_", "rename_", "retain_grad_"})
 
 
 def _scalar(v: Any) -> Any:
