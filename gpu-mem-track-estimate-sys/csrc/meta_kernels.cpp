@@ -33,6 +33,21 @@ c10::TensorOptions stats_options(const Tensor& x) {
   return x.options().dtype(t == at::kHalf || t == at::kBFloat16 ? at::kFloat : t);
 }
 
+// One statistic per row of a norm over the last `normalized` dimensions: the leading sizes, then
+// a 1 for each normalised dimension.
+std::vector<int64_t> norm_stat_shape(const Tensor& x, size_t normalized) {
+  const int64_t axis = x.dim() - static_cast<int64_t>(normalized);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().begin() + axis);
+  shape.resize(x.dim(), 1);
+  return shape;
+}
+
+// Fused attention kernels write (batch, seq, heads, dim) and return it as (batch, heads, seq,
+// dim), so a later `.transpose(1, 2).reshape(...)` is a view, not a copy.
+Tensor heads_transposed(int64_t batch, int64_t heads, int64_t seq, int64_t dim, const c10::TensorOptions& options) {
+  return at::empty({batch, seq, heads, dim}, options).transpose(1, 2);
+}
+
 std::vector<int64_t> conv_output_size(const Tensor& in, const Tensor& w, IntArrayRef stride, IntArrayRef pad,
                                       IntArrayRef dil, bool transposed, IntArrayRef opad, int64_t groups) {
   TORCH_CHECK(in.dim() == w.dim(), "meta convolution: input has ", in.dim(), " dims, weight ", w.dim());
@@ -167,9 +182,7 @@ std::tuple<Tensor, Tensor, Tensor> native_group_norm_backward_meta(const Tensor&
 // ---- layer norm
 std::tuple<Tensor, Tensor, Tensor> native_layer_norm_meta(const Tensor& x, c10::SymIntArrayRef normalized,
                                                            const OptTensor&, const OptTensor&, double) {
-  const int64_t axis = x.dim() - static_cast<int64_t>(normalized.size());
-  std::vector<int64_t> stat_shape(x.sizes().begin(), x.sizes().begin() + axis);
-  stat_shape.resize(x.dim(), 1);
+  const auto stat_shape = norm_stat_shape(x, normalized.size());
   auto stats = stats_options(x);
   return {at::empty_like(x), at::empty(stat_shape, stats), at::empty(stat_shape, stats)};
 }
@@ -241,11 +254,8 @@ Tensor& where_out_meta(const Tensor& cond, const Tensor& self, const Tensor& oth
 // is routed to the fused CPU kernel's schema, whose autograd formula saves the same tensors.
 std::tuple<Tensor, Tensor> flash_attention_meta(const Tensor& q, const Tensor& k, const Tensor& v, double, bool,
                                                 const OptTensor&, std::optional<double>) {
-  // Fused kernels write (batch, seq, heads, dim) and return it transposed, so a later
-  // `.transpose(1, 2).reshape(...)` is a view, not a copy.
-  const int64_t b = q.size(0), h = q.size(1), l = q.size(2), ev = v.size(-1);
-  Tensor out = at::empty({b, l, h, ev}, q.options()).transpose(1, 2);
-  return {out, at::empty({b, h, l}, stats_options(q))};
+  const int64_t b = q.size(0), h = q.size(1), l = q.size(2);
+  return {heads_transposed(b, h, l, v.size(-1), q.options()), at::empty({b, h, l}, stats_options(q))};
 }
 
 std::tuple<Tensor, Tensor, Tensor> flash_attention_backward_meta(const Tensor&, const Tensor& q, const Tensor& k,
@@ -271,8 +281,8 @@ std::tuple<Tensor, Tensor, Tensor> flash_attention_backward_meta(const Tensor&, 
 std::tuple<Tensor, Tensor, Tensor, Tensor> efficient_attention_meta(const Tensor& q, const Tensor& k, const Tensor& v,
                                                                     const OptTensor&, bool compute_log_sumexp, double,
                                                                     bool, std::optional<double>) {
-  const int64_t b = q.size(0), h = q.size(1), l = q.size(2), ev = v.size(-1);
-  Tensor out = at::empty({b, l, h, ev}, q.options()).transpose(1, 2);
+  const int64_t b = q.size(0), h = q.size(1), l = q.size(2);
+  Tensor out = heads_transposed(b, h, l, v.size(-1), q.options());
   Tensor lse = at::empty({b, h, compute_log_sumexp ? (l + 31) / 32 * 32 : 0}, q.options().dtype(at::kFloat));
   const auto seed = q.options().dtype(at::kLong);
   return {out, lse, at::empty({}, seed), at::empty({}, seed)};
@@ -281,10 +291,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> efficient_attention_meta(const Tensor
 std::tuple<Tensor, Tensor, Tensor, Tensor> efficient_attention_backward_meta(
     const Tensor&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const Tensor&,
     const Tensor&, const Tensor&, const Tensor&, double, std::array<bool, 4> mask, bool, std::optional<double>) {
-  // Gradients in (batch, seq, heads, dim) memory, returned as (batch, heads, seq, dim).
-  auto permuted = [](const Tensor& t) {
-    return at::empty({t.size(0), t.size(2), t.size(1), t.size(3)}, t.options()).transpose(1, 2);
-  };
+  auto permuted = [](const Tensor& t) { return heads_transposed(t.size(0), t.size(1), t.size(2), t.size(3), t.options()); };
   Tensor grad_bias;
   if (mask[3] && bias.defined()) {
     auto sizes = bias.sizes().vec();
@@ -335,10 +342,7 @@ Tensor dropout_as_on_cuda(const Tensor& x, double p, bool train) {
 // run its composite body, whose autograd keeps the normalised activation as well.
 std::tuple<Tensor, Tensor> fused_rms_norm_meta(const Tensor& x, IntArrayRef normalized, const OptTensor&,
                                                std::optional<double>) {
-  const int64_t axis = x.dim() - static_cast<int64_t>(normalized.size());
-  std::vector<int64_t> stat_shape(x.sizes().begin(), x.sizes().begin() + axis);
-  stat_shape.resize(x.dim(), 1);
-  return {at::empty(x.sizes(), x.options()), at::empty(stat_shape, stats_options(x))};
+  return {at::empty(x.sizes(), x.options()), at::empty(norm_stat_shape(x, normalized.size()), stats_options(x))};
 }
 
 std::tuple<Tensor, Tensor> fused_rms_norm_backward_meta(const Tensor&, const Tensor& x, IntArrayRef, const Tensor&,

@@ -322,19 +322,27 @@ fn rnn_cases() -> Vec<(bool, i64, bool, bool)> {
     all
 }
 
+/// tch's char-rnn model: an LSTM over the labels and a linear layer back to them.
+struct CharRnn {
+    lstm: nn::LSTM,
+    linear: nn::Linear,
+}
+
+impl CharRnn {
+    fn new(p: &nn::Path, labels: i64, hidden: i64) -> Self {
+        CharRnn {
+            lstm: nn::lstm(p, labels, hidden, Default::default()),
+            linear: nn::linear(p, hidden, labels, Default::default()),
+        }
+    }
+}
+
 /// tch's char-rnn example: `nn::lstm` + `nn::linear`, one-hot input (made with the input's
 /// device), Adam, `cross_entropy_for_logits`; half precision as above.
 #[test]
 fn char_rnn_estimates_on_meta_like_the_cpu() {
     let (labels, hidden, batch, seq) = (65i64, 256i64, 32i64, 64i64);
-    struct CharRnn {
-        lstm: nn::LSTM,
-        linear: nn::Linear,
-    }
-    let build = |p: &nn::Path| CharRnn {
-        lstm: nn::lstm(p, labels, hidden, Default::default()),
-        linear: nn::linear(p, hidden, labels, Default::default()),
-    };
+    let build = |p: &nn::Path| CharRnn::new(p, labels, hidden);
     let step = |m: &CharRnn, xs: &Tensor, ys: &Tensor| {
         let onehot = xs.onehot(labels).to_kind(m.linear.ws.kind());
         let (out, _) = m.lstm.seq(&onehot);
@@ -481,14 +489,7 @@ fn every_meta_kernel_of_the_shim_matches_the_cpu_kernel() {
 fn char_rnn_on_an_h100_profile_is_within_five_percent_of_the_h200() {
     use gpu_mem_track_estimate::profile::{predict, DeviceProfile};
     let (labels, hidden, batch, seq) = (65i64, 256i64, 32i64, 64i64);
-    struct CharRnn {
-        lstm: nn::LSTM,
-        linear: nn::Linear,
-    }
-    let build = |p: &nn::Path| CharRnn {
-        lstm: nn::lstm(p, labels, hidden, Default::default()),
-        linear: nn::linear(p, hidden, labels, Default::default()),
-    };
+    let build = |p: &nn::Path| CharRnn::new(p, labels, hidden);
     let step = |m: &CharRnn, xs: &Tensor, ys: &Tensor| {
         let (out, _) = m.lstm.seq(xs);
         let logits = m.linear.forward(&out);

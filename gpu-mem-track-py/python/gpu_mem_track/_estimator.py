@@ -14,11 +14,13 @@ caching allocator and its cuBLAS / cuDNN workspaces (``device_profile``): ``est.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
 import warnings
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -105,15 +107,21 @@ class _MetaMode(TorchFunctionMode):
             return self.known.tolist(args[0])
         out = self._call(func, name, args, kwargs)
         if name in ("cuda", "to") and args and isinstance(args[0], torch.Tensor) and args[0].device.type != "meta":
-            recording = self._estimator._recording
-            recording.pause()  # the CPU is the CPU while the tensor's values are read
-            try:
+            with self._cpu_is_cpu():  # while the tensor's values are read
                 self.known.set(out, constant_of(args[0]))
-            finally:
-                recording.resume()
         else:
             self.known.follow(name, args, kwargs, out)
         return out
+
+    @contextlib.contextmanager
+    def _cpu_is_cpu(self) -> Iterator[None]:
+        """The recording paused: CPU tensors made meanwhile are real CPU tensors, not meta."""
+        recording = self._estimator._recording
+        recording.pause()
+        try:
+            yield
+        finally:
+            recording.resume()
 
     def _call(self, func, name: str, args: tuple, kwargs: dict) -> Any:
         if "device" in kwargs:
@@ -132,12 +140,8 @@ class _MetaMode(TorchFunctionMode):
         # reading a real tensor's values (`.tolist()` copies it first, which would be meta).
         real_read = name in _READ_REAL and args and isinstance(args[0], torch.Tensor) and args[0].device.type != "meta"
         if name in _FROM_DATA or real_read or (name == "randperm" and kwargs.get("generator") is not None):
-            recording = self._estimator._recording
-            recording.pause()
-            try:
+            with self._cpu_is_cpu():
                 return func(*args, **kwargs)
-            finally:
-                recording.resume()
         if name in ("backward", "grad") and func in (torch.Tensor.backward, torch.autograd.grad):
             self._estimator._enter_backward()
             out = func(*args, **kwargs)

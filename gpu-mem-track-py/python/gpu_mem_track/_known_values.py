@@ -86,7 +86,7 @@ class KnownValues:
             return True, int(v)
         if name == "__float__":
             return True, float(v)
-        return True, bool(v) if t.dtype == torch.bool else v if t.dtype.is_floating_point else int(v)
+        return True, _as_dtype(v, t.dtype)
 
     def tolist(self, t: torch.Tensor) -> Any:
         """``t.tolist()`` of a meta tensor: its known value in every element, else zeros (one
@@ -94,11 +94,12 @@ class KnownValues:
         v = self._values.get(t)
         if v is None:
             v = t.reshape(-1)[0].item() if t.numel() else 0  # reads 0, and counts the read
-        v = bool(v) if t.dtype == torch.bool else float(v) if t.dtype.is_floating_point else v if t.is_complex() else int(v)
-        out: Any = v
-        for n in reversed(t.shape):
-            out = [out] * n if not isinstance(out, list) else [list(out) for _ in range(n)]
-        return out
+        v = _as_dtype(v, t.dtype)
+
+        def filled(shape: tuple) -> Any:
+            return [filled(shape[1:]) for _ in range(shape[0])] if shape else v
+
+        return filled(tuple(t.shape))
 
     def follow(self, name: str, args: tuple, kwargs: dict, out: Any) -> None:
         """Records the value of ``out``, the result of ``name(*args, **kwargs)``, where it follows
@@ -138,21 +139,15 @@ class KnownValues:
                 result = _ARITHMETIC[name](first, other)
         if result is None:
             return
-        if out.dtype == torch.bool:
-            result = bool(result)
-        elif not out.dtype.is_floating_point:
-            result = int(result)
-        self._values[out] = result
+        self._values[out] = _as_dtype(result, out.dtype)
 
     def _forget(self, target: Any) -> None:
-        for t in target if isinstance(target, (list, tuple)) else (target,):
-            if isinstance(t, torch.Tensor) and t.device.type == "meta":
-                storage = t.untyped_storage()._cdata
-                for known in [k for k in self._values if k.untyped_storage()._cdata == storage]:
-                    del self._values[known]
-
-    def clear(self) -> None:
-        self._values = WeakIdKeyDictionary()
+        if not self._values:  # nothing known (an optimizer's foreach step writes hundreds)
+            return
+        targets = target if isinstance(target, (list, tuple)) else (target,)
+        storages = {t.untyped_storage()._cdata for t in targets if isinstance(t, torch.Tensor) and t.device.type == "meta"}
+        for known in [k for k in self._values if k.untyped_storage()._cdata in storages]:
+            del self._values[known]
 
 
 def constant_of(real: Any) -> Any:
@@ -164,6 +159,15 @@ def constant_of(real: Any) -> Any:
         return None
     first = real.reshape(-1)[0]
     return first.item() if bool((real == first).all()) else None
+
+
+def _as_dtype(v: Any, dtype: torch.dtype) -> Any:
+    """``v`` as a Python value of a tensor of ``dtype`` (as ``.item()`` gives it)."""
+    if dtype == torch.bool:
+        return bool(v)
+    if dtype.is_floating_point:
+        return float(v)
+    return v if dtype.is_complex else int(v)
 
 
 def _writes(name: str, kwargs: dict) -> bool:
