@@ -35,6 +35,7 @@ fn main() {
             "csrc/tch_steps.cpp",
             "csrc/meta_allocator.cpp",
             "csrc/meta_kernels.cpp",
+            "csrc/attention.cpp",
             "csrc/meta_kernel_check.cpp",
             "csrc/cudnn_rnn.cpp",
             "csrc/cpu_means_meta.cpp",

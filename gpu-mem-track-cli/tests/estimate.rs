@@ -315,6 +315,42 @@ fn one_precision_flag_sets_the_dtype_the_model_runs_in() {
     assert!(help.contains("--precision <PRECISION>") && !help.contains("--dtype <"), "{help}");
 }
 
+/// Attention takes the kernel the profile's GPU picks. In bf16: flash attention from compute
+/// capability 8.0 (the H100); on a T4 (7.5), which has neither flash attention nor bf16
+/// memory-efficient attention, the math path, which keeps the attention weights (in float) for
+/// backward. The text says which kernels ran.
+#[cfg_attr(
+    not(gmt_python_torch),
+    ignore = "needs Python with torch to export TorchScript models (scripts/dev installs it)"
+)]
+#[test]
+fn attention_takes_the_kernel_the_profiles_gpu_picks() {
+    let (_dir, model) = exported_model("transformer");
+    let m = model.to_str().unwrap();
+    let args = |profile: &'static str| {
+        ["estimate", m, "--input", "4x256", "--ids", "--precision", "bf16", "--device-profile", profile]
+    };
+    let estimate = |profile: &'static str| {
+        let mut a = args(profile).to_vec();
+        a.push("--json");
+        let o = run(&a);
+        assert!(o.status.success(), "{profile}: {}", stderr(&o));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let (h100, t4) = (estimate("h100-80g"), estimate("t4"));
+    // One call an iteration, two iterations.
+    assert_eq!(h100["attention"], serde_json::json!({"flash": 2, "efficient": 0, "math": 0}), "{h100}");
+    assert_eq!(t4["attention"], serde_json::json!({"flash": 0, "efficient": 0, "math": 2}), "{t4}");
+    let kept = |v: &serde_json::Value| v["live_after_forward"].as_u64().unwrap();
+    let weights = 4 * 4 * 256 * 256 * 4; // (batch, heads, query, key), float
+    assert!(kept(&t4) >= kept(&h100) + weights, "t4 {} h100 {}", kept(&t4), kept(&h100));
+    let text = String::from_utf8(run(&args("t4")).stdout).unwrap();
+    assert!(
+        text.contains("attention, as the GPU picks its kernel: 0 flash, 0 memory-efficient, 2 math"),
+        "{text}"
+    );
+}
+
 /// The bytes of `category` at the peak of a JSON timeline of `model` (input 4x256, training),
 /// written in `dir` with `extra` options.
 fn timeline_peak_bytes(dir: &Path, model: &str, category: &str, extra: &[&str]) -> u64 {

@@ -14,6 +14,12 @@ extern "C" {
 // Whether LSTM and GRU on meta take cuDNN's path (cudnn_rnn.cpp; the default) or
 // PyTorch's own, the CPU's.
 void gmt_meta_rnn_follows_cudnn(int on);
+// The compute capability of the GPU a meta run stands for (9.0 by default): which kernel
+// scaled_dot_product_attention takes there (flash, memory-efficient or math attention).
+void gmt_meta_target_device(int major, int minor);
+// Calls of scaled_dot_product_attention on meta since the process started, per kernel taken:
+// calls[0] flash, calls[1] memory-efficient, calls[2] math (three elements).
+void gmt_meta_attention_kernels(int64_t* calls);
 // How many times `.item()` (aten::_local_scalar_dense) ran on a meta tensor since the process
 // started: each returned 0, so data-dependent control flow may have taken another branch.
 int64_t gmt_meta_scalar_reads(void);

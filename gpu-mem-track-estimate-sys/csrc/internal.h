@@ -11,6 +11,13 @@
 #include "estimate.h"
 
 namespace gmt {
+// Norm and attention statistics are kept in float for reduced-precision inputs, as the real
+// kernels do.
+inline c10::TensorOptions stats_options(const at::Tensor& x) {
+  const auto t = x.scalar_type();
+  return x.options().dtype(t == at::kHalf || t == at::kBFloat16 ? at::kFloat : t);
+}
+
 // Registers the meta-via-CPU kernel for every op without a Meta kernel (meta_kernels.cpp); once.
 void meta_fallback_install();
 // Called by whatever runs on meta, so that the linker keeps meta_kernels.cpp's object (and its

@@ -228,6 +228,7 @@ std::vector<Case> cases() {
   elementwise("roll", [](const auto& a) { return std::vector<Tensor>{at::roll(a[0], {1}, {0})}; }, 1);
   elementwise("roll", [](const auto& a) { return std::vector<Tensor>{at::roll(a[0], {2, -1}, {0, 1})}; }, 1);
   elementwise("where.self", [](const auto& a) { return std::vector<Tensor>{at::where(a[0].gt(0), a[1], a[2])}; }, 3);
+  elementwise("_safe_softmax", [](const auto& a) { return std::vector<Tensor>{at::_safe_softmax(a[0], -1)}; }, 1);
   elementwise("where.self_out", [](const auto& a) {
     Tensor out = at::empty({0}, a[1].options());
     at::where_out(out, a[0].gt(0), a[1], a[2]);

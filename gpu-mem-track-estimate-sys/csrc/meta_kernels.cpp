@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common.h"
+#include "attention.h"
 #include "internal.h"
 #include "recorder.h"
 
@@ -27,11 +28,7 @@ using at::Tensor;
 using c10::IntArrayRef;
 using OptTensor = std::optional<Tensor>;
 
-// Norm statistics are kept in float for reduced-precision inputs, as the real kernels do.
-c10::TensorOptions stats_options(const Tensor& x) {
-  const auto t = x.scalar_type();
-  return x.options().dtype(t == at::kHalf || t == at::kBFloat16 ? at::kFloat : t);
-}
+using gmt::stats_options;
 
 // One statistic per row of a norm over the last `normalized` dimensions: the leading sizes, then
 // a 1 for each normalised dimension.
@@ -40,12 +37,6 @@ std::vector<int64_t> norm_stat_shape(const Tensor& x, size_t normalized) {
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().begin() + axis);
   shape.resize(x.dim(), 1);
   return shape;
-}
-
-// Fused attention kernels write (batch, seq, heads, dim) and return it as (batch, heads, seq,
-// dim), so a later `.transpose(1, 2).reshape(...)` is a view, not a copy.
-Tensor heads_transposed(int64_t batch, int64_t heads, int64_t seq, int64_t dim, const c10::TensorOptions& options) {
-  return at::empty({batch, seq, heads, dim}, options).transpose(1, 2);
 }
 
 std::vector<int64_t> conv_output_size(const Tensor& in, const Tensor& w, IntArrayRef stride, IntArrayRef pad,
@@ -248,86 +239,6 @@ Tensor& where_out_meta(const Tensor& cond, const Tensor& self, const Tensor& oth
   return out;
 }
 
-// ---- attention. On meta, scaled_dot_product_attention would take the math path, which
-// materialises and saves the [B, H, L, S] attention weights. GPUs (and CPUs) run a fused
-// flash-attention kernel that saves only the output and a [B, H, L] logsumexp, so on meta the op
-// is routed to the fused CPU kernel's schema, whose autograd formula saves the same tensors.
-std::tuple<Tensor, Tensor> flash_attention_meta(const Tensor& q, const Tensor& k, const Tensor& v, double, bool,
-                                                const OptTensor&, std::optional<double>) {
-  const int64_t b = q.size(0), h = q.size(1), l = q.size(2);
-  return {heads_transposed(b, h, l, v.size(-1), q.options()), at::empty({b, h, l}, stats_options(q))};
-}
-
-std::tuple<Tensor, Tensor, Tensor> flash_attention_backward_meta(const Tensor&, const Tensor& q, const Tensor& k,
-                                                                 const Tensor& v, const Tensor&, const Tensor&,
-                                                                 double, bool, const OptTensor&,
-                                                                 std::optional<double>) {
-  Tensor gq = at::empty_like(q), gk = at::empty_like(k), gv = at::empty_like(v);
-  if (q.dim() == 4 && k.dim() == 4 && k.size(1) != q.size(1)) {
-    // Grouped-query attention: the flash backward computes the key and value gradients per query
-    // head, (batch, seq, query heads, dim), and sums each group into the result (flash_api.cpp,
-    // mha_bwd: dk_expanded, dv_expanded); both are freed as it returns.
-    const int64_t b = q.size(0), h = q.size(1), s = k.size(2);
-    [[maybe_unused]] Tensor dk_expanded = at::empty({b, s, h, k.size(3)}, k.options());
-    [[maybe_unused]] Tensor dv_expanded = at::empty({b, s, h, v.size(3)}, v.options());
-  }
-  return {gq, gk, gv};
-}
-
-// Memory-efficient attention, which a GPU runs where flash attention cannot: a mask that
-// requires grad (T5's learned position bias) among other cases. It saves the output, a
-// logsumexp padded to 32 rows and the mask; its backward also gives the mask's gradient, of the
-// mask's (expanded) sizes with the last dimension padded to 16 (attention/cuda/attention.cu).
-std::tuple<Tensor, Tensor, Tensor, Tensor> efficient_attention_meta(const Tensor& q, const Tensor& k, const Tensor& v,
-                                                                    const OptTensor&, bool compute_log_sumexp, double,
-                                                                    bool, std::optional<double>) {
-  const int64_t b = q.size(0), h = q.size(1), l = q.size(2);
-  Tensor out = heads_transposed(b, h, l, v.size(-1), q.options());
-  Tensor lse = at::empty({b, h, compute_log_sumexp ? (l + 31) / 32 * 32 : 0}, q.options().dtype(at::kFloat));
-  const auto seed = q.options().dtype(at::kLong);
-  return {out, lse, at::empty({}, seed), at::empty({}, seed)};
-}
-
-std::tuple<Tensor, Tensor, Tensor, Tensor> efficient_attention_backward_meta(
-    const Tensor&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const Tensor&,
-    const Tensor&, const Tensor&, const Tensor&, double, std::array<bool, 4> mask, bool, std::optional<double>) {
-  auto permuted = [](const Tensor& t) { return heads_transposed(t.size(0), t.size(1), t.size(2), t.size(3), t.options()); };
-  Tensor grad_bias;
-  if (mask[3] && bias.defined()) {
-    auto sizes = bias.sizes().vec();
-    const int64_t last = sizes.back();
-    sizes.back() = (last + 15) / 16 * 16;
-    grad_bias = at::empty(sizes, bias.options()).slice(-1, 0, last);
-  }
-  return {mask[0] ? permuted(q) : Tensor(), mask[1] ? permuted(k) : Tensor(), mask[2] ? permuted(v) : Tensor(),
-          grad_bias};
-}
-
-Tensor sdpa_fused_on_meta(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& mask, double dropout,
-                          bool is_causal, std::optional<double> scale, bool enable_gqa) {
-  const bool four_d = q.dim() == 4 && k.dim() == 4 && v.dim() == 4;
-  const bool masked = mask.has_value() && mask->defined();
-  // Grouped-query attention (enable_gqa, fewer key/value heads than query heads) is the flash
-  // kernels' on a GPU when there is no mask; with one, a GPU falls back to the math path too.
-  const bool grouped = four_d && enable_gqa && q.size(1) != k.size(1);
-  const bool fusable =
-      four_d && (grouped ? !masked && k.size(1) > 0 && q.size(1) % k.size(1) == 0 : q.size(1) == k.size(1));
-  if (fusable && masked && mask->requires_grad()) {
-    // The flash kernels take no gradient for a mask; a GPU runs memory-efficient attention on
-    // the mask expanded to (batch, heads, query, key), as sdpa's preprocess_mask does.
-    const bool log_sumexp =
-        at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-    const Tensor bias = mask->expand({q.size(0), q.size(1), q.size(2), k.size(2)});
-    return std::get<0>(at::_scaled_dot_product_efficient_attention(q, k, v, bias, log_sumexp, dropout, is_causal, scale));
-  }
-  if (!fusable) {
-    // The composite math implementation; its ops record their own autograd nodes.
-    return std::get<0>(
-        at::_scaled_dot_product_attention_math(q, k, v, mask, dropout, is_causal, std::nullopt, scale, enable_gqa));
-  }
-  return std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout, is_causal, mask, scale));
-}
-
 // at::dropout takes the fused kernel (native_dropout: the output and a bool mask) for a CUDA
 // tensor in training with 0 < p < 1 (Dropout.cpp, is_fused_kernel_acceptable); on any other
 // device it draws float noise of the input's size and keeps it for backward, four bytes an
@@ -420,14 +331,15 @@ bool compatible_shallow_copy_meta(const Tensor&, const Tensor&) { return true; }
   X("index_select", index_select_meta) \
   X("embedding_dense_backward", embedding_dense_backward_meta) \
   X("where.self", where_meta) \
+  X("_safe_softmax", gmt::safe_softmax_meta) \
   X("where.self_out", where_out_meta) \
   X("equal", equal_meta) \
   X("_local_scalar_dense", local_scalar_dense_meta) \
   X("_has_compatible_shallow_copy_type", compatible_shallow_copy_meta) \
-  X("_scaled_dot_product_flash_attention_for_cpu", flash_attention_meta) \
-  X("_scaled_dot_product_flash_attention_for_cpu_backward", flash_attention_backward_meta) \
-  X("_scaled_dot_product_efficient_attention", efficient_attention_meta) \
-  X("_scaled_dot_product_efficient_attention_backward", efficient_attention_backward_meta) \
+  X("_scaled_dot_product_flash_attention_for_cpu", gmt::flash_attention_meta) \
+  X("_scaled_dot_product_flash_attention_for_cpu_backward", gmt::flash_attention_backward_meta) \
+  X("_scaled_dot_product_efficient_attention", gmt::efficient_attention_meta) \
+  X("_scaled_dot_product_efficient_attention_backward", gmt::efficient_attention_backward_meta) \
   X("_fused_rms_norm", fused_rms_norm_meta) \
   X("_fused_rms_norm_backward", fused_rms_norm_backward_meta) \
   X("native_dropout", native_dropout_meta) \
@@ -455,7 +367,7 @@ const char* const kHandWritten[] = {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, AutogradMeta, m) {
-  m.impl("scaled_dot_product_attention", sdpa_fused_on_meta);
+  m.impl("scaled_dot_product_attention", gmt::sdpa_as_on_cuda);
   m.impl("dropout", dropout_as_on_cuda);
 }
 
@@ -610,6 +522,7 @@ const char* const* gmt_meta_kernels_registered(size_t* count) {
 }
 
 int64_t gmt_meta_scalar_reads(void) { return g_meta_scalar_reads.load(std::memory_order_relaxed); }
+
 
 int64_t gmt_meta_fallback_ops(void) { return g_fallback_ops; }
 

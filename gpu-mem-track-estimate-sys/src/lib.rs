@@ -121,6 +121,8 @@ extern "C" {
     pub fn gmt_meta_scalar_reads() -> i64;
     /// Whether LSTM and GRU on meta take cuDNN's path (the default) or PyTorch's own (the CPU's).
     pub fn gmt_meta_rnn_follows_cudnn(on: c_int);
+    pub fn gmt_meta_target_device(major: c_int, minor: c_int);
+    pub fn gmt_meta_attention_kernels(calls: *mut i64);
     pub fn gmt_meta_fallback_ops() -> i64;
     pub fn gmt_meta_kernels_registered(count: *mut usize) -> *const *const c_char;
     pub fn gmt_meta_kernels_check(report: *mut *mut c_char) -> gmt_error;

@@ -9,7 +9,7 @@ use gpu_mem_track_gpu::caching_allocator::CachingStats;
 use gpu_mem_track_log::{Category, Phase, Replay, Trace};
 
 use crate::ffi;
-use crate::figures::{CpuTensors, FallbackOp, ModelSizes};
+use crate::figures::{AttentionKernels, CpuTensors, FallbackOp, ModelSizes};
 use gpu_mem_track_gpu::device_replay::{self, cpu_only_op};
 use gpu_mem_track_gpu::options::{EstimateDevice, EstimateOptions, Mode};
 
@@ -104,6 +104,9 @@ pub struct Estimate {
     pub cpu_fallback: Vec<FallbackOp>,
     /// CPU tensors the run made or met on meta (empty for CPU runs).
     pub cpu_tensors: CpuTensors,
+    /// The kernel each `scaled_dot_product_attention` call took on meta: the one the target GPU
+    /// picks (`meta_target_compute_capability`).
+    pub attention: AttentionKernels,
     /// Seconds the estimate took.
     pub seconds: f64,
 }
@@ -135,6 +138,7 @@ pub(crate) fn finish_estimate(
         meta_scalar_reads: run.meta_scalar_reads,
         cpu_fallback: run.cpu_fallback.clone(),
         cpu_tensors: run.cpu_tensors.clone(),
+        attention: run.attention,
         seconds: start.elapsed().as_secs_f64(),
     };
     (estimate, trace)

@@ -18,7 +18,7 @@ use sys::copy_table;
 
 use crate::error::{Error, Result};
 use crate::exported;
-use crate::figures::{CpuTensors, FallbackOp, ModelSizes, StaticEstimate};
+use crate::figures::{AttentionKernels, CpuTensors, FallbackOp, ModelSizes, StaticEstimate};
 
 use sys::safe::bytes;
 
@@ -86,6 +86,21 @@ pub(crate) fn meta_rnn_follows_cudnn(on: bool) {
     unsafe { esys::gmt_meta_rnn_follows_cudnn(c_int::from(on)) }
 }
 
+/// The GPU meta runs stand for, by compute capability (attention's kernel choice).
+pub(crate) fn meta_target_device((major, minor): (u32, u32)) {
+    let int = |v: u32| c_int::try_from(v).unwrap_or(c_int::MAX);
+    // SAFETY: stores an atomic.
+    unsafe { esys::gmt_meta_target_device(int(major), int(minor)) }
+}
+
+/// `scaled_dot_product_attention` calls on meta since the process started, per kernel taken.
+fn meta_attention_kernels() -> AttentionKernels {
+    let mut calls = [0i64; 3];
+    // SAFETY: `calls` holds the three elements the shim writes.
+    unsafe { esys::gmt_meta_attention_kernels(calls.as_mut_ptr()) };
+    AttentionKernels { flash: bytes(calls[0]), efficient: bytes(calls[1]), math: bytes(calls[2]) }
+}
+
 /// What the shim reports of a TorchScript (or tch) run besides its recording.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct RunFigures {
@@ -96,6 +111,8 @@ pub(crate) struct RunFigures {
     pub cpu_fallback: Vec<FallbackOp>,
     /// CPU tensors made or met while the CPU meant meta.
     pub cpu_tensors: CpuTensors,
+    /// The kernel each attention call took during the run.
+    pub attention: AttentionKernels,
 }
 
 /// Calls and bytes of every op that went through the meta-via-CPU fallback since the process
@@ -161,17 +178,29 @@ fn meta_fallback_since(before: &[FallbackOp]) -> Vec<FallbackOp> {
 pub(crate) struct MetaCounters {
     scalar_reads: u64,
     fallback: Vec<FallbackOp>,
+    attention: AttentionKernels,
 }
 
 impl MetaCounters {
     pub(crate) fn begin() -> Self {
         take_conv_workspaces();
-        MetaCounters { scalar_reads: meta_scalar_reads(), fallback: meta_fallback_counts() }
+        MetaCounters {
+            scalar_reads: meta_scalar_reads(),
+            fallback: meta_fallback_counts(),
+            attention: meta_attention_kernels(),
+        }
     }
 
-    /// The run's scalar reads of meta tensors and its CPU fallback counts, busiest first.
-    pub(crate) fn since(&self) -> (u64, Vec<FallbackOp>) {
-        (meta_scalar_reads() - self.scalar_reads, meta_fallback_since(&self.fallback))
+    /// The run's scalar reads of meta tensors, its CPU fallback counts (busiest first) and its
+    /// attention kernels.
+    pub(crate) fn since(&self) -> (u64, Vec<FallbackOp>, AttentionKernels) {
+        let (now, was) = (meta_attention_kernels(), self.attention);
+        let attention = AttentionKernels {
+            flash: now.flash.saturating_sub(was.flash),
+            efficient: now.efficient.saturating_sub(was.efficient),
+            math: now.math.saturating_sub(was.math),
+        };
+        (meta_scalar_reads() - self.scalar_reads, meta_fallback_since(&self.fallback), attention)
     }
 }
 
@@ -229,7 +258,7 @@ pub(crate) fn estimate_torchscript(
         // SAFETY: as above.
         None => check("estimate", unsafe { esys::gmt_estimate_torchscript(&opts, &mut raw) })?,
     }
-    let (meta_scalar_reads, cpu_fallback) = meta.since();
+    let (meta_scalar_reads, cpu_fallback, attention) = meta.since();
     let run = RunFigures {
         sizes: ModelSizes {
             param_count: bytes(raw.param_count),
@@ -241,6 +270,7 @@ pub(crate) fn estimate_torchscript(
         },
         meta_scalar_reads,
         cpu_fallback,
+        attention,
         cpu_tensors: {
             // The shim's mode ran on this thread inside the call.
             let (made, moved) = cpu_means_meta_counts();

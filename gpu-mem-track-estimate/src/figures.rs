@@ -46,6 +46,21 @@ pub struct CpuTensors {
     pub examples: Vec<String>,
 }
 
+/// The kernel each `scaled_dot_product_attention` call of a meta run took: the one a GPU of the
+/// target compute capability picks for it (flash, memory-efficient or math attention). Math
+/// attention keeps the (batch, heads, query, key) attention weights for backward; a GPU takes it
+/// when no fused kernel accepts the call (a float32 model with grouped-query heads, a head size
+/// the fused kernels do not take, an older GPU, or the fused kernels switched off).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct AttentionKernels {
+    /// Calls that took flash attention (or cuDNN's, which keeps the same tensors).
+    pub flash: u64,
+    /// Calls that took memory-efficient attention.
+    pub efficient: u64,
+    /// Calls that took the math path.
+    pub math: u64,
+}
+
 /// The static (TorchScript IR) estimate of an inference pass.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StaticEstimate {

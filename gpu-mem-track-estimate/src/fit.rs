@@ -11,6 +11,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::ffi;
 #[cfg(feature = "tch")]
 use crate::tch_model::{training_step, TchStepOptions};
 use crate::torchscript::torchscript_trace;
@@ -249,6 +250,7 @@ pub fn fit_torchscript(
         Mode::Train(o) => o,
         Mode::Inference => Optimizer::Sgd,
     };
+    ffi::meta_target_device(profile.compute_capability);
     search_largest(
         dimension,
         max,
@@ -280,6 +282,7 @@ pub fn fit_training_step<M>(
     on_probe: impl FnMut(&FitProbe),
 ) -> Result<FitResult> {
     with_dimension(dimension, &options.input_shape, 1)?;
+    ffi::meta_target_device(profile.compute_capability);
     search_largest(
         dimension,
         max,

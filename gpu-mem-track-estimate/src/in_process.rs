@@ -153,8 +153,8 @@ impl InProcessRun {
         drop(_recording);
         drop(_peak_walks);
         let (events, names) = recorder::events();
-        let (meta_scalar_reads, cpu_fallback) = meta_counters.since();
-        let run = ffi::RunFigures { sizes, meta_scalar_reads, cpu_fallback, cpu_tensors };
+        let (meta_scalar_reads, cpu_fallback, attention) = meta_counters.since();
+        let run = ffi::RunFigures { sizes, meta_scalar_reads, cpu_fallback, cpu_tensors, attention };
         let parameter_ids = recorder::parameter_ids();
         let (estimate, trace) = finish_estimate(options, &run, &events, &names, &parameter_ids, start);
         let peak_by_site = peak_by_site(&events, &trace, estimate.peak.event);

@@ -71,7 +71,7 @@ mod torchscript;
 
 pub use error::{Error, Result};
 pub use estimate::{estimate_progress, Estimate, PeakPlace, PhasePeak};
-pub use figures::{CpuTensors, FallbackOp, ModelSizes, StaticEstimate};
+pub use figures::{AttentionKernels, CpuTensors, FallbackOp, ModelSizes, StaticEstimate};
 pub use gpu_mem_track_log::{Category, Phase, TimelinePoint, Trace, TraceEvent};
 #[cfg(feature = "tch")]
 pub use tch_model::{inference_step, training_step, TchStepOptions};
@@ -86,6 +86,30 @@ pub use options::{EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, P
 /// meta run is held to when it is checked against a CPU run of the same step. Process-wide.
 pub fn meta_rnns_take_cudnn_path(on: bool) {
     ffi::meta_rnn_follows_cudnn(on);
+}
+
+/// The compute capability `(major, minor)` of the GPU that meta runs stand for: it decides which
+/// kernel `scaled_dot_product_attention` takes, as on that GPU (flash attention from 8.0,
+/// memory-efficient attention's dtypes and alignment, else the math path), and so what attention
+/// keeps for backward. 9.0 until set; the `fit` functions set it from their device profile,
+/// the command line and Python's `Estimator` from the profile asked for. Process-wide.
+pub fn meta_target_compute_capability(compute_capability: (u32, u32)) {
+    ffi::meta_target_device(compute_capability);
+}
+
+/// [`meta_target_compute_capability`] for the GPU of a device profile as `--device-profile`
+/// takes it: a preset or a profile `.json`; `cuda`, `none` and `all` stand for a 9.0 GPU.
+///
+/// # Errors
+/// [`Error::Input`] for an unknown profile or an unreadable profile file (the target is then
+/// left as it was).
+pub fn meta_target_device_profile(device_profile: &str) -> Result<()> {
+    let compute_capability = match device_profile {
+        "cuda" | "none" | "all" => (9, 0),
+        name => profile::DeviceProfile::find(name)?.compute_capability,
+    };
+    meta_target_compute_capability(compute_capability);
+    Ok(())
 }
 #[cfg(feature = "tch")]
 pub use saved::{memory_for_backward, memory_for_backward_excluding, SavedByOp, SavedReport};

@@ -148,8 +148,9 @@ impl<M> NativeRun<M> {
         drop(cpu_means_meta);
         drop(_recording);
         let (events, names) = recorder::events();
-        let (meta_scalar_reads, cpu_fallback) = meta_counters.since();
-        let run = ffi::RunFigures { sizes: loaded.sizes, meta_scalar_reads, cpu_fallback, cpu_tensors };
+        let (meta_scalar_reads, cpu_fallback, attention) = meta_counters.since();
+        let run =
+            ffi::RunFigures { sizes: loaded.sizes, meta_scalar_reads, cpu_fallback, cpu_tensors, attention };
         let parameter_ids = recorder::parameter_ids();
         drop((loaded.model, loaded.vs, loaded.params, input, target));
         finish_estimate(&options, &run, &events, &names, &parameter_ids, start)

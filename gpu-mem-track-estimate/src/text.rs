@@ -492,6 +492,22 @@ impl fmt::Display for Estimate {
                 if cpu.examples.is_empty() { String::new() } else { format!(" ({})", cpu.examples.join("; ")) }
             )?;
         }
+        let a = &self.attention;
+        if a.flash + a.efficient + a.math > 0 {
+            writeln!(
+                f,
+                "  attention, as the GPU picks its kernel: {} flash, {} memory-efficient, {} math{}",
+                a.flash,
+                a.efficient,
+                a.math,
+                if a.math > 0 {
+                    " (math keeps each call's attention weights for backward: no fused kernel takes \
+                     those calls there, as for float32 with grouped-query heads)"
+                } else {
+                    ""
+                }
+            )?;
+        }
         if self.meta_scalar_reads > 0 {
             writeln!(
                 f,

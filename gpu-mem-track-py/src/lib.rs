@@ -505,6 +505,16 @@ fn fit_search(py: Python<'_>, probe: Bound<'_, PyAny>, max: i64, dimension: &str
     serde_json::to_string(&r).map_err(|e| GpuMemTrackError::new_err(e.to_string()))
 }
 
+/// Meta runs stand for the GPU of `device_profile` from now on: attention takes the kernel that
+/// GPU picks. A profile that does not resolve stands for a 9.0 GPU; its error comes from
+/// `Recording.finish`, which reads it again.
+#[pyfunction]
+fn meta_target_device(device_profile: &str) {
+    if gpu_mem_track_estimate::meta_target_device_profile(device_profile).is_err() {
+        gpu_mem_track_estimate::meta_target_compute_capability((9, 0));
+    }
+}
+
 /// Tags the events recorded from now on with a phase and iteration (the Python estimator's hooks).
 #[pyfunction]
 fn recording_phase(phase: &str, iteration: u32) -> PyResult<()> {
@@ -661,6 +671,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyFinished>()?;
     m.add_function(wrap_pyfunction!(fit_search, m)?)?;
     m.add_function(wrap_pyfunction!(recording_phase, m)?)?;
+    m.add_function(wrap_pyfunction!(meta_target_device, m)?)?;
     m.add_function(wrap_pyfunction!(recording_site, m)?)?;
     m.add_function(wrap_pyfunction!(recording_tag, m)?)?;
     m.add_function(wrap_pyfunction!(recording_owner, m)?)?;

@@ -249,25 +249,99 @@ def test_a_learned_attention_bias_takes_memory_efficient_attention():
     assert eager - sdpa >= 6 * scores, (eager, sdpa)
 
 
-def test_grouped_query_attention_takes_the_flash_kernels():
+def _torch_minor() -> tuple:
+    return tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+
+
+class Attend(torch.nn.Module):
+    """One ``scaled_dot_product_attention`` call on its inputs."""
+
+    def forward(self, q, k, v, mask=None, gqa=False):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+def _attention(profile="h100-80g", dtype=torch.float32, head_dim=64, kv_heads=4, mask=None, gqa=False):
+    """The estimate of one attention call's training step: batch 2, 4 query heads, 256 tokens."""
+    with Estimator(device_profile=profile) as est:
+        q, k, v = (
+            torch.randn(2, heads, 256, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+            for heads in (4, kv_heads, kv_heads)
+        )
+        m = None if mask is None else torch.zeros(2, 1, 256, 256, device="cuda", dtype=mask)
+        Attend()(q, k, v, m, gqa).sum().backward()
+    return est.result
+
+
+def test_attention_takes_the_kernel_the_gpu_picks():
+    # On a GPU, scaled_dot_product_attention runs the first of flash, memory-efficient and math
+    # attention that takes the call; math keeps the (batch, heads, query, key) weights.
+    def kernel(e) -> str:
+        (name,) = [k for k, calls in e["attention"].items() if calls]
+        return name
+
+    assert kernel(_attention(dtype=torch.bfloat16)) == "flash"
+    assert kernel(_attention()) == "efficient"  # flash attention takes half precision only
+    assert kernel(_attention(head_dim=30)) == "math"  # a float32 head size must be a multiple of 4
+    assert kernel(_attention("t4", dtype=torch.float16)) == "efficient"  # no flash attention before 8.0
+    assert kernel(_attention("t4", dtype=torch.bfloat16)) == "math"  # nor bfloat16 memory-efficient
+    assert kernel(_attention("a100-80g", dtype=torch.bfloat16)) == "flash"
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.MATH]):  # the user's choice holds
+        assert kernel(_attention(dtype=torch.bfloat16)) == "math"
+    # Math attention keeps the weights: float32, and a bfloat16 call's too (math works in float).
+    weights = 2 * 4 * 256 * 256 * 4
+    fused = _attention()["live_after_forward"]
+    with sdpa_kernel([SDPBackend.MATH]):
+        math = _attention()
+        assert math["live_after_forward"] - fused >= weights
+        assert _attention(dtype=torch.bfloat16)["live_after_forward"] - fused >= weights
+    # Held during the math path's forward and freed by its end, as _safe_softmax on a GPU: the
+    # scores and their softmax (float), the bool test of each score and all() of each row.
+    assert math["forward_peak"] - math["live_after_forward"] == 2 * weights + weights // 4 + 2 * 4 * 256
+
+
+def test_a_boolean_attention_mask_becomes_an_additive_one_which_attention_keeps():
+    # A GPU turns a bool mask into a float one of the query's dtype before memory-efficient
+    # attention, which keeps it for backward: after the forward, the bool mask (1 byte an
+    # element) and its float twin (4) are held on top of the unmasked call.
+    unmasked, masked = _attention(), _attention(mask=torch.bool)
+    assert masked["attention"]["efficient"] == 1
+    assert masked["live_after_forward"] - unmasked["live_after_forward"] == 2 * 256 * 256 * (1 + 4)
+    additive = _attention(mask=torch.float32)  # already additive: kept as it is
+    assert additive["live_after_forward"] - unmasked["live_after_forward"] == 2 * 256 * 256 * 4
+
+
+def test_grouped_query_attention_takes_the_kernel_a_gpu_takes():
     # Llama-style models with fewer key/value heads than query heads call
-    # scaled_dot_product_attention(enable_gqa=True) when there is no mask: a GPU's flash kernels.
-    # The math path would keep (batch, heads, query, key) weights, so the grouped model would
-    # come out far above the one with a key/value head per query head; it needs less.
+    # scaled_dot_product_attention(enable_gqa=True) when there is no mask. In bfloat16 a GPU runs
+    # flash attention, which takes grouped heads: the grouped model needs less than the one with a
+    # key/value head per query head. In float32 flash attention is out, and memory-efficient
+    # attention takes grouped heads from torch 2.15 only: before it, a GPU runs the math path,
+    # which keeps (batch, heads, query, key) weights, and the grouped model needs more.
     transformers = pytest.importorskip("transformers", reason="needs transformers")
     ids = torch.randint(0, 1000, (2, 512))
 
-    def peak(kv_heads: int) -> int:
+    def run(kv_heads: int, dtype: torch.dtype):
         cfg = transformers.LlamaConfig(
             num_hidden_layers=2, hidden_size=256, num_attention_heads=8, num_key_value_heads=kv_heads,
             intermediate_size=512, vocab_size=1000,
         )
-        model = transformers.LlamaForCausalLM(cfg)
-        return gpu_mem_track.estimate(model, input_ids=ids, labels=ids, optimizer="sgd", device_profile="cuda").peak_bytes
+        model = transformers.LlamaForCausalLM(cfg).to(dtype)
+        return gpu_mem_track.estimate(model, input_ids=ids, labels=ids, optimizer="sgd", device_profile="h100-80g")
 
-    grouped, full = peak(2), peak(8)
     weights = 2 * 8 * 512 * 512 * 4  # one layer's attention weights on the math path, float
-    assert grouped < full < grouped + weights, (grouped, full)
+    grouped, full = run(2, torch.bfloat16), run(8, torch.bfloat16)
+    assert grouped["attention"] == full["attention"] == {"flash": 4, "efficient": 0, "math": 0}
+    assert grouped.peak_bytes < full.peak_bytes < grouped.peak_bytes + weights / 2, (grouped, full)
+    grouped, full = run(2, torch.float32), run(8, torch.float32)
+    assert full["attention"] == {"flash": 0, "efficient": 4, "math": 0}
+    if _torch_minor() <= (2, 13):
+        assert grouped["attention"] == {"flash": 0, "efficient": 0, "math": 4}
+        assert grouped.peak_bytes > full.peak_bytes + weights, (grouped.peak_bytes, full.peak_bytes)
+    elif _torch_minor() >= (2, 15):
+        assert grouped["attention"] == {"flash": 0, "efficient": 4, "math": 0}
+        assert grouped.peak_bytes < full.peak_bytes
 
 
 def test_a_fused_optimizer_runs_as_on_a_gpu():
@@ -326,14 +400,14 @@ def test_a_shuffling_data_loader_and_real_tensors_read_in_the_block():
 
 def test_an_all_ones_attention_mask_is_dropped_as_on_a_gpu():
     # Hugging Face drops an attention mask that masks nothing (it reads `mask.sum() == numel`) and
-    # then runs attention without one: the flash kernels, grouped-query attention included. A
-    # mask with padding is kept, and its values (unknown on meta) are read as 0.
+    # then runs attention without one: in bfloat16, the flash kernels, grouped-query attention
+    # included. A mask with padding is kept, and its values (unknown on meta) are read as 0.
     transformers = pytest.importorskip("transformers", reason="needs transformers")
     cfg = transformers.LlamaConfig(
         num_hidden_layers=2, hidden_size=256, num_attention_heads=8, num_key_value_heads=2, intermediate_size=512,
         vocab_size=1000,
     )
-    model = transformers.LlamaForCausalLM(cfg)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
     ids = torch.randint(0, 1000, (2, 512))
     padded = torch.ones_like(ids)
     padded[:, :7] = 0

@@ -26,7 +26,7 @@ use gpu_mem_track_estimate::text::{
 use gpu_mem_track_estimate::Error;
 use gpu_mem_track_estimate::{
     estimate_progress, estimate_static, estimate_torchscript_traced, estimate_torchscript_with_peak_tensors,
-    Estimate, EstimateDevice, EstimateOptions, Mode, Trace,
+    meta_target_device_profile, Estimate, EstimateDevice, EstimateOptions, Mode, Trace,
 };
 
 /// The [`EstimateOptions`] of a model's arguments, for a run on `device`.
@@ -150,6 +150,7 @@ fn estimate(args: EstimateArgs) -> Result<()> {
             )
             .exit()
     }
+    meta_target_device_profile(&args.gpu.device_profile)?;
     let mut options = estimate_options(&args.model, args.run_on);
     let model = args.model.model.clone();
     if args.method != Method::Meta && matches!(options.mode, Mode::Train(_)) {
@@ -215,6 +216,7 @@ fn timeline(args: ModelArgs, device_profile: Option<&str>, output: &Path) -> Res
     let kind = gpu_mem_track_cli::TimelineOutput::of(output)?;
     let model = args.model.clone();
     let name = model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    meta_target_device_profile(device_profile.unwrap_or("none"))?;
     let (estimate, mut trace, mut title) = if model.extension().is_some_and(|x| x == "pickle") {
         (None, read_snapshot_trace(&model)?, name)
     } else {

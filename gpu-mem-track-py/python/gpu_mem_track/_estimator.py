@@ -355,6 +355,8 @@ class Estimator:
         self._optimizers: dict[int, weakref.ref] = {}
         self._input: list[torch.Tensor] | None = None
         self._sites = _Sites()
+        # Attention takes the kernel the profile's GPU picks (flash, memory-efficient or math).
+        _native.meta_target_device(self.device_profile)
         self._recording = _native.Recording()
         self._undo: list = []
         self._stance: Any = None
