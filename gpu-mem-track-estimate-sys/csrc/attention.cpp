@@ -173,18 +173,28 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> efficient_attention_backward_meta(
     const Tensor&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const Tensor&,
     const Tensor&, const Tensor&, const Tensor&, double, std::array<bool, 4> mask, bool, std::optional<double>) {
   auto permuted = [](const Tensor& t) { return heads_transposed(t.size(0), t.size(1), t.size(2), t.size(3), t.options()); };
-  // The gradient of the output times the output, summed per row, in float (attention_backward.cu:
-  // delta), freed as it returns.
-  [[maybe_unused]] Tensor delta = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
-  Tensor grad_bias;
+  // The kernel writes all three gradients whichever are asked for (attention_backward.cu).
+  Tensor gq = permuted(q), gk = permuted(k), gv = permuted(v), grad_bias;
   if (mask[3] && bias.defined()) {
     auto sizes = bias.sizes().vec();
     const int64_t last = sizes.back();
     sizes.back() = (last + 15) / 16 * 16;
     grad_bias = at::empty(sizes, bias.options()).slice(-1, 0, last);
   }
-  return {mask[0] ? permuted(q) : Tensor(), mask[1] ? permuted(k) : Tensor(), mask[2] ? permuted(v) : Tensor(),
-          grad_bias};
+  {
+    // Then the gradient of the output times the output, summed per row, in float (delta), freed
+    // as it returns. Half-precision kernels compute it themselves; others take
+    // (grad_out * out).sum(-1).transpose(-2, -1).contiguous(), whose temporaries live together.
+    const int64_t b = q.size(0), h = q.size(1), m = q.size(2);
+    const auto floats = q.options().dtype(at::kFloat);
+    Tensor products, rows;
+    if (!reduced_float(q.scalar_type())) {
+      products = at::empty({b, m, h, v.size(3)}, floats);
+      rows = at::empty({b, m, h}, floats);
+    }
+    [[maybe_unused]] Tensor delta = at::empty({b, h, m}, floats);
+  }
+  return {mask[0] ? gq : Tensor(), mask[1] ? gk : Tensor(), mask[2] ? gv : Tensor(), grad_bias};
 }
 
 Tensor sdpa_as_on_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& mask, double dropout,
