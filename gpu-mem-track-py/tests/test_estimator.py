@@ -285,6 +285,13 @@ def test_attention_takes_the_kernel_the_gpu_picks():
     assert kernel(_attention("t4", dtype=torch.float16)) == "efficient"  # no flash attention before 8.0
     assert kernel(_attention("t4", dtype=torch.bfloat16)) == "math"  # nor bfloat16 memory-efficient
     assert kernel(_attention("a100-80g", dtype=torch.bfloat16)) == "flash"
+    assert kernel(_attention(kv_heads=2, gqa=True, dtype=torch.bfloat16)) == "flash"  # grouped heads
+    # In float32, memory-efficient attention takes grouped heads (and one key/value head for all)
+    # from torch 2.15; before, a GPU runs those calls on the math path.
+    if _torch_minor() != (2, 14):
+        fused_or_math = "efficient" if _torch_minor() >= (2, 15) else "math"
+        assert kernel(_attention(kv_heads=2, gqa=True)) == fused_or_math
+        assert kernel(_attention(kv_heads=1)) == fused_or_math
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel([SDPBackend.MATH]):  # the user's choice holds
