@@ -60,6 +60,8 @@ Attention cuda_attention_kernel(const Tensor& q, const Tensor& k, const Tensor& 
                                 double dropout, bool is_causal, bool enable_gqa, int sm) {
   auto& ctx = at::globalContext();
   const bool masked = mask.has_value() && mask->defined();
+  // Nested (jagged) inputs have their own rules; the math path is what meta runs for them.
+  if (q.is_nested() || k.is_nested() || v.is_nested()) return Attention::math;
   const bool fused_shapes = q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.size(2) > 0 && k.size(2) > 0 &&
                             q.size(0) == k.size(0) && q.size(0) == v.size(0);
   if (!fused_shapes) return Attention::math;
@@ -199,6 +201,26 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> efficient_attention_backward_meta(
 
 Tensor sdpa_as_on_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& mask, double dropout,
                        bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  // The checks scaled_dot_product_attention makes before choosing (attention.cpp,
+  // validate_sdpa_input): a program's bad call fails here as it would on a GPU.
+  TORCH_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(),
+              "Expected query, key, and value to have the same dtype, but got query.dtype: ", q.dtype(),
+              " key.dtype: ", k.dtype(), " and value.dtype: ", v.dtype(), " instead.");
+  TORCH_CHECK(q.device() == k.device() && q.device() == v.device(),
+              "Expected query, key, and value to have the same device type, but got query.device: ", q.device(),
+              " key.device: ", k.device(), " and value.device: ", v.device(), " instead.");
+  TORCH_CHECK(q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2,
+              "Expected query, key, and value to all be  at least 2 dimensional, but got query.dim: ", q.dim(),
+              " key.dim: ", k.dim(), " and value.dim: ", v.dim(), " instead.");
+  if (mask.has_value() && mask->defined()) {
+    const auto t = mask->dtype();
+    TORCH_CHECK(t == at::kBool || t == at::kFloat || t == q.dtype(),
+                "Expected attn_mask dtype to be bool or float or to match query dtype, but got attn_mask.dtype: ", t,
+                " and  query.dtype: ", q.dtype(), " instead.");
+    TORCH_CHECK(!q.is_nested() && !k.is_nested(),
+                "Scaled_dot_product_attention: Nested tensors for query / key are not supported when an explicit "
+                "attn_mask is set");
+  }
   const Attention kernel =
       cuda_attention_kernel(q, k, v, mask, dropout, is_causal, enable_gqa, g_target_sm.load(std::memory_order_relaxed));
   g_attention_kernels[static_cast<size_t>(kernel)].fetch_add(1, std::memory_order_relaxed);

@@ -308,6 +308,21 @@ def test_attention_takes_the_kernel_the_gpu_picks():
     assert math["forward_peak"] - math["live_after_forward"] == 2 * weights + weights // 4 + 2 * 4 * 256
 
 
+def test_a_bad_attention_call_fails_in_the_block_as_it_does_on_a_device():
+    # The block chooses attention's kernel itself; a call torch refuses is refused with torch's words.
+    q = torch.randn(2, 4, 16, 8)
+    calls = [
+        lambda d: (q.to(d), q.to(d, torch.bfloat16), q.to(d), None),  # dtypes differ
+        lambda d: (q.to(d), q.to(d), q.to(d), torch.zeros(16, 16, dtype=torch.long, device=d)),  # an int mask
+    ]
+    for call in calls:
+        with pytest.raises(RuntimeError) as real:
+            Attend()(*call("cpu"))
+        with pytest.raises(RuntimeError) as meta, Estimator(device_profile="h100-80g"):
+            Attend()(*call("cuda"))
+        assert str(meta.value) == str(real.value)
+
+
 def test_a_boolean_attention_mask_becomes_an_additive_one_which_attention_keeps():
     # A GPU turns a bool mask into a float one of the query's dtype before memory-efficient
     # attention, which keeps it for backward: after the forward, the bool mask (1 byte an
