@@ -70,6 +70,7 @@ Attention cuda_attention_kernel(const Tensor& q, const Tensor& k, const Tensor& 
   const bool grouped = enable_gqa && hk == hv && hk > 0 && hq % hk == 0;
   const bool one_kv_head = kEfficientTakesGroupedHeads && hk == 1 && hv == 1;
   const auto t = q.scalar_type();
+  const bool half = reduced_float(t);
   const bool same_dtype = k.scalar_type() == t && v.scalar_type() == t;
   const int64_t dq = q.size(3), dk = k.size(3), dv = v.size(3);
   const bool unit_strides = q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1;
@@ -77,16 +78,16 @@ Attention cuda_attention_kernel(const Tensor& q, const Tensor& k, const Tensor& 
       at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
 
   const bool sm86_89_120 = (sm >= 86 && sm <= 89) || (sm >= 120 && sm <= 121);
-  const bool flash = ctx.userEnabledFlashSDP() && sm >= 80 && sm <= 121 && !masked && same_dtype && reduced_float(t) &&
+  const bool flash = ctx.userEnabledFlashSDP() && sm >= 80 && sm <= 121 && !masked && same_dtype && half &&
                      dq == dk && dq == dv && dq <= 256 && (unit_strides || dq == 1) &&
                      (same_heads || grouped || one_kv_head) && (!is_causal || q.size(2) == k.size(2)) &&
                      !(requires_grad && sm86_89_120 && !(dq <= 192 || (dropout == 0 && dq > 224)));
   if (flash) return Attention::flash;
 
   // Memory-efficient attention: GEMM alignment of the head dimension and of the inputs' offsets.
-  const bool half = reduced_float(t);
+  const int64_t gemm_rows = sm >= 80 ? 4 : 1;
   const bool tensor_cores = sm >= 80 || (sm >= 70 && half);
-  const int64_t alignment = tensor_cores ? std::max<int64_t>(sm >= 80 ? 4 : 1, half ? 8 : 4) : (sm >= 80 ? 4 : 1);
+  const int64_t alignment = tensor_cores ? std::max<int64_t>(gemm_rows, half ? 8 : 4) : gemm_rows;
   const bool dtype_ok = same_dtype && (t == at::kHalf || t == at::kFloat || (t == at::kBFloat16 && sm >= 80));
   const bool offsets_aligned = sm < 80 || (q.storage_offset() % alignment == 0 && k.storage_offset() % alignment == 0 &&
                                            v.storage_offset() % alignment == 0);

@@ -194,12 +194,7 @@ impl MetaCounters {
     /// The run's scalar reads of meta tensors, its CPU fallback counts (busiest first) and its
     /// attention kernels.
     pub(crate) fn since(&self) -> (u64, Vec<FallbackOp>, AttentionKernels) {
-        let (now, was) = (meta_attention_kernels(), self.attention);
-        let attention = AttentionKernels {
-            flash: now.flash.saturating_sub(was.flash),
-            efficient: now.efficient.saturating_sub(was.efficient),
-            math: now.math.saturating_sub(was.math),
-        };
+        let attention = meta_attention_kernels().since(&self.attention);
         (meta_scalar_reads() - self.scalar_reads, meta_fallback_since(&self.fallback), attention)
     }
 }

@@ -61,6 +61,17 @@ pub struct AttentionKernels {
     pub math: u64,
 }
 
+impl AttentionKernels {
+    /// The calls made since `before`, a count taken earlier.
+    pub(crate) fn since(&self, before: &AttentionKernels) -> AttentionKernels {
+        AttentionKernels {
+            flash: self.flash.saturating_sub(before.flash),
+            efficient: self.efficient.saturating_sub(before.efficient),
+            math: self.math.saturating_sub(before.math),
+        }
+    }
+}
+
 /// The static (TorchScript IR) estimate of an inference pass.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StaticEstimate {
