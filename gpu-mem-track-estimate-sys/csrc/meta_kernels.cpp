@@ -250,7 +250,14 @@ Tensor dropout_as_on_cuda(const Tensor& x, double p, bool train) {
 
 // RMSNorm: at::rms_norm calls the fused kernel, which keeps the input and one float rstd per
 // row for backward (layer_norm.cpp, rms_norm_symint); with no Meta kernel, meta tensors would
-// run its composite body, whose autograd keeps the normalised activation as well.
+// run its composite body, whose autograd keeps the normalised activation as well. From torch 2.9
+// (its backward's header says which): torch 2.8's `_fused_rms_norm` has another schema, which a
+// kernel of this signature must not be registered for (the library would fail to load), and
+// older torches have neither.
+#if __has_include(<ATen/ops/_fused_rms_norm_backward.h>)
+#define GMT_FUSED_RMS_NORM_META_KERNELS(X)     \
+  X("_fused_rms_norm", fused_rms_norm_meta) \
+  X("_fused_rms_norm_backward", fused_rms_norm_backward_meta)
 std::tuple<Tensor, Tensor> fused_rms_norm_meta(const Tensor& x, IntArrayRef normalized, const OptTensor&,
                                                std::optional<double>) {
   return {at::empty(x.sizes(), x.options()), at::empty(norm_stat_shape(x, normalized.size()), stats_options(x))};
@@ -261,6 +268,9 @@ std::tuple<Tensor, Tensor> fused_rms_norm_backward_meta(const Tensor&, const Ten
   const bool weight = mask[1] && w.has_value() && w->defined();
   return {mask[0] ? at::empty(x.sizes(), x.options()) : Tensor(), weight ? at::empty(w->sizes(), w->options()) : Tensor()};
 }
+#else
+#define GMT_FUSED_RMS_NORM_META_KERNELS(X)
+#endif
 
 // ---- dropout, activations and their backwards, roll. The meta-via-CPU fallback would run these
 // too, but they are elementwise over whole activations (a 7B model's MLP: hundreds of MiB per
@@ -340,8 +350,7 @@ bool compatible_shallow_copy_meta(const Tensor&, const Tensor&) { return true; }
   X("_scaled_dot_product_flash_attention_for_cpu_backward", gmt::flash_attention_backward_meta) \
   X("_scaled_dot_product_efficient_attention", gmt::efficient_attention_meta) \
   X("_scaled_dot_product_efficient_attention_backward", gmt::efficient_attention_backward_meta) \
-  X("_fused_rms_norm", fused_rms_norm_meta) \
-  X("_fused_rms_norm_backward", fused_rms_norm_backward_meta) \
+  GMT_FUSED_RMS_NORM_META_KERNELS(X) \
   X("native_dropout", native_dropout_meta) \
   X("native_dropout_backward", native_dropout_backward_meta) \
   X("hardtanh", hardtanh_meta) \
