@@ -17,6 +17,13 @@ fn run(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("binary runs")
 }
 
+/// The JSON a run with `args` and `--json` prints; the run must succeed.
+fn json_of(args: &[&str]) -> serde_json::Value {
+    let o = run(&[args, &["--json"]].concat());
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
 #[test]
 fn estimate_errors_are_one_line() {
     let dir = tempfile::tempdir().unwrap();
@@ -55,9 +62,7 @@ fn estimate_runs_an_op_without_meta_kernel_on_the_cpu_and_flags_its_value_read()
     let m = model.to_str().unwrap();
     // aten::nonzero has no Meta kernel: its CPU kernel runs on a zeroed copy of the input, and
     // since its result depends on the values, the estimate says so.
-    let o = run(&["estimate", m, "--input", "4x8", "--json"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v = json_of(&["estimate", m, "--input", "4x8"]);
     assert_eq!(v["options"]["device"], "meta");
     assert_eq!(v["param_count"], 72);
     assert_eq!(v["cpu_fallback"][0]["op"], "aten::nonzero", "{}", v["cpu_fallback"]);
@@ -86,19 +91,16 @@ fn timeline_reads_a_snapshot_and_lays_it_out_again_as_the_caching_allocator_mode
     let (dir, model) = exported_model("cnn");
     let (m, pickle, json) =
         (model.to_str().unwrap(), dir.path().join("cnn.pickle"), dir.path().join("t.json"));
-    let o = run(&[
+    let estimate = json_of(&[
         "estimate",
         m,
         "--input",
         "8x3x32x32",
         "--mode",
         "train",
-        "--json",
         "--snapshot",
         pickle.to_str().unwrap(),
     ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let estimate: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let o = run(&["timeline", pickle.to_str().unwrap(), "-o", json.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let t: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
@@ -228,9 +230,7 @@ fn snapshot_paths_damaged_models_overflows_and_data_branches_are_reported() {
 fn fit_finds_the_boundary_and_ranks_divide_the_optimizer_state() {
     let (_dir, model) = exported_model("mlp");
     let m = model.to_str().unwrap();
-    let o = run(&["fit", m, "--input", "1x256", "--optimizer", "adam", "--gpu-mem", "600MiB", "--json"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v = json_of(&["fit", m, "--input", "1x256", "--optimizer", "adam", "--gpu-mem", "600MiB"]);
     let largest = v["largest"].as_i64().expect("a batch fits");
     assert_eq!(v["memory_bytes"], 600u64 << 20);
     assert!(v["prediction"]["nvidia_smi"]["high"].as_u64().unwrap() <= 600 << 20);
@@ -252,7 +252,7 @@ fn fit_finds_the_boundary_and_ranks_divide_the_optimizer_state() {
     );
     assert_eq!(run(&["fit", m, "--input", "1x256", "--gpu-mem", "lots"]).status.code(), Some(2));
 
-    let o = run(&[
+    let v = json_of(&[
         "estimate",
         m,
         "--input",
@@ -265,10 +265,7 @@ fn fit_finds_the_boundary_and_ranks_divide_the_optimizer_state() {
         "4",
         "--shard",
         "zero1",
-        "--json",
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let full = v["optimizer_state_bytes"].as_u64().unwrap();
     assert_eq!(v["rank"]["model_states"]["optimizer"].as_u64().unwrap(), full.div_ceil(4));
     assert_eq!(v["rank"]["model_states"]["parameters"], v["param_bytes"]);
@@ -289,11 +286,8 @@ fn one_precision_flag_sets_the_dtype_the_model_runs_in() {
     let (_dir, model) = exported_model("mlp");
     let m = model.to_str().unwrap();
     let estimate = |flags: &[&str]| {
-        let mut args = vec!["estimate", m, "--input", "4x256", "--device-profile", "none", "--json"];
-        args.extend_from_slice(flags);
-        let o = run(&args);
-        assert!(o.status.success(), "{flags:?}: {}", stderr(&o));
-        let mut v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let mut v =
+            json_of(&[&["estimate", m, "--input", "4x256", "--device-profile", "none"], flags].concat());
         v["seconds"] = serde_json::Value::Null; // how long it took
         v
     };
@@ -330,14 +324,7 @@ fn attention_takes_the_kernel_the_profiles_gpu_picks() {
     let args = |profile: &'static str| {
         ["estimate", m, "--input", "4x256", "--ids", "--precision", "bf16", "--device-profile", profile]
     };
-    let estimate = |profile: &'static str| {
-        let mut a = args(profile).to_vec();
-        a.push("--json");
-        let o = run(&a);
-        assert!(o.status.success(), "{profile}: {}", stderr(&o));
-        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
-    };
-    let (h100, t4) = (estimate("h100-80g"), estimate("t4"));
+    let (h100, t4) = (json_of(&args("h100-80g")), json_of(&args("t4")));
     // One call an iteration, two iterations.
     assert_eq!(h100["attention"], serde_json::json!({"flash": 2, "efficient": 0, "math": 0}), "{h100}");
     assert_eq!(t4["attention"], serde_json::json!({"flash": 0, "efficient": 0, "math": 2}), "{t4}");
@@ -408,13 +395,9 @@ fn a_timeline_on_a_gpu_profile_shows_its_cublas_workspaces() {
 fn a_torch_export_program_estimates_as_its_torchscript_file_does_eagerly() {
     let dir = tempfile::tempdir().unwrap();
     export_models(dir.path(), &["resnet50.pt2", "vit_b_16.pt2"]);
-    let estimate = |file: &Path, extra: &[&str]| -> serde_json::Value {
-        let mut args = vec!["estimate", file.to_str().unwrap(), "--input", "16x3x224x224", "--mode", "train"];
-        args.extend_from_slice(&["--optimizer", "adamw", "--device-profile", "h100-80g", "--json"]);
-        args.extend_from_slice(extra);
-        let o = run(&args);
-        assert!(o.status.success(), "{}", stderr(&o));
-        serde_json::from_slice(&o.stdout).unwrap()
+    let estimate = |file: &Path, extra: &[&str]| {
+        let args = ["estimate", file.to_str().unwrap(), "--input", "16x3x224x224", "--mode", "train"];
+        json_of(&[&args[..], &["--optimizer", "adamw", "--device-profile", "h100-80g"], extra].concat())
     };
     for name in ["resnet50", "vit_b_16"] {
         let pt2 = estimate(&dir.path().join(format!("{name}.pt2")), &[]);
@@ -445,17 +428,8 @@ fn a_torch_export_program_estimates_as_its_torchscript_file_does_eagerly() {
         "--input 16x3x224x224",
     );
     // Inference runs it too, without gradients.
-    let o = run(&[
-        "estimate",
-        resnet.to_str().unwrap(),
-        "--input",
-        "16x3x224x224",
-        "--mode",
-        "inference",
-        "--json",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v =
+        json_of(&["estimate", resnet.to_str().unwrap(), "--input", "16x3x224x224", "--mode", "inference"]);
     assert_eq!(v["grad_bytes"], 0);
     assert!(v["peak"]["bytes"].as_u64().unwrap() < v["param_bytes"].as_u64().unwrap() * 3, "{v}");
 }
@@ -531,19 +505,8 @@ fn estimate_and_fit_name_where_resnet50_training_would_run_out_of_memory_on_a_t4
     assert_eq!(run(&["estimate", m, "--input", "1x3x224x224", "--gpu-mem", "8GiB"]).status.code(), Some(0));
 
     // fit names where the smallest size that does not fit would fail, or says none would.
-    let o = run(&[
-        "fit",
-        m,
-        "--input",
-        "1x3x224x224",
-        "--optimizer",
-        "momentum",
-        "--device-profile",
-        "t4",
-        "--json",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v =
+        json_of(&["fit", m, "--input", "1x3x224x224", "--optimizer", "momentum", "--device-profile", "t4"]);
     let largest = v["largest"].as_i64().unwrap();
     let above = v["probes"].as_array().unwrap().iter().find(|p| p["value"] == largest + 1).unwrap();
     let o = run(&["fit", m, "--input", "1x3x224x224", "--optimizer", "momentum", "--device-profile", "t4"]);
