@@ -223,20 +223,29 @@ def estimate(
 
 def _meta_twins(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A meta tensor of the same shape, dtype and ``requires_grad`` for each parameter and buffer,
-    by name; a tensor shared under two names (tied weights) gets one twin."""
+    by name; a tensor shared under two names (tied weights) gets one twin. Made in the order
+    ``model.to("cuda")`` allocates them on a GPU (``Module._apply``: each module's children first,
+    then its parameters, then its buffers), the order the caching allocator packs them in."""
     twins: dict[str, torch.Tensor] = {}
     made: dict[int, torch.Tensor] = {}
-    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
-    for name, t in named:
-        twin = made.get(id(t))
-        if twin is None:
-            # No tensor argument: the CPU-means-meta mode would first make a meta twin of it.
-            empty = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta")
-            twin = (
-                torch.nn.Parameter(empty, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else empty
-            )
-            made[id(t)] = twin
-        twins[name] = twin
+
+    def visit(module: torch.nn.Module, prefix: str) -> None:
+        for name, child in module._modules.items():
+            if child is not None:
+                visit(child, f"{prefix}{name}.")
+        for name, t in [*module._parameters.items(), *module._buffers.items()]:
+            if t is None:
+                continue
+            twin = made.get(id(t))
+            if twin is None:
+                # No tensor argument: the CPU-means-meta mode would first make a meta twin of it.
+                empty = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta")
+                is_parameter = isinstance(t, torch.nn.Parameter)
+                twin = torch.nn.Parameter(empty, requires_grad=t.requires_grad) if is_parameter else empty
+                made[id(t)] = twin
+            twins[prefix + name] = twin
+
+    visit(model, "")
     return twins
 
 
