@@ -40,7 +40,8 @@ what was asked.
   scripts/dev test             what CI runs: fmt, ruff, clippy, every test (one process per
                                test), doc tests, docs, packaging; the Python package's tests on
                                the main torch; the shim and the estimator's C++ against the
-                               oldest and newest torch's headers. Every step runs; a table of
+                               headers of the oldest torch of the Python package, of the Rust
+                               crate, and of the newest. Every step runs; a table of
                                their times and results ends it, and it fails if any step did
   scripts/dev matrix           the version matrix CI leaves out: the pair tests against the
                                oldest pair (torch 2.9) and the GPU machines' (torch 2.11), the
