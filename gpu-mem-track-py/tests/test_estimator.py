@@ -203,6 +203,44 @@ def _forward_keeps(build, batch: int = 64, width: int = 256) -> int:
     return e["live_after_forward"] - e["param_bytes"] - e["input_bytes"]
 
 
+def test_random_fills_in_place_allocate_nothing_as_on_a_gpu():
+    # A GPU fills a tensor in place (nn.init's initialisers, rand_like, randn_like): nothing but
+    # the tensors themselves. Python torch's meta decompositions of normal_ and uniform_ allocated
+    # full-size temporaries (peak 4x and 2x the tensor; torch.normal(t, t) 5x).
+    mib = 2**20
+    fills = {
+        "normal_": lambda t: torch.nn.init.normal_(t, std=0.02),
+        "kaiming_uniform_": lambda t: torch.nn.init.kaiming_uniform_(t, a=5**0.5),
+        "xavier_normal_": torch.nn.init.xavier_normal_,
+        "uniform_": lambda t: t.uniform_(-1, 1),
+        "rand_like": torch.rand_like,
+        "randn_like": torch.randn_like,
+        "normal of a tensor": lambda t: torch.normal(t, 2.0),
+        "normal of tensors": lambda t: torch.normal(t, t),
+    }
+    for name, fill in fills.items():
+        with Estimator(device_profile="cuda") as est:
+            t = torch.empty(256, 1024)  # 1 MiB
+            with torch.no_grad():
+                out = fill(t)
+            del out
+        e = est.result
+        made = 0 if name.endswith("_") else 1  # the new tensor of rand_like, torch.normal, ...
+        if name == "normal of a tensor":
+            made += 1  # and a GPU's own temporary, of the result's size (normal_out_impl's std_tensor)
+        assert (e["allocations"], e["peak"]["bytes"]) == (1 + made, (1 + made) * mib), name
+    # A model's parameters are all it holds while it is built: nn.Linear's weight and bias.
+    with Estimator(device_profile="cuda") as est:
+        torch.nn.Linear(1024, 256)
+    assert est.result["peak"]["bytes"] == 256 * 1024 * 4 + 256 * 4
+    # And a bad parameter fails as on a GPU (and on the CPU), with the same message.
+    with pytest.raises(RuntimeError) as on_cpu:
+        torch.empty(4).normal_(0.0, -1.0)
+    with pytest.raises(RuntimeError) as in_block, Estimator(device_profile="cuda"):
+        torch.empty(4).normal_(0.0, -1.0)
+    assert str(in_block.value) == str(on_cpu.value), (in_block.value, on_cpu.value)
+
+
 def test_dropout_keeps_a_bool_mask_as_on_a_gpu():
     # A GPU runs nn.Dropout in training as one fused kernel that keeps a bool mask (one byte an
     # element) for backward; other devices keep float noise (four). Two Linear layers, dropout
