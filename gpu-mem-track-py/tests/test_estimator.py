@@ -241,6 +241,37 @@ def test_random_fills_in_place_allocate_nothing_as_on_a_gpu():
     assert str(in_block.value) == str(on_cpu.value), (in_block.value, on_cpu.value)
 
 
+def test_ops_allocate_what_libtorch_allocates_not_what_pythons_meta_functions_do():
+    # Python torch's meta functions of some 600 ops are decompositions whose intermediates are
+    # meta tensors: GELU's backward allocated ten of them, cumsum one of rows x columns x columns
+    # (1 GiB here), ReLU's backward two. A GPU allocates the results, as libtorch's own Meta
+    # kernels do; the block runs those.
+    mib = 2**20
+    cases = {
+        "gelu_backward": (2, lambda g, x: torch.ops.aten.gelu_backward(g, x)),
+        "threshold_backward": (2, lambda g, x: torch.ops.aten.threshold_backward(g, x, 0.0)),
+        "log_softmax": (1, lambda x: torch.log_softmax(x, -1)),
+        "cumsum": (1, lambda x: x.cumsum(-1)),
+        "triu_": (1, lambda x: x.triu_()),
+    }
+
+    def python_meta_kernel() -> bool:
+        meta = [line for line in torch._C._dispatch_dump("aten::gelu").splitlines() if line.startswith("Meta:")]
+        return ".py:" in meta[0]
+
+    assert python_meta_kernel()
+    for name, (n, f) in cases.items():
+        with Estimator(device_profile="cuda") as est:
+            inputs = [torch.empty(256, 1024) for _ in range(n)]  # 1 MiB each
+            with torch.no_grad():
+                out = f(*inputs)
+            del out
+        made = 0 if name.endswith("_") else 1
+        assert (est.result["allocations"], est.result["peak"]["bytes"]) == (n + made, (n + made) * mib), name
+    # Outside the block torch's own meta functions are active again, for the program's other code.
+    assert python_meta_kernel()
+
+
 def test_dropout_keeps_a_bool_mask_as_on_a_gpu():
     # A GPU runs nn.Dropout in training as one fused kernel that keeps a bool mask (one byte an
     # element) for backward; other devices keep float noise (four). Two Linear layers, dropout

@@ -467,6 +467,7 @@ class Estimator:
             except RuntimeError:
                 pass
             self._undo.append(lib._destroy)
+        self._libtorch_meta_kernels()
         # torch.compile'd code runs eagerly in the block, as the estimate of an eager step; its
         # compiler (dynamo) is imported by torch.compile, before the block or inside it.
         self._eager_compile()
@@ -478,6 +479,47 @@ class Estimator:
             return compiled
 
         patch(torch, "compile", compile_eagerly)
+
+    def _libtorch_meta_kernels(self) -> None:
+        """Python torch registers meta functions over libtorch's own Meta kernels of some 600 ops
+        (torch/_meta_registrations.py): decompositions whose intermediates are meta tensors, which
+        the block counts as GPU memory no GPU allocates (GELU's backward ten of them, cumsum one
+        of rows x columns x columns, log_softmax, ReLU's backward, the losses...). In the block,
+        libtorch's own kernels (what the command line runs, and what a GPU allocates) are active
+        again: Python's library of them is taken down, then its functions registered again for the
+        ops libtorch has no Meta kernel of; on leaving, all of them again."""
+        try:
+            import torch._meta_registrations as registrations
+
+            library = registrations._meta_lib_dont_use_me_use_register_meta
+            meta = torch._C.DispatchKey.Meta
+            functions = {}
+            for key in library._op_impls:  # "aten/add.Tensor/Meta"
+                namespace, name, _ = key.split("/")
+                packet, _, overload = name.partition(".")
+                op = getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
+                functions[op] = op.py_kernels[meta]
+        except (ImportError, AttributeError, KeyError, ValueError):
+            return  # another torch's layout: its meta functions stay
+
+        def register(only_where_libtorch_has_none: bool) -> Any:
+            lib = torch.library.Library("aten", "IMPL", "Meta")
+            for op, fn in functions.items():
+                if only_where_libtorch_has_none and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta"):
+                    continue
+                lib.impl(op, fn)
+            return lib
+
+        partial: list = []
+
+        def restore() -> None:
+            for lib in partial:
+                lib._destroy()
+            registrations._meta_lib_dont_use_me_use_register_meta = register(False)
+
+        library._destroy()
+        self._undo.append(restore)  # before anything else can fail
+        partial.append(register(True))
 
     def _eager_compile(self) -> None:
         if self._stance is None and "torch._dynamo" in sys.modules:
