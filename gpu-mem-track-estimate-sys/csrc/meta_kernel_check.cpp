@@ -207,19 +207,6 @@ std::vector<Case> cases() {
     Tensor x = a[0].clone();
     return std::vector<Tensor>{at::relu_(x)};
   }, 1);
-  elementwise("normal_", [](const auto& a) {
-    Tensor x = a[0].clone();
-    return std::vector<Tensor>{x.normal_(0.5, 2.0)};
-  }, 1);
-  elementwise("uniform_", [](const auto& a) {
-    Tensor x = a[0].clone();
-    return std::vector<Tensor>{x.uniform_(-1.0, 1.0)};
-  }, 1);
-  elementwise("normal.Tensor_float", [](const auto& a) { return std::vector<Tensor>{at::normal(a[0], 2.0)}; }, 1);
-  elementwise("normal.float_Tensor", [](const auto& a) { return std::vector<Tensor>{at::normal(0.5, a[0].abs())}; }, 1);
-  elementwise("normal.Tensor_Tensor", [](const auto& a) {
-    return std::vector<Tensor>{at::normal(a[0], a[1].abs())};
-  }, 2);
   elementwise("hardtanh", [](const auto& a) { return std::vector<Tensor>{at::hardtanh(a[0], -1, 1)}; }, 1);
   elementwise("hardtanh_backward", [](const auto& a) {
     return std::vector<Tensor>{at::hardtanh_backward(a[0], a[1], -1, 1)};

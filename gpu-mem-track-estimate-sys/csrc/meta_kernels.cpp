@@ -8,8 +8,6 @@
 #include <ATen/TensorIterator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/dropout_compositeimplicitautograd_dispatch.h>
-#include <ATen/ops/normal_native.h>
-#include <ATen/ops/uniform_native.h>
 #include <torch/library.h>
 
 #include <map>
@@ -203,24 +201,6 @@ Tensor adaptive_avg_pool2d_backward_meta(const Tensor&, const Tensor& x) { retur
 Tensor relu_meta(const Tensor& x) { return at::empty_like(x); }
 Tensor& relu__meta(Tensor& x) { return x; }
 
-// Random fills in place: a GPU fills the tensor where it is. Python torch replaces libtorch's
-// Meta kernels of these with decompositions (torch/_meta_registrations.py) that allocate
-// full-size temporaries no GPU makes: three for normal_, one for uniform_, and so for nn.init's
-// normal and uniform initialisers, rand_like, randn_like and torch.normal of tensors. libtorch's
-// own ones (the parameter checks a GPU makes, then self or the one result) take their place again.
-using Gen = std::optional<at::Generator>;
-Tensor& normal_in_place_meta(Tensor& self, double mean, double std, Gen g) {
-  return at::native::normal_meta_(self, mean, std, std::move(g));
-}
-Tensor& uniform_in_place_meta(Tensor& self, double from, double to, Gen g) {
-  return at::native::uniform_meta_(self, from, to, std::move(g));
-}
-Tensor normal_tensor_float_meta(const Tensor& mean, double std, Gen g) { return at::native::normal_meta(mean, std, std::move(g)); }
-Tensor normal_float_tensor_meta(double mean, const Tensor& std, Gen g) { return at::native::normal_meta(mean, std, std::move(g)); }
-Tensor normal_tensor_tensor_meta(const Tensor& mean, const Tensor& std, Gen g) {
-  return at::native::normal_meta(mean, std, std::move(g));
-}
-
 Tensor index_select_meta(const Tensor& self, int64_t dim, const Tensor& index) {
   auto sizes = self.sizes().vec();
   if (self.dim() > 0) sizes[c10::maybe_wrap_dim(dim, self.dim())] = index.numel();
@@ -358,11 +338,6 @@ bool compatible_shallow_copy_meta(const Tensor&, const Tensor&) { return true; }
   X("_adaptive_avg_pool2d_backward", adaptive_avg_pool2d_backward_meta) \
   X("relu", relu_meta) \
   X("relu_", relu__meta) \
-  X("normal_", normal_in_place_meta) \
-  X("uniform_", uniform_in_place_meta) \
-  X("normal.Tensor_float", normal_tensor_float_meta) \
-  X("normal.float_Tensor", normal_float_tensor_meta) \
-  X("normal.Tensor_Tensor", normal_tensor_tensor_meta) \
   X("index_select", index_select_meta) \
   X("embedding_dense_backward", embedding_dense_backward_meta) \
   X("where.self", where_meta) \

@@ -484,7 +484,8 @@ class Estimator:
         """Python torch registers meta functions over libtorch's own Meta kernels of some 600 ops
         (torch/_meta_registrations.py): decompositions whose intermediates are meta tensors, which
         the block counts as GPU memory no GPU allocates (GELU's backward ten of them, cumsum one
-        of rows x columns x columns, log_softmax, ReLU's backward, the losses...). In the block,
+        of rows x columns x columns, log_softmax, ReLU's backward, the losses, and nn.init's
+        normal_ and uniform_ three and one, so every model built in the block...). In the block,
         libtorch's own kernels (what the command line runs, and what a GPU allocates) are active
         again: Python's library of them is taken down, then its functions registered again for the
         ops libtorch has no Meta kernel of; on leaving, all of them again."""
