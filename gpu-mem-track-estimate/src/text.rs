@@ -241,7 +241,7 @@ impl fmt::Display for GpuReport<'_> {
         let (g, p) = (self.0, &self.0.profile);
         writeln!(
             f,
-            "  on {} ({:.0} GiB, sm {}.{}; cuBLAS workspace {} at the first matmul of each thread; range = \
+            "  on {} ({:.2} GiB, sm {}.{}; cuBLAS workspace {} at the first matmul of each thread; range = \
              without / with a cuDNN workspace at each convolution, up to {}):",
             p.name,
             gib(p.memory_bytes),

@@ -17,6 +17,7 @@ use crate::runtime::{place_runtime_allocations, RuntimeAllocation, RuntimeKind, 
 use gpu_mem_track_log::Trace;
 
 const MIB: u64 = 1 << 20;
+#[cfg(test)]
 const GIB: u64 = 1 << 30;
 
 /// A GPU model.
@@ -24,7 +25,10 @@ const GIB: u64 = 1 << 30;
 pub struct DeviceProfile {
     /// Short name (`a100-80g`).
     pub name: String,
-    /// Device memory in bytes.
+    /// The memory CUDA gives processes on the device, in bytes: `cudaMemGetInfo`'s total, which
+    /// PyTorch reports as `total_memory` and in its out-of-memory message ("a total capacity of
+    /// 79.18 GiB" on an H100 80GB HBM3). It is less than the memory installed (nvidia-smi's
+    /// `Total`) by what the driver reserves for itself.
     pub memory_bytes: u64,
     /// CUDA compute capability (major, minor).
     pub compute_capability: (u32, u32),
@@ -34,23 +38,29 @@ pub struct DeviceProfile {
 }
 
 impl DeviceProfile {
-    /// The built-in profiles.
+    /// The built-in profiles. Their memory is what CUDA gives a process on that GPU, as PyTorch
+    /// reports it on Linux (it moves by up to 0.3 GiB with the driver): measured by this project
+    /// on the H100 (driver for CUDA 13.0), and for the others the figure public `total_memory`
+    /// print-outs and out-of-memory messages of that GPU agree on.
     pub fn presets() -> Vec<DeviceProfile> {
-        let p = |name: &str, gib: u64, cc: (u32, u32), ctx_mib: u64| DeviceProfile {
+        let p = |name: &str, mib: u64, cc: (u32, u32), ctx_mib: u64| DeviceProfile {
             name: name.into(),
-            memory_bytes: gib * GIB,
+            memory_bytes: mib * MIB,
             compute_capability: cc,
             context_bytes: ctx_mib * MIB,
         };
         vec![
-            p("a100-80g", 80, (8, 0), 520),
-            p("a100-40g", 40, (8, 0), 520),
-            p("h100-80g", 80, (9, 0), 540),
-            p("rtx4090", 24, (8, 9), 420),
-            p("rtx3090", 24, (8, 6), 400),
-            p("l4", 24, (8, 9), 420),
-            p("t4", 16, (7, 5), 380),
-            p("v100-32g", 32, (7, 0), 400),
+            p("a100-80g", 81_158, (8, 0), 520), // 79.26 GiB (SXM4; PCIe 79.14-79.15)
+            p("a100-40g", 40_339, (8, 0), 520), // 39.39 GiB (SXM4; PCIe 39.38)
+            p("h100-80g", 81_079, (9, 0), 540), // 79.18 GiB, H100 80GB HBM3 (SXM), measured
+            p("h200", 143_156, (9, 0), 540),    // 139.80 GiB
+            p("rtx4090", 24_207, (8, 9), 420),  // 23.64 GiB
+            p("rtx3090", 24_259, (8, 6), 400),  // 23.69 GiB
+            p("l40s", 45_373, (8, 9), 420),     // 44.31 GiB
+            p("l4", 22_518, (8, 9), 420),       // 21.99 GiB
+            p("a10g", 22_587, (8, 6), 400),     // 22.06 GiB
+            p("t4", 15_095, (7, 5), 380),       // 14.74 GiB
+            p("v100-32g", 32_510, (7, 0), 400), // 31.75 GiB
         ]
     }
 
@@ -120,7 +130,7 @@ impl DeviceProfile {
             .map_or(500 * MIB, |p| p.context_bytes);
         DeviceProfile {
             name: gpu.name.to_ascii_lowercase(),
-            memory_bytes: gpu.total_bytes,
+            memory_bytes: gpu.usable_bytes(),
             compute_capability: gpu.compute_capability,
             context_bytes,
         }
@@ -308,6 +318,21 @@ fn predict_from(profile: &DeviceProfile, trace: &Trace, replays: &Replays) -> Gp
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_preset_holds_what_cuda_gives_a_process_not_the_memory_installed() {
+        // torch.cuda.get_device_properties(0).total_memory on an H100 80GB HBM3 (driver for CUDA
+        // 13.0, 2026-11-27): nvidia-smi's 81 559 MiB less the driver's reserve.
+        assert_eq!(DeviceProfile::find("h100-80g").unwrap().memory_bytes, 85_017_493_504);
+        let gib = |name: &str| DeviceProfile::find(name).unwrap().memory_bytes as f64 / GIB as f64;
+        // PyTorch's "a total capacity of ... GiB" on the other GPUs, to its two decimals.
+        for (name, total) in [("h200", 139.80), ("a100-80g", 79.26), ("rtx4090", 23.64), ("t4", 14.74)] {
+            assert_eq!(format!("{:.2}", gib(name)), format!("{total:.2}"), "{name}");
+        }
+        for p in DeviceProfile::presets() {
+            assert!(p.memory_bytes % MIB == 0 && p.context_bytes < p.memory_bytes / 10, "{p:?}");
+        }
+    }
 
     #[test]
     fn cuda_visible_devices_hides_every_device_from_its_first_invalid_entry() {

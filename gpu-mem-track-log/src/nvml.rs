@@ -66,10 +66,21 @@ impl NvmlReader {
 pub struct NvmlDevice {
     /// Its name (`NVIDIA H100 80GB HBM3`).
     pub name: String,
-    /// Memory in bytes.
+    /// Memory installed, in bytes (nvidia-smi's `Total`).
     pub total_bytes: u64,
+    /// Memory the driver and firmware keep for themselves (nvidia-smi's `Reserved`, 0.3-0.6 GiB on
+    /// an H100, by driver): CUDA never gives it to a process.
+    pub reserved_bytes: u64,
     /// CUDA compute capability (major, minor).
     pub compute_capability: (u32, u32),
+}
+
+impl NvmlDevice {
+    /// The memory CUDA can give processes: the installed memory less the driver's reserve
+    /// (`cudaMemGetInfo`'s total, PyTorch's `total_memory`; 81 079 MiB on an H100 80GB HBM3).
+    pub fn usable_bytes(&self) -> u64 {
+        self.total_bytes.saturating_sub(self.reserved_bytes)
+    }
 }
 
 impl NvmlReader {
@@ -83,9 +94,11 @@ impl NvmlReader {
             |e: nvml_wrapper::error::NvmlError| Error::NvmlUnavailable(format!("device {cuda_index}: {e}"));
         let device = self.nvml.device_by_index(nvml_index(cuda_index)).map_err(err)?;
         let cc = device.cuda_compute_capability().map_err(err)?;
+        let memory = device.memory_info().map_err(err)?;
         Ok(NvmlDevice {
             name: device.name().map_err(err)?,
-            total_bytes: device.memory_info().map_err(err)?.total,
+            total_bytes: memory.total,
+            reserved_bytes: memory.reserved,
             compute_capability: (cc.major.max(0) as u32, cc.minor.max(0) as u32),
         })
     }
@@ -108,5 +121,26 @@ pub fn warn_once(err: &Error) {
         tracing::warn!(target: "gpu_mem_track", "{err}; NVML fields are left out of the log");
     } else {
         tracing::debug!(target: "gpu_mem_track", "{err}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usable_memory_is_the_installed_less_the_drivers_reserve() {
+        const MIB: u64 = 1 << 20;
+        // An H100 80GB HBM3: nvidia-smi's Total 81 559 MiB, Reserved 480 MiB; PyTorch's
+        // total_memory 85 017 493 504 B.
+        let h100 = NvmlDevice {
+            name: "NVIDIA H100 80GB HBM3".into(),
+            total_bytes: 81_559 * MIB,
+            reserved_bytes: 480 * MIB,
+            compute_capability: (9, 0),
+        };
+        assert_eq!(h100.usable_bytes(), 85_017_493_504);
+        let odd = NvmlDevice { reserved_bytes: h100.total_bytes + 1, ..h100 };
+        assert_eq!(odd.usable_bytes(), 0);
     }
 }

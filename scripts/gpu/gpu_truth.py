@@ -9,7 +9,11 @@ models a step:
              output tensor), backward, AdamW (foreach, PyTorch's CUDA default), grads set to None
              between two steps.
 Prints one JSON line: baseline allocated (parameters + buffers + input), peak allocated and peak
-reserved (`torch.cuda.max_memory_*`), and the sizes of the blocks live at the peak, largest first.
+reserved (`torch.cuda.max_memory_*`), the sizes of the blocks live at the peak, largest first, and
+what a device profile is made of: the memory CUDA gives the device (`device_total`, as PyTorch's
+`total_memory`), NVML's total and driver-reserved memory (what `--device-profile auto` reads), and
+what NVML shows this process holding beyond PyTorch's reserved memory at the end
+(`outside_pytorch`: the CUDA context, kernels and library handles); null where NVML cannot say.
 The exported file stays in OUTDIR, for `gpu-mem-track estimate OUTDIR/NAME.pt --input SHAPE --mode
 MODE --optimizer adamw --device-profile h100-80g`. With --snapshot FILE the run's memory history is
 also written there (PyTorch's snapshot pickle from the model's and the input's allocation on, each
@@ -22,8 +26,10 @@ labels (hf-llama) run eagerly only.
 
 Usage: gpu_truth.py NAME MODE SHAPE OUTDIR [--eager] [--snapshot FILE]   (MODE train|inference, SHAPE 16x3x224x224)
 """
+import ctypes
 import gc
 import json
+import os
 import subprocess
 import sys
 import time
@@ -49,7 +55,7 @@ shape = [int(s) for s in shape.split("x")]
 path = f"{out}/{name}.pt"
 t0 = time.time()
 dev = torch.device("cuda:0")
-if not eager and name in HF and HF[name][4]:
+if not eager and name in HF and HF[name].with_labels:
     sys.exit(f"gpu_truth.py: {name} is trained with labels: run it with --eager")
 
 if len(sys.argv) == 6 and sys.argv[5] == "--export-only":
@@ -116,11 +122,56 @@ for e in history["device_traces"][0]:
     elif e["action"] == "free_requested" and e["addr"] in live:
         now -= live.pop(e["addr"])
 sizes = Counter(at_peak.values())
+
+
+def nvml_figures() -> dict:
+    """What NVML shows of cuda:0, through the driver's libnvidia-ml: the device's total and the
+    memory the driver reserves (`nvmlDeviceGetMemoryInfo_v2`, what `DeviceProfile::auto` reads),
+    and what this process holds (nvidia-smi's per-process figure). Each is missing where NVML
+    cannot say (no driver library, another PID namespace)."""
+
+    class Memory(ctypes.Structure):  # nvmlMemory_v2_t
+        _fields_ = [("version", ctypes.c_uint), ("total", ctypes.c_ulonglong), ("reserved", ctypes.c_ulonglong),
+                    ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+    class ProcessInfo(ctypes.Structure):  # nvmlProcessInfo_t, as nvmlDeviceGetComputeRunningProcesses_v3 fills it
+        _fields_ = [("pid", ctypes.c_uint), ("used", ctypes.c_ulonglong), ("gi", ctypes.c_uint), ("ci", ctypes.c_uint)]
+
+    found: dict = {}
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if nvml.nvmlInit_v2() != 0:
+            return found
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+        handle = ctypes.c_void_p()
+        if visible.isdigit():
+            status = nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(visible)), ctypes.byref(handle))
+        else:
+            status = nvml.nvmlDeviceGetHandleByUUID(visible.encode(), ctypes.byref(handle))
+        if status != 0:
+            return found
+        memory = Memory(version=ctypes.sizeof(Memory) | 2 << 24)
+        if nvml.nvmlDeviceGetMemoryInfo_v2(handle, ctypes.byref(memory)) == 0:
+            found.update(nvml_total=int(memory.total), nvml_reserved=int(memory.reserved))
+        count, infos = ctypes.c_uint(256), (ProcessInfo * 256)()
+        if nvml.nvmlDeviceGetComputeRunningProcesses_v3(handle, ctypes.byref(count), infos) == 0:
+            used = [int(p.used) for p in infos[: count.value] if p.pid == os.getpid()]
+            if used:
+                found["process_used"] = used[0]
+    except (OSError, AttributeError):
+        pass
+    return found
+
+
+nvml = nvml_figures()
 print(json.dumps({
     "name": name, "mode": mode, "shape": shape, "eager": eager, "baseline": base,
     "peak_allocated": peak_allocated, "peak_reserved": torch.cuda.max_memory_reserved(),
     "end_allocated": torch.cuda.memory_allocated(), "replayed_peak": best,
     "live_at_peak": sorted(([s, n] for s, n in sizes.items()), reverse=True),
+    "device_total": torch.cuda.mem_get_info(0)[1],
+    "outside_pytorch": nvml["process_used"] - torch.cuda.memory_reserved() if "process_used" in nvml else None,
+    "nvml_total": nvml.get("nvml_total"), "nvml_reserved": nvml.get("nvml_reserved"),
     "seconds": round(time.time() - t0, 2),
     "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
 }))

@@ -14,7 +14,7 @@ Random weights, seeded: `build()` makes the same model on every machine.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -27,12 +27,21 @@ LLAMA = {
     "vocab_size": 32000,
     "max_position_embeddings": 2048,
 }
-# name: (config class, model class, config fields, dtype, whether it is called with labels)
+
+
+class HfModel(NamedTuple):
+    config: str  # transformers' config class
+    model: str  # and model class
+    fields: dict  # config fields beyond the class's defaults
+    dtype: torch.dtype
+    with_labels: bool  # called with input_ids, attention_mask and labels, trained on its own loss
+
+
 HF = {
-    "hf-bert": ("BertConfig", "BertModel", {}, torch.float32, False),
-    "hf-gpt2": ("GPT2Config", "GPT2Model", {}, torch.float32, False),
-    "hf-llama": ("LlamaConfig", "LlamaForCausalLM", LLAMA, torch.float32, True),
-    "hf-llama-bf16": ("LlamaConfig", "LlamaForCausalLM", LLAMA, torch.bfloat16, True),
+    "hf-bert": HfModel("BertConfig", "BertModel", {}, torch.float32, False),
+    "hf-gpt2": HfModel("GPT2Config", "GPT2Model", {}, torch.float32, False),
+    "hf-llama": HfModel("LlamaConfig", "LlamaForCausalLM", LLAMA, torch.float32, True),
+    "hf-llama-bf16": HfModel("LlamaConfig", "LlamaForCausalLM", LLAMA, torch.bfloat16, True),
 }
 
 
@@ -43,9 +52,9 @@ def build(name: str, torchscript: bool = False) -> torch.nn.Module:
     if name in HF:
         import transformers
 
-        config, model, fields, dtype, _ = HF[name]
-        config = getattr(transformers, config)(torchscript=torchscript, use_cache=False, **fields)
-        return getattr(transformers, model)(config).to(dtype)
+        hf = HF[name]
+        config = getattr(transformers, hf.config)(torchscript=torchscript, use_cache=False, **hf.fields)
+        return getattr(transformers, hf.model)(config).to(hf.dtype)
     import torchvision
 
     return getattr(torchvision.models, name)()
@@ -59,7 +68,7 @@ def inputs(name: str, shape: list[int], device: Any) -> tuple[tuple, dict]:
         return (torch.rand(shape, device=device),), {}
     torch.manual_seed(1)
     ids = torch.randint(0, 1000, shape).to(device)
-    if not HF[name][4]:
+    if not HF[name].with_labels:
         return (ids,), {}
     return (), {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
 

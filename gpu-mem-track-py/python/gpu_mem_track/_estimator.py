@@ -227,7 +227,7 @@ class Estimator:
     """Estimates the GPU memory of the code run inside ``with``, without a GPU.
 
     ``device_profile`` (``gpu-mem-track estimate --device-profile``; ``device=`` is its deprecated
-    old name): a GPU profile (``h100-80g``, the default, ``a100-80g``, ``a100-40g``, ``rtx4090``, ``l4``,
+    old name): a GPU profile (``h100-80g``, the default, ``h200``, ``a100-80g``, ``a100-40g``, ``rtx4090``, ``l4``,
     ``t4``, ... or a profile ``.json``), ``"all"`` for every preset, ``"cuda"`` for the caching
     allocator model alone. ``gpu_memory``: the GPU's memory in bytes, replacing the profile's.
     ``world_size``, ``shard`` (``none``, ``zero1``, ``zero2``, ``zero3``/``fsdp``) and
