@@ -193,6 +193,43 @@ def test_a_hugging_face_causal_lm_from_a_config():
     assert one.peak_bytes == pytest.approx(e.peak_bytes, rel=1e-3) and one["param_bytes"] == params
 
 
+def test_the_block_allocates_what_a_real_run_of_the_same_step_allocates(tmp_path):
+    """The lifetimes are the program's own: the same eager training step, estimated in the block
+    and really run on the CPU (whose kernels allocate what a GPU's do here: attention in matmuls,
+    no dropout), peaks within the scalars a GPU run keeps on the CPU (AdamW's step counts)."""
+    transformers = pytest.importorskip("transformers", reason="needs transformers")
+    cfg = transformers.LlamaConfig(
+        hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=1000, attn_implementation="eager",
+    )
+
+    def build():
+        torch.manual_seed(0)
+        return transformers.LlamaForCausalLM(cfg)
+
+    def step(model, ids, mask):
+        opt = torch.optim.AdamW(model.parameters(), foreach=True)
+        for _ in range(2):
+            model(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+    ids = torch.randint(0, 1000, (4, 64))
+    mask = torch.ones_like(ids)
+    with Estimator(device_profile="cuda") as est:
+        step(build().cuda(), ids.cuda(), mask.cuda())
+    e = est.result
+    estimated = max(p["peak_bytes"] for p in e["phases"]) - e["param_bytes"] - e["buffer_bytes"] - e["input_bytes"]
+
+    model = build()
+    tracker = gpu_mem_track.MemTracker(device="cpu", path=f"{tmp_path}/", detail=False)
+    before = tracker.track()["allocated"]  # the model, the batch and whatever else is alive
+    step(model, ids, mask)
+    measured = tracker.track()["peak_allocated"] - before
+    # One activation kept too long, or freed too early, is 128 KiB (4 x 64 x 128 floats).
+    assert estimated > 10 * MIB and abs(measured - estimated) <= 4096, (measured, estimated)
+
+
 def _forward_keeps(build, batch: int = 64, width: int = 256) -> int:
     """Bytes a training forward of ``build(width)`` keeps for backward, beyond parameters and input."""
     with Estimator(device_profile="cuda") as est:
