@@ -503,6 +503,15 @@ fn estimate_and_fit_name_where_resnet50_training_would_run_out_of_memory_on_a_t4
     // A batch that fits has no such line; --gpu-mem makes the same batch fail on a smaller card.
     let fits = estimate(32, &["--device-profile", "t4"]);
     assert!(oom_lines(&fits).is_empty() && !fits.contains("does NOT fit"), "{fits}");
+    // It says how much of the T4 is left: its memory less nvidia-smi's high end.
+    let v: serde_json::Value =
+        serde_json::from_str(&estimate(32, &["--device-profile", "t4", "--json"])).unwrap();
+    let spare = (15_095u64 << 20) - v["gpu"]["nvidia_smi"]["high"].as_u64().unwrap();
+    let spare = format!("-> fits, {:.1} MiB to spare", spare as f64 / 1048576.0);
+    assert!(
+        fits.lines().any(|l| l.trim_start().starts_with("nvidia-smi") && l.ends_with(&spare)),
+        "{spare}\n{fits}"
+    );
     let v: serde_json::Value =
         serde_json::from_str(&estimate(32, &["--device-profile", "t4", "--gpu-mem", "2GiB", "--json"]))
             .unwrap();

@@ -267,7 +267,11 @@ impl fmt::Display for GpuReport<'_> {
             "    nvidia-smi       {}  (reserved + {} CUDA context and libraries, a per-GPU constant){}",
             range(g.nvidia_smi),
             mib(p.context_bytes),
-            if g.fits { "" } else { "  -> does NOT fit" }
+            if g.fits {
+                format!("  -> fits, {} to spare", mib(p.memory_bytes.saturating_sub(g.nvidia_smi.high)))
+            } else {
+                "  -> does NOT fit".to_owned()
+            }
         )?;
         if !g.fits {
             writeln!(f, "    {}", oom_verdict(g))?;
