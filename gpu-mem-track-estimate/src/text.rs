@@ -13,7 +13,7 @@ use crate::estimate::Estimate;
 use crate::figures::StaticEstimate;
 use crate::fit::{budget, smallest_too_large, FitBinding, FitResult};
 use gpu_mem_track_gpu::device_replay::{replay_with_runtime, GpuReplay};
-use gpu_mem_track_gpu::options::Mode;
+use gpu_mem_track_gpu::options::{EstimateDevice, Mode, Precision};
 use gpu_mem_track_gpu::profile::{predict_all, DeviceProfile, GpuPrediction, Range};
 use gpu_mem_track_gpu::sharding::RankPlan;
 
@@ -426,11 +426,21 @@ impl fmt::Display for Estimate {
             Mode::Inference => "inference".to_owned(),
             Mode::Train(opt) => format!("train ({opt:?})"),
         };
-        writeln!(
-            f,
-            "input {:?} {:?}, {mode}, on {:?} in {:.2} s",
-            o.input_shape, o.precision, o.device, self.seconds
-        )?;
+        // What the input holds: token ids, or floats of the working precision.
+        let input = if o.input_is_index {
+            "int64 token ids"
+        } else {
+            match o.precision {
+                Precision::F32 => "float32",
+                Precision::F16 => "float16",
+                Precision::Bf16 => "bfloat16",
+            }
+        };
+        let device = match o.device {
+            EstimateDevice::Meta => "meta",
+            EstimateDevice::Cpu => "cpu",
+        };
+        writeln!(f, "input {:?} {input}, {mode}, on {device} in {:.2} s", o.input_shape, self.seconds)?;
         writeln!(
             f,
             "  parameters   {} ({} elements); buffers {}; input {}",
