@@ -1,6 +1,6 @@
 //! The estimator's GPU predictions against what GPUs measured (`tests/gpu_table.csv`), on the CPU:
 //! each torchvision model of the table is scripted here, estimated on meta and replayed on the
-//! h100-80g profile (sm 9.0, as the H200 the rows come from), and its prediction is held to the
+//! profile of the GPU its row comes from (`h200`, `h100-80g`), and its prediction is held to the
 //! acceptance of issue 28:
 //! - peak allocated: the GPU inside the predicted range, at most 1 % above its high end (an
 //!   estimate under the GPU, the dangerous side) or at most 3 % below its low end;
@@ -19,6 +19,8 @@ const MIB: f64 = 1024.0 * 1024.0;
 /// One row of the table.
 #[derive(Debug)]
 struct Row {
+    /// The device profile of the GPU that measured the row.
+    profile: DeviceProfile,
     model: String,
     train: bool,
     shape: Vec<i64>,
@@ -40,7 +42,13 @@ fn table() -> Vec<Row> {
             assert_eq!(f.len(), header.len(), "gpu_table.csv: {line}");
             let mode = f[col("mode")];
             assert!(mode == "train" || mode == "inference", "gpu_table.csv: mode {mode}");
+            let profile = match f[col("gpu")] {
+                "NVIDIA H200" => "h200",
+                "NVIDIA H100 80GB HBM3" => "h100-80g",
+                gpu => panic!("gpu_table.csv: no device profile for {gpu}"),
+            };
             Row {
+                profile: DeviceProfile::find(profile).unwrap(),
                 model: f[col("model")].to_owned(),
                 train: mode == "train",
                 shape: f[col("shape")].split('x').map(|d| d.parse().expect("shape")).collect(),
@@ -84,7 +92,6 @@ fn predictions_hold_against_the_gpu_table() {
     names.sort_unstable();
     names.dedup();
     export_models(dir.path(), &names);
-    let h100 = DeviceProfile::find("h100-80g").unwrap();
     let mut failures = Vec::new();
     for r in &rows {
         let options = EstimateOptions {
@@ -96,7 +103,7 @@ fn predictions_hold_against_the_gpu_table() {
         };
         let model = dir.path().join(format!("{}.pt", r.model));
         let (_, trace) = estimate_torchscript_traced(&model, &options).unwrap();
-        let g = predict(&h100, &trace, None);
+        let g = predict(&r.profile, &trace, None);
         let allocated = g.peak_allocated.miss((r.allocated_mib * MIB) as u64);
         let (over, under) = (allocated.above, allocated.below);
         let reserved = g.peak_reserved.miss((r.reserved_mib * MIB) as u64).either();
