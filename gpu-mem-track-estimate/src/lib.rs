@@ -55,6 +55,7 @@ mod exported;
 mod ffi;
 mod figures;
 pub mod fit;
+mod gpu_target;
 pub mod in_process;
 pub mod text;
 /// The old name of [`text`] (a `report` is the log's, `gpu-mem-track report`).
@@ -73,6 +74,7 @@ pub use error::{Error, Result};
 pub use estimate::{estimate_progress, Estimate, PeakPlace, PhasePeak};
 pub use figures::{AttentionKernels, CpuTensors, FallbackOp, ModelSizes, StaticEstimate};
 pub use gpu_mem_track_log::{Category, Phase, TimelinePoint, Trace, TraceEvent};
+pub use gpu_target::GpuTarget;
 #[cfg(feature = "tch")]
 pub use tch_model::{inference_step, training_step, TchStepOptions};
 /// The old name of [`TchStepOptions`].
@@ -92,25 +94,12 @@ pub fn meta_rnns_take_cudnn_path(on: bool) {
 /// kernel `scaled_dot_product_attention` takes, as on that GPU (flash attention from 8.0,
 /// memory-efficient attention's dtypes and alignment, else the math path), and so what attention
 /// keeps for backward. 9.0 until set; the `fit` functions set it from their device profile,
-/// the command line and Python's `Estimator` from the profile asked for. Process-wide.
+/// the command line and Python's `Estimator` from the profile asked for
+/// ([`GpuTarget::target_meta_kernels`]). Process-wide.
 pub fn meta_target_compute_capability(compute_capability: (u32, u32)) {
     ffi::meta_target_device(compute_capability);
 }
 
-/// [`meta_target_compute_capability`] for the GPU of a device profile as `--device-profile`
-/// takes it: a preset or a profile `.json`; `cuda`, `none` and `all` stand for a 9.0 GPU.
-///
-/// # Errors
-/// [`Error::Input`] for an unknown profile or an unreadable profile file (the target is then
-/// left as it was).
-pub fn meta_target_device_profile(device_profile: &str) -> Result<()> {
-    let compute_capability = match device_profile {
-        "cuda" | "none" | "all" => (9, 0),
-        name => profile::DeviceProfile::find(name)?.compute_capability,
-    };
-    meta_target_compute_capability(compute_capability);
-    Ok(())
-}
 #[cfg(feature = "tch")]
 pub use saved::{memory_for_backward, memory_for_backward_excluding, SavedByOp, SavedReport};
 #[cfg(feature = "tch")]

@@ -8,13 +8,12 @@ use gpu_mem_track_log::log::GroupLine;
 
 use gpu_mem_track_log::Trace;
 
-use crate::error::Result;
 use crate::estimate::Estimate;
 use crate::figures::StaticEstimate;
-use crate::fit::{budget, smallest_too_large, FitBinding, FitResult};
+use crate::fit::{smallest_too_large, FitBinding, FitResult};
 use gpu_mem_track_gpu::device_replay::{replay_with_runtime, GpuReplay};
 use gpu_mem_track_gpu::options::{EstimateDevice, Mode, Precision};
-use gpu_mem_track_gpu::profile::{predict_all, DeviceProfile, GpuPrediction, Range};
+use gpu_mem_track_gpu::profile::{GpuPrediction, Range};
 use gpu_mem_track_gpu::sharding::RankPlan;
 
 /// Bytes as `12.3 MiB`.
@@ -115,26 +114,6 @@ impl fmt::Display for PeakTensors<'_> {
         }
         Ok(())
     }
-}
-
-/// The GPU figures asked for by `device_profile`: none for `cuda` (the plain model) or `none`,
-/// every preset for `all`, else the one profile named (a preset or a profile `.json`), whose memory
-/// `gpu_mem` replaces. `CUBLAS_WORKSPACE_CONFIG` sizes cuBLAS's workspace as on the GPU.
-///
-/// # Errors
-/// [`Error::Input`](crate::error::Error::Input) for an unknown profile or an unreadable profile file.
-pub fn gpu_predictions(
-    device_profile: &str,
-    gpu_mem: Option<u64>,
-    trace: &Trace,
-) -> Result<Vec<GpuPrediction>> {
-    let config = std::env::var("CUBLAS_WORKSPACE_CONFIG").ok();
-    let profiles = match device_profile {
-        "cuda" | "none" => Vec::new(),
-        "all" => DeviceProfile::presets(),
-        name => vec![budget(&DeviceProfile::find(name)?, gpu_mem)],
-    };
-    Ok(predict_all(&profiles, trace, config.as_deref()))
 }
 
 /// What `estimate --json` prints: the estimate's figures, with `rank` (one rank of a data-parallel

@@ -395,9 +395,7 @@ impl PyFinished {
         parallelism: Option<gpu_mem_track_estimate::sharding::Parallelism>,
     ) -> PyResult<Self> {
         use gpu_mem_track_estimate::sharding::per_rank_trace;
-        use gpu_mem_track_estimate::text::{
-            estimate_json, gpu_predictions, GpuTable, PeakBreakdown, PeakTensors, RankReport,
-        };
+        use gpu_mem_track_estimate::text::{estimate_json, GpuTable, PeakBreakdown, PeakTensors, RankReport};
         use gpu_mem_track_estimate::Mode;
         let e = &done.estimate;
         let optimizer = match e.options.mode {
@@ -407,7 +405,9 @@ impl PyFinished {
         let rank = parallelism.map(|p| per_rank_trace(&done.trace, optimizer, &p));
         let gpu_trace = rank.as_ref().map_or(&done.trace, |(t, _)| t);
         let rank_report = rank.as_ref().map(|(t, plan)| RankReport::new(t, *plan));
-        let gpus = gpu_predictions(device, gpu_memory, gpu_trace).map_err(estimate_error)?;
+        let gpus = gpu_mem_track_estimate::GpuTarget::resolve(device, gpu_memory)
+            .map_err(estimate_error)?
+            .predictions(gpu_trace);
         let one = device != "all";
         let failed = |e: serde_json::Error| GpuMemTrackError::new_err(e.to_string());
         let mut v = estimate_json(e, rank_report.as_ref(), &gpus, one, None).map_err(failed)?;
@@ -510,8 +510,9 @@ fn fit_search(py: Python<'_>, probe: Bound<'_, PyAny>, max: i64, dimension: &str
 /// `Recording.finish`, which reads it again.
 #[pyfunction]
 fn meta_target_device(device_profile: &str) {
-    if gpu_mem_track_estimate::meta_target_device_profile(device_profile).is_err() {
-        gpu_mem_track_estimate::meta_target_compute_capability((9, 0));
+    match gpu_mem_track_estimate::GpuTarget::resolve(device_profile, None) {
+        Ok(target) => target.target_meta_kernels(),
+        Err(_) => gpu_mem_track_estimate::meta_target_compute_capability((9, 0)),
     }
 }
 

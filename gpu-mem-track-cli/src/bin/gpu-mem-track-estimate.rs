@@ -20,13 +20,13 @@ use gpu_mem_track_estimate::profile::DeviceProfile;
 use gpu_mem_track_estimate::runtime::{place_runtime_allocations, with_workspaces, RuntimeSizes};
 use gpu_mem_track_estimate::sharding::per_rank_trace;
 use gpu_mem_track_estimate::text::{
-    estimate_json, gpu_predictions, mib, EstimateSummary, FitReport, GpuReport, GpuTable, PeakBreakdown,
-    PeakTensors, RankReport,
+    estimate_json, mib, EstimateSummary, FitReport, GpuReport, GpuTable, PeakBreakdown, PeakTensors,
+    RankReport,
 };
 use gpu_mem_track_estimate::Error;
 use gpu_mem_track_estimate::{
     estimate_progress, estimate_static, estimate_torchscript_traced, estimate_torchscript_with_peak_tensors,
-    meta_target_device_profile, Estimate, EstimateDevice, EstimateOptions, Mode, Trace,
+    Estimate, EstimateDevice, EstimateOptions, GpuTarget, Mode, Trace,
 };
 
 /// The [`EstimateOptions`] of a model's arguments, for a run on `device`.
@@ -150,7 +150,8 @@ fn estimate(args: EstimateArgs) -> Result<()> {
             )
             .exit()
     }
-    meta_target_device_profile(&args.gpu.device_profile)?;
+    let target = GpuTarget::resolve(&args.gpu.device_profile, args.gpu.gpu_mem)?;
+    target.target_meta_kernels();
     let mut options = estimate_options(&args.model, args.run_on);
     let model = args.model.model.clone();
     if args.method != Method::Meta && matches!(options.mode, Mode::Train(_)) {
@@ -171,8 +172,8 @@ fn estimate(args: EstimateArgs) -> Result<()> {
     let rank = args.model.parallelism().map(|p| per_rank_trace(&trace, args.model.optimizer, &p));
     let gpu_trace = rank.as_ref().map_or(&trace, |(t, _)| t);
     let rank_report = rank.as_ref().map(|(t, plan)| RankReport::new(t, *plan));
-    let gpus = gpu_predictions(&args.gpu.device_profile, args.gpu.gpu_mem, gpu_trace)?;
-    let gpu = (args.gpu.device_profile != "all").then(|| gpus.first()).flatten();
+    let gpus = target.predictions(gpu_trace);
+    let gpu = matches!(target, GpuTarget::One(_)).then(|| gpus.first()).flatten();
     if let Some(path) = &args.snapshot {
         gpu_mem_track_gpu::snapshot::dump_snapshot(gpu_trace, path)?;
         gpu_mem_track_cli::note(format_args!("wrote {}", path.display()));
@@ -216,7 +217,11 @@ fn timeline(args: ModelArgs, device_profile: Option<&str>, output: &Path) -> Res
     let kind = gpu_mem_track_cli::TimelineOutput::of(output)?;
     let model = args.model.clone();
     let name = model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-    meta_target_device_profile(device_profile.unwrap_or("none"))?;
+    let target = GpuTarget::resolve(device_profile.unwrap_or("none"), None)?;
+    if target == GpuTarget::All {
+        bail!("a timeline draws one GPU: --device-profile NAME (h100-80g, t4, ...), not all");
+    }
+    target.target_meta_kernels();
     let (estimate, mut trace, mut title) = if model.extension().is_some_and(|x| x == "pickle") {
         (None, read_snapshot_trace(&model)?, name)
     } else {
@@ -232,8 +237,7 @@ fn timeline(args: ModelArgs, device_profile: Option<&str>, output: &Path) -> Res
         trace = per_rank_trace(&trace, args.optimizer, &p).0;
         title = format!("{title}, one of {} ranks ({:?}, {:?})", p.world_size, p.shard, p.precision);
     }
-    if let Some(name) = device_profile {
-        let profile = DeviceProfile::find(name)?;
+    if let GpuTarget::One(profile) = &target {
         let workspace_config = std::env::var("CUBLAS_WORKSPACE_CONFIG").ok();
         let sizes = RuntimeSizes {
             cublas_workspace: profile.cublas_workspace_bytes(workspace_config.as_deref()),
