@@ -33,6 +33,9 @@ from ._known_values import READS, KnownValues, constant_of
 from ._load import native as _native
 
 _META = torch.device("meta")
+# Python torch's meta functions (the keys of its library, op -> function) and the ops among them
+# libtorch has no Meta kernel of: read by the first block, kept while the library holds the same ops.
+_PYTHON_META: tuple[frozenset, dict, list] | None = None
 #: Constructors that write the caller's data into the CPU tensor they make: they run with the CPU
 #: being the CPU (a meta tensor has no memory to write into); asked for a GPU, the result is then
 #: copied to meta, as a real run copies it to the GPU.
@@ -489,26 +492,28 @@ class Estimator:
         libtorch's own kernels (what the command line runs, and what a GPU allocates) are active
         again: Python's library of them is taken down, then its functions registered again for the
         ops libtorch has no Meta kernel of; on leaving, all of them again."""
+        global _PYTHON_META
         try:
             import torch._meta_registrations as registrations
 
             library = registrations._meta_lib_dont_use_me_use_register_meta
-            meta = torch._C.DispatchKey.Meta
-            functions = {}
-            for key in library._op_impls:  # "aten/add.Tensor/Meta"
-                namespace, name, _ = key.split("/")
-                packet, _, overload = name.partition(".")
-                op = getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
-                functions[op] = op.py_kernels[meta]
+            keys = frozenset(library._op_impls)  # "aten/add.Tensor/Meta"
+            cached = _PYTHON_META if _PYTHON_META is not None and _PYTHON_META[0] == keys else None
+            functions = cached[1] if cached else {}
+            if not cached:
+                meta = torch._C.DispatchKey.Meta
+                for key in keys:
+                    namespace, name, _ = key.split("/")
+                    packet, _, overload = name.partition(".")
+                    op = getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
+                    functions[op] = op.py_kernels[meta]
         except (ImportError, AttributeError, KeyError, ValueError):
             return  # another torch's layout: its meta functions stay
 
-        def register(only_where_libtorch_has_none: bool) -> Any:
+        def register(ops: Any) -> Any:
             lib = torch.library.Library("aten", "IMPL", "Meta")
-            for op, fn in functions.items():
-                if only_where_libtorch_has_none and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta"):
-                    continue
-                lib.impl(op, fn)
+            for op in ops:
+                lib.impl(op, functions[op])
             return lib
 
         partial: list = []
@@ -516,11 +521,19 @@ class Estimator:
         def restore() -> None:
             for lib in partial:
                 lib._destroy()
-            registrations._meta_lib_dont_use_me_use_register_meta = register(False)
+            registrations._meta_lib_dont_use_me_use_register_meta = register(functions)
 
         library._destroy()
         self._undo.append(restore)  # before anything else can fail
-        partial.append(register(True))
+        # The ops libtorch has no Meta kernel of, read once Python's are taken down; the same in
+        # every block while Python's library holds the same ops (parsing and reading them is
+        # 20 of the 37 ms a block's entry took).
+        if cached:
+            python_only = cached[2]
+        else:
+            python_only = [op for op in functions if not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta")]
+            _PYTHON_META = (keys, functions, python_only)
+        partial.append(register(python_only))
 
     def _eager_compile(self) -> None:
         if self._stance is None and "torch._dynamo" in sys.modules:
