@@ -283,7 +283,7 @@ impl fmt::Display for GpuTable<'_> {
             };
             writeln!(
                 f,
-                "    {:<10} {:>4.0} GiB  needs {:>12}  {verdict}",
+                "    {:<10} {:>6.2} GiB  needs {:>12}  {verdict}",
                 p.name,
                 gib(p.memory_bytes),
                 mib(g.nvidia_smi.high)
