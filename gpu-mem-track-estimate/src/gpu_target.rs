@@ -48,16 +48,11 @@ impl GpuTarget {
     /// `CUBLAS_WORKSPACE_CONFIG` sizes cuBLAS's workspace as on the GPU.
     pub fn predictions(&self, trace: &Trace) -> Vec<GpuPrediction> {
         let config = std::env::var("CUBLAS_WORKSPACE_CONFIG").ok();
-        let presets;
-        let profiles: &[DeviceProfile] = match self {
-            Self::Plain => &[],
-            Self::All => {
-                presets = DeviceProfile::presets();
-                &presets
-            }
-            Self::One(p) => std::slice::from_ref(p),
-        };
-        predict_all(profiles, trace, config.as_deref())
+        match self {
+            Self::Plain => Vec::new(),
+            Self::All => predict_all(&DeviceProfile::presets(), trace, config.as_deref()),
+            Self::One(p) => predict_all(std::slice::from_ref(p), trace, config.as_deref()),
+        }
     }
 }
 

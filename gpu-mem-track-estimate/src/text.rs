@@ -6,13 +6,13 @@ use std::path::Path;
 use gpu_mem_track_log::log::format::{group_line, MIB};
 use gpu_mem_track_log::log::GroupLine;
 
-use gpu_mem_track_log::Trace;
+use gpu_mem_track_log::{DType, Trace};
 
 use crate::estimate::Estimate;
 use crate::figures::StaticEstimate;
 use crate::fit::{smallest_too_large, FitBinding, FitResult};
 use gpu_mem_track_gpu::device_replay::{replay_with_runtime, GpuReplay};
-use gpu_mem_track_gpu::options::{EstimateDevice, Mode, Precision};
+use gpu_mem_track_gpu::options::Mode;
 use gpu_mem_track_gpu::profile::{GpuPrediction, Range};
 use gpu_mem_track_gpu::sharding::RankPlan;
 
@@ -405,20 +405,13 @@ impl fmt::Display for Estimate {
             Mode::Inference => "inference".to_owned(),
             Mode::Train(opt) => format!("train ({opt:?})"),
         };
-        // What the input holds: token ids, or floats of the working precision.
+        // What the input holds: int64 token ids, or floats of the working precision.
         let input = if o.input_is_index {
-            "int64 token ids"
+            format!("{} token ids", DType::from_scalar_type(4).torch_name())
         } else {
-            match o.precision {
-                Precision::F32 => "float32",
-                Precision::F16 => "float16",
-                Precision::Bf16 => "bfloat16",
-            }
+            o.precision.dtype().torch_name()
         };
-        let device = match o.device {
-            EstimateDevice::Meta => "meta",
-            EstimateDevice::Cpu => "cpu",
-        };
+        let device = serde_name(o.device);
         writeln!(f, "input {:?} {input}, {mode}, on {device} in {:.2} s", o.input_shape, self.seconds)?;
         writeln!(
             f,

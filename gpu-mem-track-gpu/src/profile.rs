@@ -19,6 +19,8 @@ use gpu_mem_track_log::Trace;
 const MIB: u64 = 1 << 20;
 #[cfg(test)]
 const GIB: u64 = 1 << 30;
+/// What a training step on the H100 held beyond its reserved memory (see [`DeviceProfile::presets`]).
+const MEASURED_CONTEXT_MIB: u64 = 758;
 
 /// A GPU model.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,8 +60,8 @@ impl DeviceProfile {
         vec![
             p("a100-80g", 81_158, (8, 0), 760), // 79.26 GiB (SXM4; PCIe 79.14-79.15)
             p("a100-40g", 40_339, (8, 0), 760), // 39.39 GiB (SXM4; PCIe 39.38)
-            p("h100-80g", 81_079, (9, 0), 758), // 79.18 GiB, H100 80GB HBM3 (SXM), measured
-            p("h200", 143_156, (9, 0), 758),    // 139.80 GiB
+            p("h100-80g", 81_079, (9, 0), MEASURED_CONTEXT_MIB), // 79.18 GiB, H100 80GB HBM3 (SXM), measured
+            p("h200", 143_156, (9, 0), MEASURED_CONTEXT_MIB), // 139.80 GiB
             p("rtx4090", 24_207, (8, 9), 660),  // 23.64 GiB
             p("rtx3090", 24_259, (8, 6), 640),  // 23.69 GiB
             p("l40s", 45_373, (8, 9), 660),     // 44.31 GiB
@@ -133,7 +135,7 @@ impl DeviceProfile {
         let context_bytes = Self::presets()
             .into_iter()
             .find(|p| p.compute_capability == gpu.compute_capability)
-            .map_or(758 * MIB, |p| p.context_bytes); // a GPU no preset shares: the H100's
+            .map_or(MEASURED_CONTEXT_MIB * MIB, |p| p.context_bytes); // a GPU no preset shares: the H100's
         DeviceProfile {
             name: gpu.name.to_ascii_lowercase(),
             memory_bytes: gpu.usable_bytes(),

@@ -405,10 +405,10 @@ impl PyFinished {
         let rank = parallelism.map(|p| per_rank_trace(&done.trace, optimizer, &p));
         let gpu_trace = rank.as_ref().map_or(&done.trace, |(t, _)| t);
         let rank_report = rank.as_ref().map(|(t, plan)| RankReport::new(t, *plan));
-        let gpus = gpu_mem_track_estimate::GpuTarget::resolve(device, gpu_memory)
-            .map_err(estimate_error)?
-            .predictions(gpu_trace);
-        let one = device != "all";
+        let target =
+            gpu_mem_track_estimate::GpuTarget::resolve(device, gpu_memory).map_err(estimate_error)?;
+        let gpus = target.predictions(gpu_trace);
+        let one = matches!(target, gpu_mem_track_estimate::GpuTarget::One(_));
         let failed = |e: serde_json::Error| GpuMemTrackError::new_err(e.to_string());
         let mut v = estimate_json(e, rank_report.as_ref(), &gpus, one, None).map_err(failed)?;
         let site_name = |s: Option<usize>| s.and_then(|i| sites.get(i)).map_or("", String::as_str);

@@ -34,8 +34,9 @@ from ._load import native as _native
 
 _META = torch.device("meta")
 # Python torch's meta functions (the keys of its library, op -> function) and the ops among them
-# libtorch has no Meta kernel of: read by the first block, kept while the library holds the same ops.
-_PYTHON_META: tuple[frozenset, dict, list] | None = None
+# libtorch has no Meta kernel of: read by the first block (21.6 of the 37 ms its entry took), kept
+# while the library holds the same ops.
+_PYTHON_META: tuple[frozenset, dict, list | None] | None = None
 #: Constructors that write the caller's data into the CPU tensor they make: they run with the CPU
 #: being the CPU (a meta tensor has no memory to write into); asked for a GPU, the result is then
 #: copied to meta, as a real run copies it to the GPU.
@@ -498,15 +499,15 @@ class Estimator:
 
             library = registrations._meta_lib_dont_use_me_use_register_meta
             keys = frozenset(library._op_impls)  # "aten/add.Tensor/Meta"
-            cached = _PYTHON_META if _PYTHON_META is not None and _PYTHON_META[0] == keys else None
-            functions = cached[1] if cached else {}
-            if not cached:
-                meta = torch._C.DispatchKey.Meta
+            if _PYTHON_META is None or _PYTHON_META[0] != keys:
+                functions = {}
                 for key in keys:
                     namespace, name, _ = key.split("/")
                     packet, _, overload = name.partition(".")
                     op = getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
-                    functions[op] = op.py_kernels[meta]
+                    functions[op] = op.py_kernels[torch._C.DispatchKey.Meta]
+                _PYTHON_META = (keys, functions, None)
+            functions = _PYTHON_META[1]
         except (ImportError, AttributeError, KeyError, ValueError):
             return  # another torch's layout: its meta functions stay
 
@@ -525,15 +526,10 @@ class Estimator:
 
         library._destroy()
         self._undo.append(restore)  # before anything else can fail
-        # The ops libtorch has no Meta kernel of, read once Python's are taken down; the same in
-        # every block while Python's library holds the same ops (parsing and reading them is
-        # 20 of the 37 ms a block's entry took).
-        if cached:
-            python_only = cached[2]
-        else:
-            python_only = [op for op in functions if not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta")]
-            _PYTHON_META = (keys, functions, python_only)
-        partial.append(register(python_only))
+        if _PYTHON_META[2] is None:  # the ops libtorch has no Meta kernel of, once Python's are down
+            has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+            _PYTHON_META = (keys, functions, [op for op in functions if not has_kernel(op.name(), "Meta")])
+        partial.append(register(_PYTHON_META[2]))
 
     def _eager_compile(self) -> None:
         if self._stance is None and "torch._dynamo" in sys.modules:
