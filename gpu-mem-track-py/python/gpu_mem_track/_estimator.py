@@ -21,6 +21,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -75,6 +76,49 @@ def _grouped_mm_as_on_a_gpu(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     last = (size[-1] + align - 1) // align * align
     stride = [size[1] * last, last, 1] if a2 == b2 else [last, 1]
     return torch.empty_strided(size, stride, dtype=dtype, device=mat_a.device)
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` of a warning raised by the caller of this that points at the program's
+    own line: the innermost frame outside torch and this package."""
+    inside = (str(Path(torch.__file__).parent), str(Path(__file__).parent))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+class _LargestNonzero:
+    """``aten::nonzero`` on meta, for the block: its result has a row for each nonzero element,
+    and a meta tensor has no elements to count. Boolean-mask indexing (``x[mask]``,
+    ``x[mask] = v``), ``torch.where(cond)`` and ``argwhere`` call it. A mask whose value the block
+    knows (``_known_values``: all ones, all zeros) gives its exact count; any other gives the
+    largest, every element nonzero (as ``masked_select``'s and ``unique``'s meta kernels give
+    theirs), so the estimate is an upper bound, which one warning a block says. Laid out as CUDA
+    lays it out: ``(dims, N)`` int64, transposed. Python torch's own meta function refuses (2.9 and
+    later, unless a torch.fx setting is on); torch 2.6-2.8 have none."""
+
+    def __init__(self, estimator: Estimator) -> None:
+        self._estimator = estimator
+        self._warned = False
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        mode = getattr(self._estimator, "_mode", None)
+        value = mode.known.value(t) if mode is not None else None
+        if value is None:
+            rows = t.numel()
+            if not self._warned and rows:
+                self._warned = True
+                warnings.warn(
+                    f"Estimator: torch.nonzero of a {tuple(t.shape)} {t.dtype} tensor (boolean-mask indexing "
+                    "x[mask], torch.where(cond) and argwhere call it) depends on values a meta tensor does "
+                    "not have: the estimate takes its largest result, every element nonzero, here and at "
+                    "each later call of the block",
+                    stacklevel=_user_stacklevel(),
+                )
+        else:
+            rows = t.numel() if value else 0
+        return torch.empty_strided((rows, t.dim()), (1, rows), dtype=torch.long, device=t.device)
 
 
 class _DevicesWithMeta(list):
@@ -492,7 +536,8 @@ class Estimator:
         normal_ and uniform_ three and one, so every model built in the block...). In the block,
         libtorch's own kernels (what the command line runs, and what a GPU allocates) are active
         again: Python's library of them is taken down, then its functions registered again for the
-        ops libtorch has no Meta kernel of; on leaving, all of them again."""
+        ops libtorch has no Meta kernel of, ``aten::nonzero`` the block's own (``_LargestNonzero``);
+        on leaving, all of them again."""
         global _PYTHON_META
         try:
             import torch._meta_registrations as registrations
@@ -511,10 +556,13 @@ class Estimator:
         except (ImportError, AttributeError, KeyError, ValueError):
             return  # another torch's layout: its meta functions stay
 
-        def register(ops: Any) -> Any:
+        # The block's own meta functions, for ops whose result Python's cannot size.
+        own = {torch.ops.aten.nonzero.default: _LargestNonzero(self)}
+
+        def register(ops: Any, overrides: dict | None = None) -> Any:
             lib = torch.library.Library("aten", "IMPL", "Meta")
             for op in ops:
-                lib.impl(op, functions[op])
+                lib.impl(op, (overrides or {}).get(op, functions[op]))
             return lib
 
         partial: list = []
@@ -526,10 +574,17 @@ class Estimator:
 
         library._destroy()
         self._undo.append(restore)  # before anything else can fail
+        has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
         if _PYTHON_META[2] is None:  # the ops libtorch has no Meta kernel of, once Python's are down
-            has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
             _PYTHON_META = (keys, functions, [op for op in functions if not has_kernel(op.name(), "Meta")])
-        partial.append(register(_PYTHON_META[2]))
+        partial.append(register(_PYTHON_META[2], own))
+        # torch 2.6-2.8 have no Python meta function of them: the meta-via-CPU fallback's is there.
+        missing = {op: f for op, f in own.items() if op not in functions}
+        if missing:
+            lib = torch.library.Library("aten", "IMPL", "Meta")
+            for op, f in missing.items():
+                lib.impl(op, f)
+            partial.append(lib)
 
     def _eager_compile(self) -> None:
         if self._stance is None and "torch._dynamo" in sys.modules:
