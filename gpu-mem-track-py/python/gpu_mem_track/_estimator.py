@@ -90,8 +90,8 @@ def _user_stacklevel() -> int:
 
 class _LargestNonzero:
     """``aten::nonzero`` on meta, for the block: its result has a row for each nonzero element,
-    and a meta tensor has no elements to count. Boolean-mask indexing (``x[mask]``,
-    ``x[mask] = v``), ``torch.where(cond)`` and ``argwhere`` call it. A mask whose value the block
+    and a meta tensor has no elements to count. Boolean-mask indexing (``x[mask]``),
+    ``torch.where(cond)`` and ``argwhere`` call it. A mask whose value the block
     knows (``_known_values``: all ones, all zeros) gives its exact count; any other gives the
     largest, every element nonzero (as ``masked_select``'s and ``unique``'s meta kernels give
     theirs), so the estimate is an upper bound, which one warning a block says. Laid out as CUDA
