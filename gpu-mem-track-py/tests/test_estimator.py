@@ -535,6 +535,28 @@ def test_a_boolean_mask_takes_its_largest_selection_and_says_so():
     assert "(64, 128) torch.bool" in str(said[0].message)
     x_bytes, mask_bytes, indices_bytes = rows * cols * 4, rows * cols, rows * cols * 2 * 8
     assert est.result.peak_bytes == x_bytes + mask_bytes + indices_bytes + x_bytes
+    assert est.result["largest_results"] == {"torch.nonzero": 1}
+    assert "upper bound: torch.nonzero (1 call)" in str(est.result)
+
+
+def test_nms_keeps_every_box_with_what_its_cuda_kernel_allocates():
+    torchvision = pytest.importorskip("torchvision", reason="needs torchvision")
+    n = 1000
+    with warnings.catch_warnings(record=True) as caught, Estimator(device_profile="cuda") as est:
+        warnings.simplefilter("always")
+        boxes = torch.rand(n, 4, device="cuda")
+        scores = torch.rand(n, device="cuda")
+        kept = torchvision.ops.nms(boxes, scores, 0.5)
+        assert kept.shape == (n,) and kept.dtype == torch.int64
+        assert torchvision.ops.nms(boxes[:0], scores[:0], 0.5).shape == (0,)
+    said = [str(w.message) for w in caught if "nms" in str(w.message)]
+    assert len(said) == 1 and "torchvision.ops.nms of a (1000, 4) torch.float32" in said[0], said
+    # At its result: the boxes and scores, the scores' sort order (int64), the sorted boxes, the
+    # overlap bit mask (a 64-bit word for each box and block of 64 boxes), the kept indices
+    # copied from the host, and the result.
+    inputs = n * 4 * 4 + n * 4
+    assert est.result.peak_bytes == inputs + n * 8 + n * 4 * 4 + n * ((n + 63) // 64) * 8 + n * 8 + n * 8
+    assert est.result["largest_results"] == {"torchvision.ops.nms": 1}
 
 
 def test_a_shuffling_data_loader_and_real_tensors_read_in_the_block():

@@ -79,7 +79,9 @@ class Estimate(dict):
     Bytes throughout. ``["peak"]["bytes"]`` is the peak of the tensors the step holds at once;
     ``["cuda"]`` the caching allocator model's figures on a plain CUDA device; ``["gpu"]`` the
     prediction for the GPU asked for (``device_profile``), with ``fits``; ``["breakdown"]`` what each
-    module and category held at the peak. ``str()`` is the text ``estimate`` prints.
+    module and category held at the peak. ``str()`` is the text ``estimate`` prints. From the
+    in-process ``Estimator`` only, ``["largest_results"]`` (when any): the ops whose result's size
+    depends on values, which took their largest result (op -> calls), so the peak is an upper bound.
     """
 
     def __init__(self, figures: dict, text: str = "") -> None:

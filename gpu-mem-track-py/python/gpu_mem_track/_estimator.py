@@ -78,6 +78,16 @@ def _grouped_mm_as_on_a_gpu(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     return torch.empty_strided(size, stride, dtype=dtype, device=mat_a.device)
 
 
+def _has_op(namespace: Any, name: str) -> bool:
+    """Whether the dispatcher has the op (``torch.ops.torchvision.nms`` exists only once
+    torchvision's C++ ops are loaded)."""
+    try:
+        getattr(namespace, name)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
 def _user_stacklevel() -> int:
     """The ``stacklevel`` of a warning raised by the caller of this that points at the program's
     own line: the innermost frame outside torch and this package."""
@@ -88,37 +98,60 @@ def _user_stacklevel() -> int:
     return level
 
 
-class _LargestNonzero:
-    """``aten::nonzero`` on meta, for the block: its result has a row for each nonzero element,
-    and a meta tensor has no elements to count. Boolean-mask indexing (``x[mask]``),
-    ``torch.where(cond)`` and ``argwhere`` call it. A mask whose value the block
-    knows (``_known_values``: all ones, all zeros) gives its exact count; any other gives the
-    largest, every element nonzero (as ``masked_select``'s and ``unique``'s meta kernels give
-    theirs), so the estimate is an upper bound, which one warning a block says. Laid out as CUDA
-    lays it out: ``(dims, N)`` int64, transposed. Python torch's own meta function refuses (2.9 and
-    later, unless a torch.fx setting is on); torch 2.6-2.8 have none."""
+class _LargestResults:
+    """Meta kernels, for the block, of ops whose result's size depends on the values of their
+    inputs, which a meta tensor does not have: each returns its largest result, as
+    ``masked_select``'s and ``unique``'s meta kernels return theirs, so the estimate is an upper
+    bound; one warning a block and op says so, at the program's own line.
+
+    - ``aten::nonzero``: a row for each nonzero element. Boolean-mask indexing (``x[mask]``),
+      ``torch.where(cond)`` and ``argwhere`` call it. A mask whose value the block knows
+      (``_known_values``: all ones, all zeros) gives its exact count, else every element. Laid out
+      as CUDA lays it out: ``(dims, N)`` int64, transposed. Python torch's own meta function
+      refuses (2.9 and later, unless a torch.fx setting is on); torch 2.6-2.8 have none.
+    - ``torchvision::nms``: the boxes kept, every box, with what its CUDA kernel allocates on the
+      way (the scores' sort, the sorted boxes, the overlap bit mask of 64 boxes a word).
+      torchvision's own meta function refuses meta tensors.
+    """
 
     def __init__(self, estimator: Estimator) -> None:
         self._estimator = estimator
-        self._warned = False
+        self.calls: dict[str, int] = {}  # op -> calls that took the largest result
 
-    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+    def _say(self, op: str, t: torch.Tensor, what: str) -> None:
+        self.calls[op] = self.calls.get(op, 0) + 1
+        if self.calls[op] == 1:
+            warnings.warn(
+                f"Estimator: {op} of a {tuple(t.shape)} {t.dtype} tensor {what} depends on values a meta tensor "
+                "does not have: the estimate takes its largest result, here and at each later call of the block",
+                stacklevel=_user_stacklevel(),
+            )
+
+    def nonzero(self, t: torch.Tensor) -> torch.Tensor:
         mode = getattr(self._estimator, "_mode", None)
         value = mode.known.value(t) if mode is not None else None
         if value is None:
             rows = t.numel()
-            if not self._warned and rows:
-                self._warned = True
-                warnings.warn(
-                    f"Estimator: torch.nonzero of a {tuple(t.shape)} {t.dtype} tensor (boolean-mask indexing "
-                    "x[mask], torch.where(cond) and argwhere call it) depends on values a meta tensor does "
-                    "not have: the estimate takes its largest result, every element nonzero, here and at "
-                    "each later call of the block",
-                    stacklevel=_user_stacklevel(),
-                )
+            if rows:
+                self._say("torch.nonzero", t, "(boolean-mask indexing x[mask], torch.where(cond) and argwhere call it)")
         else:
             rows = t.numel() if value else 0
         return torch.empty_strided((rows, t.dim()), (1, rows), dtype=torch.long, device=t.device)
+
+    def nms(self, boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
+        torch._check(boxes.dim() == 2 and boxes.size(1) == 4, lambda: f"boxes should be (N, 4), got {tuple(boxes.shape)}")
+        torch._check(scores.dim() == 1 and scores.size(0) == boxes.size(0), lambda: "one score a box")
+        n = boxes.size(0)
+        if n == 0:
+            return boxes.new_empty((0,), dtype=torch.long)
+        self._say("torchvision.ops.nms", boxes, "(the boxes it keeps)")
+        order = scores.sort(stable=True, dim=0, descending=True)[1]
+        sorted_boxes = boxes.index_select(0, order).contiguous()
+        overlaps = torch.empty(n * ((n + 63) // 64), dtype=torch.long, device=boxes.device)
+        keep = torch.empty(n, dtype=torch.long, device=boxes.device)  # copied from the host
+        kept = order.index_select(0, keep)
+        del sorted_boxes, overlaps  # live until the kernel returns, as in CUDA's
+        return kept
 
 
 class _DevicesWithMeta(list):
@@ -399,6 +432,7 @@ class Estimator:
         self._iteration = 0
         self._backward_ran = False
         self._roots: dict[int, torch.nn.Module] = {}
+        self._largest = _LargestResults(self)
         self._owners: dict[int, tuple[torch.Tensor, int]] = {}
         self._optimizers: dict[int, weakref.ref] = {}
         self._input: list[torch.Tensor] | None = None
@@ -515,6 +549,15 @@ class Estimator:
             except RuntimeError:
                 pass
             self._undo.append(lib._destroy)
+        # Detection models' nms, where torchvision's ops are loaded: its own meta function refuses
+        # meta tensors.
+        if _has_op(torch.ops.torchvision, "nms"):
+            lib = torch.library.Library("torchvision", "IMPL")
+            try:
+                lib.impl("nms", self._largest.nms, "Meta")
+            except RuntimeError:
+                pass
+            self._undo.append(lib._destroy)
         self._libtorch_meta_kernels()
         # torch.compile'd code runs eagerly in the block, as the estimate of an eager step; its
         # compiler (dynamo) is imported by torch.compile, before the block or inside it.
@@ -536,7 +579,7 @@ class Estimator:
         normal_ and uniform_ three and one, so every model built in the block...). In the block,
         libtorch's own kernels (what the command line runs, and what a GPU allocates) are active
         again: Python's library of them is taken down, then its functions registered again for the
-        ops libtorch has no Meta kernel of, ``aten::nonzero`` the block's own (``_LargestNonzero``);
+        ops libtorch has no Meta kernel of, ``aten::nonzero`` the block's own (``_LargestResults``);
         on leaving, all of them again."""
         global _PYTHON_META
         try:
@@ -557,7 +600,7 @@ class Estimator:
             return  # another torch's layout: its meta functions stay
 
         # The block's own meta functions, for ops whose result Python's cannot size.
-        own = {torch.ops.aten.nonzero.default: _LargestNonzero(self)}
+        own = {torch.ops.aten.nonzero.default: self._largest.nonzero}
 
         def register(ops: Any, overrides: dict | None = None) -> Any:
             lib = torch.library.Library("aten", "IMPL", "Meta")
@@ -608,7 +651,15 @@ class Estimator:
         from ._estimate import Estimate
 
         self._finished = finished
-        self.result = Estimate(json.loads(finished.json), finished.text)
+        figures, text = json.loads(finished.json), finished.text
+        if self._largest.calls:
+            figures["largest_results"] = dict(self._largest.calls)
+            calls = ", ".join(f"{op} ({n} call{'s' if n > 1 else ''})" for op, n in self._largest.calls.items())
+            text = (
+                f"{text.rstrip(chr(10))}\n  upper bound: {calls} sized their results by values a meta tensor does "
+                "not have, and took the largest; a real run can peak well below this\n"
+            )
+        self.result = Estimate(figures, text)
         return False
 
     def _options(self) -> tuple:
