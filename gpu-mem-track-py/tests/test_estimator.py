@@ -557,6 +557,9 @@ def test_nms_keeps_every_box_with_what_its_cuda_kernel_allocates():
     inputs = n * 4 * 4 + n * 4
     assert est.result.peak_bytes == inputs + n * 8 + n * 4 * 4 + n * ((n + 63) // 64) * 8 + n * 8 + n * 8
     assert est.result["largest_results"] == {"torchvision.ops.nms": 1}
+    # After the block, torchvision's own meta function is back (it refuses meta tensors).
+    with pytest.raises(RuntimeError, match="nms"):
+        torchvision.ops.nms(torch.empty(3, 4, device="meta"), torch.empty(3, device="meta"), 0.5)
 
 
 def test_a_shuffling_data_loader_and_real_tensors_read_in_the_block():
