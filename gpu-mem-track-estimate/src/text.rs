@@ -407,7 +407,7 @@ impl fmt::Display for Estimate {
         };
         // What the input holds: int64 token ids, or floats of the working precision.
         let input = if o.input_is_index {
-            format!("{} token ids", DType::from_scalar_type(4).torch_name())
+            format!("{} token ids", DType::INT64.torch_name())
         } else {
             o.precision.dtype().torch_name()
         };

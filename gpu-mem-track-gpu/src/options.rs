@@ -85,11 +85,11 @@ pub enum Precision {
 impl Precision {
     /// The dtype of parameters and float inputs.
     pub fn dtype(self) -> DType {
-        DType::from_scalar_type(match self {
-            Precision::F32 => 6,
-            Precision::F16 => 5,
-            Precision::Bf16 => 15,
-        })
+        match self {
+            Precision::F32 => DType::FLOAT32,
+            Precision::F16 => DType::FLOAT16,
+            Precision::Bf16 => DType::BFLOAT16,
+        }
     }
 }
 

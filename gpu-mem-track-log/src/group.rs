@@ -59,6 +59,12 @@ const C10_NAMES: [&str; 46] = [
 impl DType {
     /// `torch.float32`.
     pub const FLOAT32: DType = DType(6);
+    /// `torch.float16`.
+    pub const FLOAT16: DType = DType(5);
+    /// `torch.bfloat16`.
+    pub const BFLOAT16: DType = DType(15);
+    /// `torch.int64` (token ids, indices).
+    pub const INT64: DType = DType(4);
 
     /// The dtype with `c10::ScalarType` number `scalar_type`.
     pub const fn from_scalar_type(scalar_type: i32) -> Self {

@@ -542,22 +542,10 @@ class Estimator:
         # the others one matmul per group, into the same padded output. torch's meta kernel takes
         # bf16 only; in the block meta stands for the GPU. Registered for the block alone (torch
         # < 2.8 has no such op; one that refuses the override keeps its own kernel).
-        if hasattr(torch.ops.aten, "_grouped_mm"):
-            lib = torch.library.Library("aten", "IMPL")
-            try:
-                lib.impl("_grouped_mm", _grouped_mm_as_on_a_gpu, "Meta")
-            except RuntimeError:
-                pass
-            self._undo.append(lib._destroy)
+        self._block_meta_kernel("aten", "_grouped_mm", _grouped_mm_as_on_a_gpu)
         # Detection models' nms, where torchvision's ops are loaded: its own meta function refuses
         # meta tensors.
-        if _has_op(torch.ops.torchvision, "nms"):
-            lib = torch.library.Library("torchvision", "IMPL")
-            try:
-                lib.impl("nms", self._largest.nms, "Meta")
-            except RuntimeError:
-                pass
-            self._undo.append(lib._destroy)
+        self._block_meta_kernel("torchvision", "nms", self._largest.nms)
         self._libtorch_meta_kernels()
         # torch.compile'd code runs eagerly in the block, as the estimate of an eager step; its
         # compiler (dynamo) is imported by torch.compile, before the block or inside it.
@@ -570,6 +558,18 @@ class Estimator:
             return compiled
 
         patch(torch, "compile", compile_eagerly)
+
+    def _block_meta_kernel(self, namespace: str, name: str, kernel: Any) -> None:
+        """``kernel`` as the Meta kernel of ``namespace::name`` while the block runs, where the op
+        exists; one whose Meta kernel refuses the override keeps its own."""
+        if not _has_op(getattr(torch.ops, namespace), name):
+            return
+        lib = torch.library.Library(namespace, "IMPL")
+        try:
+            lib.impl(name, kernel, "Meta")
+        except RuntimeError:
+            pass
+        self._undo.append(lib._destroy)
 
     def _libtorch_meta_kernels(self) -> None:
         """Python torch registers meta functions over libtorch's own Meta kernels of some 600 ops
@@ -602,10 +602,10 @@ class Estimator:
         # The block's own meta functions, for ops whose result Python's cannot size.
         own = {torch.ops.aten.nonzero.default: self._largest.nonzero}
 
-        def register(ops: Any, overrides: dict | None = None) -> Any:
+        def register(kernels: dict) -> Any:
             lib = torch.library.Library("aten", "IMPL", "Meta")
-            for op in ops:
-                lib.impl(op, (overrides or {}).get(op, functions[op]))
+            for op, kernel in kernels.items():
+                lib.impl(op, kernel)
             return lib
 
         partial: list = []
@@ -620,14 +620,9 @@ class Estimator:
         has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
         if _PYTHON_META[2] is None:  # the ops libtorch has no Meta kernel of, once Python's are down
             _PYTHON_META = (keys, functions, [op for op in functions if not has_kernel(op.name(), "Meta")])
-        partial.append(register(_PYTHON_META[2], own))
+        partial.append(register({op: own.get(op, functions[op]) for op in _PYTHON_META[2]}))
         # torch 2.6-2.8 have no Python meta function of them: the meta-via-CPU fallback's is there.
-        missing = {op: f for op, f in own.items() if op not in functions}
-        if missing:
-            lib = torch.library.Library("aten", "IMPL", "Meta")
-            for op, f in missing.items():
-                lib.impl(op, f)
-            partial.append(lib)
+        partial.append(register({op: f for op, f in own.items() if op not in functions}))
 
     def _eager_compile(self) -> None:
         if self._stance is None and "torch._dynamo" in sys.modules:
