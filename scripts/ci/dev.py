@@ -845,7 +845,8 @@ def cmd_resolve(_: argparse.Namespace) -> int:
 def install_refusals(venv: str, version: str) -> int:
     """What a user who installs wrongly gets, in the virtualenv `venv` of torch `version` (without
     the package yet): without --no-build-isolation the sdist stops at once with what to run, and a
-    wheel of another torch minor installs nothing; torch stays as it was either way. Prints one
+    wheel of another torch minor installs nothing, with or without --no-index; torch stays as it
+    was either way. Prints one
     line (on stderr, which python_tests' log holds)."""
     rc = 0
     python, pip_ = f"{venv}/bin/python", [f"{venv}/bin/pip", "install", "--disable-pip-version-check", "--no-index"]
@@ -871,13 +872,21 @@ def install_refusals(venv: str, version: str) -> int:
     other = tempfile.mkdtemp()
     wheel = " ".join(sorted(glob.glob(f"{wheel_dir(version)}/gpu_mem_track-*.whl")))
     run([python, f"{ROOT}/scripts/ci/pin_wheel.py", wheel, "2.11.0", other], stdout=subprocess.DEVNULL)
-    if minor(version) != "2.11" and not refused([*pip_, "--find-links", other, "gpu-mem-track"], "torch<2.12,>=2.11"):
-        rc = 1
+    # With --no-index, and as a user types it, without: the guard pinned beside the wheel
+    # (torch-2.11.999.tar.gz) refuses before pip could fetch a torch 2.11 from the package index.
+    guard = "gpu-mem-track's wheel in this folder is built for torch 2.11"
+    if minor(version) != "2.11":
+        if not refused([*pip_, "--find-links", other, "gpu-mem-track"], guard):
+            rc = 1
+        indexed = [x for x in pip_ if x != "--no-index"] + ["--retries", "0", "--timeout", "15"]
+        if not refused([*indexed, "--find-links", other, "gpu-mem-track"], guard):
+            rc = 1
     shutil.rmtree(other)
     after = torch_version()
     rc = 1 if before != after else rc
     print(
-        f"python: torch {version}: the sdist without --no-build-isolation, and a torch 2.11 wheel, refused;"
+        f"python: torch {version}: the sdist without --no-build-isolation, and a torch 2.11 wheel (with and"
+        " without --no-index), refused;"
         f" torch still {after}: {'ok' if rc == 0 else 'FAILED'}",
         file=sys.stderr,
         flush=True,

@@ -1,13 +1,18 @@
 """Unit tests of scripts/ci/dev.py's tables (not run by CI): python3 -m unittest scripts/ci/test_dev.py"""
 
 import contextlib
+import importlib.util
 import io
 import os
 import sys
+import tarfile
+import tempfile
 import unittest
+import zipfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 import dev
+import pin_wheel
 
 
 class Pairs(unittest.TestCase):
@@ -51,6 +56,31 @@ class Steps(unittest.TestCase):
         self.assertEqual(lines[4], "| tests | 2 min 05 s | FAILED (exit 101) |")
         self.assertRegex(lines[5], r"^\| total \| 0 min 0\d s \| 1 of 2 steps FAILED \|$")
         self.assertRegex(err.getvalue(), r"^\[dev\] the suite took \d+ s\n$")
+
+
+class PinnedWheel(unittest.TestCase):
+    def test_pins_the_minor_and_writes_the_guard_that_refuses(self):
+        with tempfile.TemporaryDirectory() as d:
+            wheel = f"{d}/gpu_mem_track-0.1.0-cp39-abi3-linux_x86_64.whl"
+            info = "gpu_mem_track-0.1.0.dist-info"
+            with zipfile.ZipFile(wheel, "w") as z:
+                z.writestr(f"{info}/METADATA", "Name: gpu-mem-track\nRequires-Dist: torch>=2.6,<2.16\n")
+                z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nTag: cp39-abi3-linux_x86_64\n")
+                z.writestr(f"{info}/RECORD", "")
+            out = pin_wheel.pin(wheel, "2.13.0+cu130", f"{d}/torch-2.13")
+            self.assertEqual(os.path.basename(out), "gpu_mem_track-0.1.0-213-cp39-abi3-linux_x86_64.whl")
+            with zipfile.ZipFile(out) as z:
+                self.assertIn("Requires-Dist: torch>=2.13,<2.14\n", z.read(f"{info}/METADATA").decode())
+            with tarfile.open(f"{d}/torch-2.13/torch-2.13.999.tar.gz") as t:
+                t.extractall(d, filter="data")
+            with open(f"{d}/torch-2.13.999/pyproject.toml") as f:
+                self.assertIn('version = "2.13.999"', f.read())
+            spec = importlib.util.spec_from_file_location("guard", f"{d}/torch-2.13.999/torch_guard.py")
+            guard = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(guard)
+            with self.assertRaises(SystemExit) as refused:
+                guard.get_requires_for_build_wheel()
+            self.assertIn("built for torch 2.13", str(refused.exception.code))
 
 
 if __name__ == "__main__":
