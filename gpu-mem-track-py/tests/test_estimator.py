@@ -539,6 +539,34 @@ def test_a_boolean_mask_takes_its_largest_selection_and_says_so():
     assert "upper bound: torch.nonzero (1 call)" in str(est.result)
 
 
+def test_a_sampled_mask_selects_the_samples_not_every_element():
+    # torchvision's detection sampler (BalancedPositiveNegativeSampler, then `torch.where(pos |
+    # neg)`): zeros, `mask[idx] = 1` for the k indices sampled, a union, then nonzero. The block
+    # follows the most ones each mask can hold, so the selection is k + j rows, not every element.
+    n, k, j = 4000, 128, 384
+    with Estimator(device_profile="cuda"):
+        matched = torch.randint(-1, 3, (n,), device="cuda")
+        positive = torch.where(matched >= 1)[0]  # values unknown: every element
+        assert positive.shape == (n,)
+        pos = torch.zeros_like(matched, dtype=torch.uint8)
+        neg = torch.zeros_like(matched, dtype=torch.uint8)
+        pos[positive[torch.randperm(positive.numel(), device="cuda")[:k]]] = 1
+        neg[torch.randperm(n, device="cuda")[:j]] = 1
+        assert torch.where(pos)[0].shape == (k,)
+        assert torch.where(pos | neg)[0].shape == (k + j,)
+        assert torch.where(torch.cat([pos, neg]))[0].shape == (k + j,)
+        assert torch.where(pos.bool() & (matched > 0))[0].shape == (k,)  # at most the smaller
+        assert torch.where(pos[: n // 2])[0].shape == (k,)  # a view keeps the count
+        assert torch.where(pos[torch.zeros(2 * n, dtype=torch.long, device="cuda")])[0].shape == (2 * n,)
+        pos[0] = 0  # zeros written cannot add a one
+        assert torch.where(pos)[0].shape == (k,)
+        pos += 1  # any other write forgets it
+        assert torch.where(pos)[0].shape == (n,)
+        full = torch.zeros(8, 5, device="cuda")
+        full[torch.arange(3, device="cuda")] = 2.0  # three rows of five
+        assert torch.nonzero(full).shape == (15, 2)
+
+
 def test_nms_keeps_every_box_with_what_its_cuda_kernel_allocates():
     torchvision = pytest.importorskip("torchvision", reason="needs torchvision")
     n = 1000

@@ -106,9 +106,11 @@ class _LargestResults:
 
     - ``aten::nonzero``: a row for each nonzero element. Boolean-mask indexing (``x[mask]``),
       ``torch.where(cond)`` and ``argwhere`` call it. A mask whose value the block knows
-      (``_known_values``: all ones, all zeros) gives its exact count, else every element. Laid out
-      as CUDA lays it out: ``(dims, N)`` int64, transposed. Python torch's own meta function
-      refuses (2.9 and later, unless a torch.fx setting is on); torch 2.6-2.8 have none.
+      (``_known_values``: all ones, all zeros) gives its exact count; a mask of a known most
+      nonzero elements (zeros, then ``mask[idx] = 1``, as samplers build them) that many; else
+      every element. Laid out as CUDA lays it out: ``(dims, N)`` int64, transposed. Python
+      torch's own meta function refuses (2.9 and later, unless a torch.fx setting is on); torch
+      2.6-2.8 have none.
     - ``torchvision::nms``: the boxes kept, every box, with what its CUDA kernel allocates on the
       way (the scores' sort, the sorted boxes, the overlap bit mask of 64 boxes a word).
       torchvision's own meta function refuses meta tensors.
@@ -129,13 +131,11 @@ class _LargestResults:
 
     def nonzero(self, t: torch.Tensor) -> torch.Tensor:
         mode = getattr(self._estimator, "_mode", None)
-        value = mode.known.value(t) if mode is not None else None
-        if value is None:
-            rows = t.numel()
-            if rows:
-                self._say("torch.nonzero", t, "(boolean-mask indexing x[mask], torch.where(cond) and argwhere call it)")
-        else:
-            rows = t.numel() if value else 0
+        known = mode.known if mode is not None else None
+        count = known.nonzero_count(t) if known is not None else None
+        rows = t.numel() if count is None else count
+        if rows and (known is None or known.value(t) is None):
+            self._say("torch.nonzero", t, "(boolean-mask indexing x[mask], torch.where(cond) and argwhere call it)")
         return torch.empty_strided((rows, t.dim()), (1, rows), dtype=torch.long, device=t.device)
 
     def nms(self, boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:

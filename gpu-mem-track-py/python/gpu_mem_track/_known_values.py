@@ -13,6 +13,13 @@ views, casts, sums, comparisons and negations make of them; a Python read of suc
 one-element tensor returns its value. A write into a known tensor (an in-place op, ``x[i] = v``,
 ``out=``) forgets it and every tensor on its storage. Nothing else is known: other reads still
 read 0.
+
+Where no value is known, the most nonzero elements a tensor can hold sometimes is, and sizes what
+``nonzero`` returns (``torch.where(mask)``, ``x[mask]``). Samplers build masks that way: zeros,
+then ``mask[idx] = 1`` for ``k`` sampled indices, then ``pos | neg``: at most ``k`` (and the sum)
+nonzero elements, where reading the values would give every element. torchvision's detection
+heads sample 512 regions an image so; without the count their box and mask heads run on every
+proposal.
 """
 
 from __future__ import annotations
@@ -43,6 +50,10 @@ _ARITHMETIC = {
     "add": operator.add, "__add__": operator.add, "__radd__": operator.add, "sub": operator.sub,
     "__sub__": operator.sub, "mul": operator.mul, "__mul__": operator.mul, "__rmul__": operator.mul,
 }  # fmt: skip
+#: Element-wise ops whose nonzero elements are at most the sum (``_OR``) or the smaller (``_AND``)
+#: of their operands'.
+_OR = frozenset({"__or__", "__ror__", "bitwise_or", "logical_or"})
+_AND = frozenset({"__and__", "__rand__", "bitwise_and", "logical_and", "mul", "__mul__", "__rmul__"})
 #: Factories of tensors filled with one value: that value, from their arguments.
 _FILLED = {
     "ones": lambda a, k: 1, "ones_like": lambda a, k: 1, "new_ones": lambda a, k: 1,
@@ -60,6 +71,17 @@ class KnownValues:
 
     def __init__(self) -> None:
         self._values: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._at_most: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> most nonzero elements
+
+    def nonzero_count(self, t: Any) -> int | None:
+        """The most nonzero elements ``t`` can hold (exact where its value is known), or ``None``."""
+        if not isinstance(t, torch.Tensor):
+            return None
+        v = self._values.get(t)
+        if v is not None:
+            return t.numel() if v else 0
+        bound = self._at_most.get(t)
+        return None if bound is None else min(bound, t.numel())
 
     def set(self, meta: Any, value: Any) -> None:
         """``meta`` holds ``value`` in every element (nothing is noted for ``None``)."""
@@ -108,7 +130,10 @@ class KnownValues:
             # An in-place op or out=: its target (and every view of the same storage) no longer
             # holds what was known.
             target = kwargs.get("out", args[0] if args else None)
+            count = self._count_after_setitem(*args) if name == "__setitem__" and len(args) == 3 else None
             self._forget(target)
+            if count is not None:
+                self._at_most[target] = count
             return
         if not isinstance(out, torch.Tensor) or out.device.type != "meta":
             return
@@ -116,38 +141,89 @@ class KnownValues:
             self.set(out, _FILLED[name](args, kwargs))
             return
         first = self.value(args[0]) if args and isinstance(args[0], torch.Tensor) else None
-        if first is None:
+        result = None if first is None else _value_of(self, name, args, kwargs, first)
+        if result is not None:
+            self._values[out] = _as_dtype(result, out.dtype)
             return
-        result = None
+        count = self._count_of(name, args, out)
+        if count is not None:
+            self._at_most[out] = min(count, out.numel())
+
+    def _count_after_setitem(self, t: Any, index: Any, value: Any) -> int | None:
+        """The most nonzero elements of ``t`` after ``t[index] = value``, where ``t``'s count is
+        known and ``index`` is one index tensor (the rows it writes) or an int (one row)."""
+        count = self.nonzero_count(t)
+        if count is None or t.dim() == 0:
+            return None
+        row = t.numel() // t.shape[0] if t.shape[0] else 0
+        if isinstance(index, torch.Tensor) and index.dim() == 1 and not index.is_floating_point():
+            rows = self.nonzero_count(index) if index.dtype == torch.bool else index.numel()
+            rows = index.numel() if rows is None else rows
+        elif isinstance(index, int) and not isinstance(index, bool):
+            rows = 1
+        else:
+            return None
+        written = self.value(value)
+        return count if written is not None and written == 0 else min(t.numel(), count + rows * row)
+
+    def _count_of(self, name: str, args: tuple, out: torch.Tensor) -> int | None:
+        """The most nonzero elements of ``out`` = ``name(*args)`` from its inputs' counts: views
+        and casts keep it, ``|`` and ``cat`` add, ``&`` and ``*`` take the smaller."""
+        if not args:
+            return None
+        if name in ("cat", "concat", "concatenate") and isinstance(args[0], (list, tuple)):
+            counts = [self.nonzero_count(t) for t in args[0]]
+            return None if None in counts else sum(counts)
+        first = args[0]
+        if not isinstance(first, torch.Tensor) or (name == "__getitem__" and not _basic_index(args[1:])):
+            return None
         if name in _SAME_VALUE:
-            result = first
-        elif name in ("__invert__", "bitwise_not", "logical_not"):
-            result = (not first) if isinstance(first, bool) or name == "logical_not" else ~first
-        elif name in ("all", "any") and not _has_dim(args, kwargs):
-            result = bool(first) if args[0].numel() else name == "all"
-        elif name == "sum" and not _has_dim(args, kwargs):
-            result = first * args[0].numel()
-        elif name in ("max", "min", "amax", "amin") and not _has_dim(args, kwargs) and args[0].numel():
-            result = first
-        elif name in _COMPARISONS and len(args) > 1:
-            other = self.value(args[1])
-            if other is not None:
-                result = _COMPARISONS[name](first, other)
-        elif name in _ARITHMETIC and len(args) > 1:
-            other = self.value(args[1])
-            if other is not None:
-                result = _ARITHMETIC[name](first, other)
-        if result is None:
-            return
-        self._values[out] = _as_dtype(result, out.dtype)
+            count = self.nonzero_count(first)
+            if count is None:
+                return None
+            # expand repeats elements; the others keep or select them
+            return count * max(1, -(-out.numel() // max(first.numel(), 1)))
+        if len(args) < 2:
+            return None
+        counts = [self.nonzero_count(a) if isinstance(a, torch.Tensor) and a.shape == out.shape else None for a in args[:2]]
+        if name in _OR:
+            return None if None in counts else sum(counts)
+        if name in _AND:
+            known = [c for c in counts if c is not None]
+            return min(known) if known else None
+        return None
 
     def _forget(self, target: Any) -> None:
-        if not self._values:  # nothing known (an optimizer's foreach step writes hundreds)
+        if not self._values and not self._at_most:  # nothing known (a foreach step writes hundreds)
             return
         targets = target if isinstance(target, (list, tuple)) else (target,)
         storages = {t.untyped_storage()._cdata for t in targets if isinstance(t, torch.Tensor) and t.device.type == "meta"}
-        for known in [k for k in self._values if k.untyped_storage()._cdata in storages]:
-            del self._values[known]
+        for known in (self._values, self._at_most):
+            for k in [k for k in known if k.untyped_storage()._cdata in storages]:
+                del known[k]
+
+
+def _value_of(known: KnownValues, name: str, args: tuple, kwargs: dict, first: Any) -> Any:
+    """The value of ``name(*args, **kwargs)`` when its first argument holds ``first``, where it
+    follows; else ``None``."""
+    if name in _SAME_VALUE:
+        return first
+    if name in ("__invert__", "bitwise_not", "logical_not"):
+        return (not first) if isinstance(first, bool) or name == "logical_not" else ~first
+    if name in ("all", "any") and not _has_dim(args, kwargs):
+        return bool(first) if args[0].numel() else name == "all"
+    if name == "sum" and not _has_dim(args, kwargs):
+        return first * args[0].numel()
+    if name in ("max", "min", "amax", "amin") and not _has_dim(args, kwargs) and args[0].numel():
+        return first
+    other = known.value(args[1]) if len(args) > 1 else None
+    if other is None:
+        return None
+    if name in _COMPARISONS:
+        return _COMPARISONS[name](first, other)
+    if name in _ARITHMETIC:
+        return _ARITHMETIC[name](first, other)
+    return None
 
 
 def constant_of(real: Any) -> Any:
@@ -190,3 +266,9 @@ def _scalar(v: Any) -> Any:
 
 def _has_dim(args: tuple, kwargs: dict) -> bool:
     return len(args) > 1 or "dim" in kwargs or "axis" in kwargs
+
+
+def _basic_index(index: tuple) -> bool:
+    """Whether ``t[index]`` is a view (ints, slices, None, ...): it cannot repeat an element."""
+    parts = index[0] if len(index) == 1 and isinstance(index[0], tuple) else index
+    return all(p is None or p is Ellipsis or isinstance(p, (int, slice)) for p in parts)
