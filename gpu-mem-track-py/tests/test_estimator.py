@@ -193,6 +193,28 @@ def test_a_hugging_face_causal_lm_from_a_config():
     assert one.peak_bytes == pytest.approx(e.peak_bytes, rel=1e-3) and one["param_bytes"] == params
 
 
+def test_a_vision_language_model_finds_its_image_tokens_in_the_real_ids():
+    # Llava counts the image tokens in input_ids (`input_ids == image_token_id`, `.sum()`) and
+    # checks the count against the image features before scattering them into the embeddings. The
+    # ids are data (a processor's output): their real values, kept on meta, give the real count.
+    transformers = pytest.importorskip("transformers", reason="needs transformers")
+    small = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 128}
+    cfg = transformers.LlavaConfig(
+        text_config=transformers.LlamaConfig(vocab_size=120, num_key_value_heads=2, **small).to_dict(),
+        vision_config=transformers.CLIPVisionConfig(image_size=32, patch_size=8, **small).to_dict(),
+        image_token_id=110,
+    )
+    row = [1] + [110] * 16 + list(range(20, 43))  # 16 image tokens: (32 / 8)^2 patches
+    with warnings.catch_warnings(record=True) as seen, Estimator(device_profile="cuda") as est:
+        warnings.simplefilter("always")
+        model = transformers.LlavaForConditionalGeneration(cfg)
+        ids = torch.tensor([row, row])
+        out = model(input_ids=ids, pixel_values=torch.randn(2, 3, 32, 32), attention_mask=torch.ones_like(ids), labels=ids)
+        out.loss.backward()
+    assert not [w for w in seen if "nonzero" in str(w.message)], [str(w.message) for w in seen]
+    assert est.result["meta_scalar_reads"] == 0 and "largest_results" not in est.result
+
+
 def test_the_block_allocates_what_a_real_run_of_the_same_step_allocates(tmp_path):
     """The lifetimes are the program's own: the same eager training step, estimated in the block
     and really run on the CPU (whose kernels allocate what a GPU's do here: attention in matmuls,
@@ -497,19 +519,25 @@ def test_a_fused_optimizer_runs_as_on_a_gpu():
 def test_constant_inputs_keep_their_values_through_the_ops_that_read_them():
     ids = torch.randint(0, 10, (4, 16))
     total = int(ids.sum())
-    with Estimator(device_profile="cuda") as est:
+    with warnings.catch_warnings(record=True) as caught, Estimator(device_profile="cuda") as est:
+        warnings.simplefilter("always")
         ones = torch.ones_like(ids).cuda()  # made filled
         mask = torch.ones(4, 16, dtype=torch.long).cuda().to(dtype=torch.bool)
         assert bool(mask[:, :8].sum() == 32) and bool(mask.all()) and not bool((~mask).any())
         assert int(ones.sum()) == 64 and (ones * 3).max().item() == 3
         assert bool(torch.full((2, 2), 7).cuda().eq(7).all())
-        unknown = ids.cuda()  # values differ: a read of it reads 0, and is counted
+        real = ids.cuda()  # integers from data keep their values on meta, through element-wise ops
+        assert bool(real.sum() == total) and real.tolist() == ids.tolist() and int(real[1, 2]) == int(ids[1, 2])
+        assert torch.where(real > 4)[0].shape == (int((ids > 4).sum()),)  # the real count, no warning
+        assert real[ids.cuda() > 4].shape == (int((ids > 4).sum()),)
+        unknown = torch.randint(0, 10, (4, 16), device="cuda")  # made on meta: a read reads 0, counted
         assert not bool(unknown.sum() == total)
         padded = torch.ones(4, 16, dtype=torch.long).cuda()
         view = padded[:, :8]
         padded[:, :3] = 0  # written: neither it nor its views are known any more (two more reads)
         assert not bool(padded.all()) and not bool(view.all())
     assert est.result["meta_scalar_reads"] == 3
+    assert not [w for w in caught if "nonzero" in str(w.message)] and "largest_results" not in est.result
 
 
 def test_a_boolean_mask_takes_its_largest_selection_and_says_so():
@@ -684,6 +712,36 @@ def test_sharding_and_fit_from_python():
     too_large = min((p for p in found["probes"] if not p["fits"]), key=lambda p: p["value"])
     over = too_large["allocated_needed"] > budget + context
     assert found["binds"] == ("allocated" if over else "reserved")
+
+
+class Scaled(torch.nn.Module):
+    """A parameter made from data, as CLIP's ``logit_scale = nn.Parameter(torch.tensor(2.6592))``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 64)
+        self.scale = torch.nn.Parameter(torch.tensor([2.5] * 1024))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * self.scale[:64].exp()
+
+
+def test_a_parameter_made_from_data_in_the_block_is_the_models():
+    # torch.tensor() in the block is a real CPU tensor (data pipelines read it), so such a
+    # parameter is on the CPU at the first forward. It was made in the block: it goes to meta, the
+    # same object (the optimizer made before holds it), and counts as a parameter with a gradient
+    # and Adam's two moments; a parameter made before the block is still refused (above).
+    with Estimator(device_profile="cuda") as est:
+        model = Scaled()
+        opt = torch.optim.Adam(model.parameters())
+        model(torch.randn(8, 64)).sum().backward()
+        opt.step()
+        assert model.scale.device.type == "meta" and opt.param_groups[0]["params"][0] is model.scale
+        assert model.scale.grad is not None and model.scale.grad.device.type == "meta"
+    params = (64 * 64 + 64 + 1024) * 4
+    assert est.result["param_bytes"] == params
+    # After the step: parameters, gradients and both moments of each.
+    assert est.result.peak_bytes >= 4 * params
 
 
 def test_bad_input_names_the_problem():

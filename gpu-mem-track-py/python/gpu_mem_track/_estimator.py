@@ -106,7 +106,8 @@ class _LargestResults:
 
     - ``aten::nonzero``: a row for each nonzero element. Boolean-mask indexing (``x[mask]``),
       ``torch.where(cond)`` and ``argwhere`` call it. A mask whose value the block knows
-      (``_known_values``: all ones, all zeros) gives its exact count; a mask of a known most
+      (``_known_values``: all ones, all zeros, or the real values of integers from data) gives
+      its exact count; a mask of a known most
       nonzero elements (zeros, then ``mask[idx] = 1``, as samplers build them) that many; else
       every element. Laid out as CUDA lays it out: ``(dims, N)`` int64, transposed. Python
       torch's own meta function refuses (2.9 and later, unless a torch.fx setting is on); torch
@@ -134,7 +135,7 @@ class _LargestResults:
         known = mode.known if mode is not None else None
         count = known.nonzero_count(t) if known is not None else None
         rows = t.numel() if count is None else count
-        if rows and (known is None or known.value(t) is None):
+        if rows and (known is None or not known.knows(t)):
             self._say("torch.nonzero", t, "(boolean-mask indexing x[mask], torch.where(cond) and argwhere call it)")
         return torch.empty_strided((rows, t.dim()), (1, rows), dtype=torch.long, device=t.device)
 
@@ -175,7 +176,15 @@ class _MetaMode(TorchFunctionMode):
         super().__init__()
         self._estimator = estimator
         self._casts = _autocast.Casts()
-        self.known = KnownValues()
+        self._paused = 0
+        self.known = KnownValues(self._cpu_is_cpu)
+        # The storages of the real tensors the block made from data (``torch.tensor(2.6)``): a
+        # parameter on one of them (CLIP's ``logit_scale``) was made in the block, not before.
+        self._from_data: set[int] = set()
+
+    def made_from_data(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` (a real tensor) is on the storage of one the block made from data."""
+        return t.untyped_storage()._cdata in self._from_data
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -190,19 +199,26 @@ class _MetaMode(TorchFunctionMode):
         if name in ("cuda", "to") and args and isinstance(args[0], torch.Tensor) and args[0].device.type != "meta":
             with self._cpu_is_cpu():  # while the tensor's values are read
                 self.known.set(out, constant_of(args[0]))
+            self.known.set_real(out, args[0])
         else:
             self.known.follow(name, args, kwargs, out)
+            self.known.follow_values(func, name, args, kwargs, out)
         return out
 
     @contextlib.contextmanager
     def _cpu_is_cpu(self) -> Iterator[None]:
-        """The recording paused: CPU tensors made meanwhile are real CPU tensors, not meta."""
+        """The recording paused: CPU tensors made meanwhile are real CPU tensors, not meta. Nests
+        (a real-values count inside a real op): only the outermost resumes."""
         recording = self._estimator._recording
-        recording.pause()
+        self._paused += 1
+        if self._paused == 1:
+            recording.pause()
         try:
             yield
         finally:
-            recording.resume()
+            self._paused -= 1
+            if self._paused == 0:
+                recording.resume()
 
     def _call(self, func, name: str, args: tuple, kwargs: dict) -> Any:
         if "device" in kwargs:
@@ -222,7 +238,10 @@ class _MetaMode(TorchFunctionMode):
         real_read = name in _READ_REAL and args and isinstance(args[0], torch.Tensor) and args[0].device.type != "meta"
         if name in _FROM_DATA or real_read or (name == "randperm" and kwargs.get("generator") is not None):
             with self._cpu_is_cpu():
-                return func(*args, **kwargs)
+                out = func(*args, **kwargs)
+            if name in _FROM_DATA and isinstance(out, torch.Tensor):
+                self._from_data.add(out.untyped_storage()._cdata)
+            return out
         if name in ("backward", "grad") and func in (torch.Tensor.backward, torch.autograd.grad):
             self._estimator._enter_backward()
             out = func(*args, **kwargs)
@@ -354,13 +373,13 @@ class Estimator:
             _native.recording_phase("backward", max(self._iteration, 1))
 
     def _root_forward(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        if id(module) not in self._roots:  # before the phase: what it moves to meta is the model's
+            self._note_model(module)
+            self._roots[id(module)] = module
         if self._phase != "forward":
             self._iteration += 1
             self._phase = "forward"
             _native.recording_phase("forward", self._iteration)
-        if id(module) not in self._roots:
-            self._roots[id(module)] = module
-            self._note_model(module)
         if self._input is None:
             tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
             self._input = tensors
@@ -369,7 +388,14 @@ class Estimator:
                     _native.recording_tag(t._cdata, "input")
 
     def _note_model(self, module: torch.nn.Module) -> None:
-        off_meta = [n for n, p in module.named_parameters() if p.device.type != "meta"]
+        off_meta = []
+        for n, p in module.named_parameters():
+            if p.device.type == "meta":
+                continue
+            if self._mode is not None and p.device.type == "cpu" and self._mode.made_from_data(p):
+                self._parameter_to_meta(p)
+            else:
+                off_meta.append(n)
         if off_meta:
             raise ValueError(
                 f"Estimator: {type(module).__name__} has parameters on {module.get_parameter(off_meta[0]).device} "
@@ -389,6 +415,15 @@ class Estimator:
                 if b.device.type == "meta":
                     _native.recording_tag(b._cdata, "buffer")
                     _native.recording_owner(b._cdata, site)
+
+    def _parameter_to_meta(self, p: torch.nn.Parameter) -> None:
+        """A parameter the block made from data (``nn.Parameter(torch.tensor(2.6))``), moved to
+        meta in place (the same object: a module and an optimizer made before hold it), its value
+        kept where it is constant."""
+        with self._mode._cpu_is_cpu():  # while its values are read
+            value = constant_of(p)
+        p.data = p.data.to(_META)
+        self._mode.known.set(p, value)
 
     def _own_gradients(self) -> None:
         """Charges each parameter's gradient to the parameter's module."""

@@ -14,6 +14,13 @@ one-element tensor returns its value. A write into a known tensor (an in-place o
 ``out=``) forgets it and every tensor on its storage. Nothing else is known: other reads still
 read 0.
 
+Integer and bool tensors the program made from data (token ids, labels, masks: ``torch.tensor``,
+a tokenizer's output) keep their real values when they move to meta, up to ``_MAX_CHECKED``
+elements, and so does what element-wise ops, views, casts and reductions (``_ON_VALUES``) make of
+them, computed on the CPU from those values. A Python read of such a tensor reads the real value,
+and ``nonzero`` of it (``x[ids == image_token]``, ``torch.where(labels != -100)``) takes its real
+count: a vision-language model checks that its image tokens match its image features so.
+
 Where no value is known, the most nonzero elements a tensor can hold sometimes is, and sizes what
 ``nonzero`` returns (``torch.where(mask)``, ``x[mask]``). Samplers build masks that way: zeros,
 then ``mask[idx] = 1`` for ``k`` sampled indices, then ``pos | neg``: at most ``k`` (and the sum)
@@ -24,7 +31,10 @@ proposal.
 
 from __future__ import annotations
 
+import contextlib
 import operator
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -54,6 +64,24 @@ _ARITHMETIC = {
 #: of their operands'.
 _OR = frozenset({"__or__", "__ror__", "bitwise_or", "logical_or"})
 _AND = frozenset({"__and__", "__rand__", "bitwise_and", "logical_and", "mul", "__mul__", "__rmul__"})
+#: Ops computed on the real values of their arguments where every tensor argument has them.
+_ON_VALUES = (
+    _SAME_VALUE
+    | frozenset(_COMPARISONS)
+    | frozenset(_ARITHMETIC)
+    | _OR
+    | _AND
+    | frozenset(
+        {
+            "__invert__", "bitwise_not", "logical_not", "__xor__", "bitwise_xor", "logical_xor", "all", "any",
+            "_is_all_true", "_is_any_true",
+            "sum", "cumsum", "max", "min", "amax", "amin", "argmax", "argmin", "count_nonzero", "masked_fill",
+            "isin", "clamp", "abs", "neg", "__neg__", "__floordiv__", "floor_divide", "remainder", "__mod__",
+            "eq", "ne", "ge", "gt", "le", "lt", "where", "diff", "roll", "flip", "repeat", "repeat_interleave",
+            "index_select", "gather", "cat", "stack", "split", "chunk", "tril", "triu", "ones_like", "zeros_like",
+        }
+    )
+)  # fmt: skip
 #: Factories of tensors filled with one value: that value, from their arguments.
 _FILLED = {
     "ones": lambda a, k: 1, "ones_like": lambda a, k: 1, "new_ones": lambda a, k: 1,
@@ -67,11 +95,63 @@ READS = frozenset({"__bool__", "item", "__int__", "__float__", "__index__"})
 
 
 class KnownValues:
-    """The constant value of each meta tensor that has one (a Python scalar)."""
+    """The constant value of each meta tensor that has one (a Python scalar), the real values of
+    small integer and bool ones, and the most nonzero elements of others.
 
-    def __init__(self) -> None:
+    ``real_values``: a context in which CPU ops run on real CPU tensors (the estimate's recording
+    paused); the real values are computed and read there."""
+
+    def __init__(self, real_values: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext) -> None:
         self._values: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._real: WeakIdKeyDictionary = WeakIdKeyDictionary()  # meta tensor -> its real values (CPU)
         self._at_most: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> most nonzero elements
+        self._real_values = real_values
+
+    def set_real(self, meta: Any, real: Any) -> None:
+        """``meta`` holds the values of ``real`` (a tensor with data), kept where small enough."""
+        if isinstance(meta, torch.Tensor) and meta.device.type == "meta" and _small_exact(real) and real.shape == meta.shape:
+            with self._real_values():
+                self._real[meta] = real.detach().clone()
+
+    def real(self, t: Any) -> torch.Tensor | None:
+        """``t``'s real values: ``t`` itself when it has data and is small, integer or bool; the
+        values kept for a meta tensor; else ``None``."""
+        if not isinstance(t, torch.Tensor):
+            return None
+        if t.device.type == "meta":
+            return self._real.get(t)
+        return t if _small_exact(t) else None
+
+    def follow_values(self, func: Any, name: str, args: tuple, kwargs: dict, out: Any) -> None:
+        """Computes ``out`` = ``func(*args, **kwargs)`` on its arguments' real values, where every
+        tensor argument has them and ``name`` is an op of ``_ON_VALUES``."""
+        if name not in _ON_VALUES or not isinstance(out, torch.Tensor) or out.device.type != "meta":
+            return
+        if out.numel() > _MAX_CHECKED or _writes(name, kwargs):
+            return
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        tensors += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
+        if not tensors or any(self.real(t) is None for t in tensors):
+            return
+
+        def real(a: Any) -> Any:
+            if isinstance(a, torch.Tensor):
+                return self.real(a)
+            if isinstance(a, (list, tuple)) and any(isinstance(t, torch.Tensor) for t in a):
+                return type(a)(self.real(t) if isinstance(t, torch.Tensor) else t for t in a)
+            return a
+
+        try:
+            with self._real_values():
+                value = func(*(real(a) for a in args), **{k: real(v) for k, v in kwargs.items() if k != "device"})
+        except Exception:  # noqa: BLE001 - the values are a help; the meta op already ran
+            return
+        if isinstance(value, torch.Tensor) and value.shape == out.shape and value.device.type != "meta":
+            self._real[out] = value
+
+    def knows(self, t: Any) -> bool:
+        """Whether ``t``'s values are known: constant, or real."""
+        return isinstance(t, torch.Tensor) and (t in self._values or self.real(t) is not None)
 
     def nonzero_count(self, t: Any) -> int | None:
         """The most nonzero elements ``t`` can hold (exact where its value is known), or ``None``."""
@@ -80,6 +160,10 @@ class KnownValues:
         v = self._values.get(t)
         if v is not None:
             return t.numel() if v else 0
+        real = self.real(t)
+        if real is not None:
+            with self._real_values():
+                return int(real.count_nonzero())
         bound = self._at_most.get(t)
         return None if bound is None else min(bound, t.numel())
 
@@ -100,6 +184,9 @@ class KnownValues:
         """``(True, the Python value)`` when ``name`` (``__bool__``, ``item``, ...) reads a known
         0-dimensional (or one-element) tensor; ``(False, None)`` otherwise."""
         v = self._values.get(t)
+        if v is None and t.device.type == "meta" and t in self._real and t.numel() == 1:
+            with self._real_values():
+                v = self._real[t].item()
         if v is None or t.numel() != 1:
             return False, None
         if name == "__bool__":
@@ -113,6 +200,9 @@ class KnownValues:
     def tolist(self, t: torch.Tensor) -> Any:
         """``t.tolist()`` of a meta tensor: its known value in every element, else zeros (one
         read, counted as ``.item()`` counts it)."""
+        if t in self._real:
+            with self._real_values():
+                return self._real[t].tolist()
         v = self._values.get(t)
         if v is None:
             v = t.reshape(-1)[0].item() if t.numel() else 0  # reads 0, and counts the read
@@ -194,11 +284,11 @@ class KnownValues:
         return None
 
     def _forget(self, target: Any) -> None:
-        if not self._values and not self._at_most:  # nothing known (a foreach step writes hundreds)
+        if not self._values and not self._real and not self._at_most:  # a foreach step writes hundreds
             return
         targets = target if isinstance(target, (list, tuple)) else (target,)
         storages = {t.untyped_storage()._cdata for t in targets if isinstance(t, torch.Tensor) and t.device.type == "meta"}
-        for known in (self._values, self._at_most):
+        for known in (self._values, self._real, self._at_most):
             for k in [k for k in known if k.untyped_storage()._cdata in storages]:
                 del known[k]
 
@@ -272,3 +362,13 @@ def _basic_index(index: tuple) -> bool:
     """Whether ``t[index]`` is a view (ints, slices, None, ...): it cannot repeat an element."""
     parts = index[0] if len(index) == 1 and isinstance(index[0], tuple) else index
     return all(p is None or p is Ellipsis or isinstance(p, (int, slice)) for p in parts)
+
+
+def _small_exact(t: Any) -> bool:
+    """A tensor with data, of integers or bools, of at most ``_MAX_CHECKED`` elements."""
+    return (
+        isinstance(t, torch.Tensor)
+        and t.device.type != "meta"
+        and not (t.dtype.is_floating_point or t.is_complex())
+        and t.numel() <= _MAX_CHECKED
+    )
