@@ -540,6 +540,26 @@ def test_constant_inputs_keep_their_values_through_the_ops_that_read_them():
     assert not [w for w in caught if "nonzero" in str(w.message)] and "largest_results" not in est.result
 
 
+def test_checks_of_values_meta_lacks_pass_as_in_a_working_program():
+    # A meta tensor has no values, so a read of one is counted. A check of float values that a
+    # working program passes reads as passed: `.all()` of a comparison or predicate of floats
+    # (DETR's box format), torch._check_tensor_all (transformers' checks); `.any()` reads false.
+    # `.numpy()` gives zeros, on which a CPU library (scipy's matching in DETR's loss) runs.
+    # Integer data reads its real values; an integer mask's `.all()` is a branch on data, and
+    # reads 0 (the constant-inputs test above).
+    numpy = pytest.importorskip("numpy", reason="needs numpy")
+    with Estimator(device_profile="cuda") as est:
+        boxes = torch.rand(40, 4, device="cuda")
+        assert bool((boxes[:, 2:] >= boxes[:, :2]).all())
+        torch._check_tensor_all_with(ValueError, boxes.isfinite(), lambda: "not finite")
+        assert not bool(torch.isnan(boxes).any())
+        cost = (boxes @ boxes.T).cpu().numpy()
+        assert cost.shape == (40, 40) and cost.dtype == numpy.float32 and not cost.any()
+        ids = torch.tensor([3, 1, 2]).cuda()
+        assert ids.numpy().tolist() == [3, 1, 2] and numpy.asarray(ids).tolist() == [3, 1, 2]
+    assert est.result["meta_scalar_reads"] == 4
+
+
 def test_a_boolean_mask_takes_its_largest_selection_and_says_so():
     # x[mask] sizes its result by the mask's values (aten::nonzero), which a meta tensor lacks: the
     # estimate takes every element selected, and warns once a block, at the program's line. A mask whose

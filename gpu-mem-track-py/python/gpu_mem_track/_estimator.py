@@ -195,6 +195,10 @@ class _MetaMode(TorchFunctionMode):
                 return value
         if name == "tolist" and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
             return self.known.tolist(args[0])
+        if name in ("numpy", "__array__") and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
+            with self._cpu_is_cpu():
+                array = self.known.numpy(args[0])
+            return array if name == "numpy" or len(args) < 2 or args[1] is None else array.astype(args[1])
         out = self._call(func, name, args, kwargs)
         if name in ("cuda", "to") and args and isinstance(args[0], torch.Tensor) and args[0].device.type != "meta":
             with self._cpu_is_cpu():  # while the tensor's values are read

@@ -105,6 +105,10 @@ class KnownValues:
         self._values: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._real: WeakIdKeyDictionary = WeakIdKeyDictionary()  # meta tensor -> its real values (CPU)
         self._at_most: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> most nonzero elements
+        # Checks of float values (`boxes[:, 2:] >= boxes[:, :2]`, `x.isfinite()`), which a working
+        # program passes: `.all()` of one, and torch._check_tensor_all of anything, reads true.
+        self._float_checks: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._presumed_true: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._real_values = real_values
 
     def set_real(self, meta: Any, real: Any) -> None:
@@ -187,6 +191,9 @@ class KnownValues:
         if v is None and t.device.type == "meta" and t in self._real and t.numel() == 1:
             with self._real_values():
                 v = self._real[t].item()
+        if v is None and t in self._presumed_true:
+            torch.Tensor.item(t)  # still a read of a value meta does not have: counted
+            v = True
         if v is None or t.numel() != 1:
             return False, None
         if name == "__bool__":
@@ -238,6 +245,22 @@ class KnownValues:
         count = self._count_of(name, args, out)
         if count is not None:
             self._at_most[out] = min(count, out.numel())
+        elif name == "_is_all_true" or (name == "all" and not _has_dim(args, kwargs) and args[0] in self._float_checks):
+            self._presumed_true[out] = True
+        elif out.dtype == torch.bool and _checks_floats(self._float_checks, name, args):
+            self._float_checks[out] = True
+
+    def numpy(self, t: torch.Tensor) -> Any:
+        """``t.numpy()`` of a meta tensor: its real or constant values, else zeros (one read,
+        counted as ``.item()`` counts it), as ``tolist`` gives them: a CPU library (scipy's
+        ``linear_sum_assignment`` in a matching loss) runs on them."""
+        import numpy  # only where a program asks for an array
+
+        real = self._real.get(t)
+        if real is not None:
+            with self._real_values():
+                return real.numpy().copy()
+        return numpy.array(self.tolist(t), dtype=torch.empty((), dtype=t.dtype).numpy().dtype).reshape(tuple(t.shape))
 
     def _count_after_setitem(self, t: Any, index: Any, value: Any) -> int | None:
         """The most nonzero elements of ``t`` after ``t[index] = value``, where ``t``'s count is
@@ -284,11 +307,11 @@ class KnownValues:
         return None
 
     def _forget(self, target: Any) -> None:
-        if not self._values and not self._real and not self._at_most:  # a foreach step writes hundreds
+        if not (self._values or self._real or self._at_most or self._presumed_true):  # a foreach step writes hundreds
             return
         targets = target if isinstance(target, (list, tuple)) else (target,)
         storages = {t.untyped_storage()._cdata for t in targets if isinstance(t, torch.Tensor) and t.device.type == "meta"}
-        for known in (self._values, self._real, self._at_most):
+        for known in (self._values, self._real, self._at_most, self._float_checks, self._presumed_true):
             for k in [k for k in known if k.untyped_storage()._cdata in storages]:
                 del known[k]
 
@@ -372,3 +395,16 @@ def _small_exact(t: Any) -> bool:
         and not (t.dtype.is_floating_point or t.is_complex())
         and t.numel() <= _MAX_CHECKED
     )
+
+
+def _checks_floats(float_checks: WeakIdKeyDictionary, name: str, args: tuple) -> bool:
+    """Whether ``name(*args)`` (a bool result) checks float values: a comparison or predicate of
+    floats, or a view or conjunction of such checks."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not tensors:
+        return False
+    if name in _COMPARISONS or name in ("isfinite", "isclose", "isreal"):
+        return any(t.dtype.is_floating_point for t in tensors)
+    if name in _SAME_VALUE or name in _AND:
+        return all(t in float_checks for t in tensors)
+    return False
