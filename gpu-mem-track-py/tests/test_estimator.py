@@ -215,6 +215,53 @@ def test_a_vision_language_model_finds_its_image_tokens_in_the_real_ids():
     assert est.result["meta_scalar_reads"] == 0 and "largest_results" not in est.result
 
 
+def test_generate_runs_its_loop_to_max_new_tokens():
+    # generate() stops when every sequence has finished: a flag computed as `unfinished & ~is_done`
+    # from stopping criteria, read each step. The length criterion is known (torch.full of a
+    # Python bool), so the loop ends at max_new_tokens; an end-of-sequence token, a value meta
+    # lacks, is never read as seen: the longest generation.
+    transformers = pytest.importorskip("transformers", reason="needs transformers")
+    cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=100)
+    with Estimator(device_profile="cuda") as est:
+        model = transformers.GPT2LMHeadModel(cfg).eval()
+        with torch.no_grad():
+            ids = torch.tensor([[5, 6, 7, 8]])
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)
+    assert out.shape == (1, 10)
+    assert est.result["options"]["mode"] == "inference"
+
+
+def test_qwen2_vl_trains_from_its_processors_real_inputs():
+    # Qwen2-VL reads its image grid (image_grid_thw: rows, .item(), repeat_interleave by it) and
+    # its token types (.tolist()) to lay out its vision patches and 3-D positions. Both are data,
+    # whose real values the block keeps.
+    transformers = pytest.importorskip("transformers", reason="needs transformers")
+    if not hasattr(transformers, "Qwen2VLForConditionalGeneration"):
+        pytest.skip("needs transformers with Qwen2-VL")
+    text = {"vocab_size": 200, "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+            "intermediate_size": 128, "num_key_value_heads": 2,
+            "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}  # fmt: skip
+    vision = {"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 4, "patch_size": 14,
+              "spatial_merge_size": 2, "temporal_patch_size": 2}  # fmt: skip
+    cfg = transformers.Qwen2VLConfig(
+        text_config=text, vision_config=vision, image_token_id=151, video_token_id=152, vision_start_token_id=150
+    )
+    row = [1, 150] + [151] * 4 + list(range(20, 40))  # 4 image tokens: a 4x4 grid of patches, merged 2x2
+    with Estimator(device_profile="cuda") as est:
+        model = transformers.Qwen2VLForConditionalGeneration(cfg)
+        ids = torch.tensor([row])
+        out = model(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            pixel_values=torch.randn(16, 3 * 2 * 14 * 14),
+            image_grid_thw=torch.tensor([[1, 4, 4]]),
+            mm_token_type_ids=torch.tensor([[int(t == 151) for t in row]]),
+            labels=ids,
+        )
+        out.loss.backward()
+    assert "largest_results" not in est.result and est.result["meta_scalar_reads"] <= 1
+
+
 def test_the_block_allocates_what_a_real_run_of_the_same_step_allocates(tmp_path):
     """The lifetimes are the program's own: the same eager training step, estimated in the block
     and really run on the CPU (whose kernels allocate what a GPU's do here: attention in matmuls,

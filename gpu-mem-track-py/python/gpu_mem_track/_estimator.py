@@ -195,6 +195,11 @@ class _MetaMode(TorchFunctionMode):
                 return value
         if name == "tolist" and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
             return self.known.tolist(args[0])
+        if name == "__iter__" and args and isinstance(args[0], torch.Tensor) and self.known.knows(args[0]):
+            # `for row in t` unbinds t: its rows keep the values (Qwen2-VL's image_grid_thw)
+            rows = torch.Tensor.unbind(args[0], 0)
+            self.known.follow_values(torch.Tensor.unbind, "unbind", (args[0], 0), {}, rows)
+            return iter(rows)
         if name in ("numpy", "__array__") and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
             with self._cpu_is_cpu():
                 array = self.known.numpy(args[0])
@@ -246,6 +251,8 @@ class _MetaMode(TorchFunctionMode):
             if name in _FROM_DATA and isinstance(out, torch.Tensor):
                 self._from_data.add(out.untyped_storage()._cdata)
             return out
+        if name == "repeat_interleave" and kwargs.get("output_size") is None:
+            kwargs = self._repeat_interleave_size(args, kwargs)
         if name in ("backward", "grad") and func in (torch.Tensor.backward, torch.autograd.grad):
             self._estimator._enter_backward()
             out = func(*args, **kwargs)
@@ -256,6 +263,23 @@ class _MetaMode(TorchFunctionMode):
             return _autocast.cross_entropy(func, args, kwargs)
         self._casts.clear()
         return func(*args, **kwargs)
+
+
+    def _repeat_interleave_size(self, args: tuple, kwargs: dict) -> dict:
+        """``repeat_interleave`` by a tensor of repeats: its output size, which meta cannot have
+        without it, from the repeats' real values (Qwen2-VL's patches an image, from
+        ``image_grid_thw``), where the block has them."""
+        single = len(args) == 1 and "repeats" not in kwargs  # repeat_interleave(repeats)
+        repeats = args[0] if single else (args[1] if len(args) > 1 else kwargs.get("repeats"))
+        real = self.known.real(repeats) if isinstance(repeats, torch.Tensor) and repeats.device.type == "meta" else None
+        if real is None:
+            return kwargs
+        with self._cpu_is_cpu():
+            total = int(real.sum())
+            if not single and real.numel() == 1:
+                dim = args[2] if len(args) > 2 else kwargs.get("dim")
+                total = int(real.reshape(-1)[0]) * (args[0].numel() if dim is None else args[0].shape[dim])
+        return {**kwargs, "output_size": total}
 
 
 class _Sites:

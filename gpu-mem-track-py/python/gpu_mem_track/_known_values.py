@@ -58,7 +58,17 @@ _COMPARISONS = {
 }  # fmt: skip
 _ARITHMETIC = {
     "add": operator.add, "__add__": operator.add, "__radd__": operator.add, "sub": operator.sub,
-    "__sub__": operator.sub, "mul": operator.mul, "__mul__": operator.mul, "__rmul__": operator.mul,
+    "__sub__": operator.sub, "__rsub__": lambda a, b: b - a, "rsub": lambda a, b: b - a,
+    "mul": operator.mul, "__mul__": operator.mul, "__rmul__": operator.mul,
+}  # fmt: skip
+#: Bitwise and logical ops of two known values (a generation loop's stop flags:
+#: ``unfinished & ~is_done``, ``is_done | criterion``).
+_BITWISE = {
+    "__and__": operator.and_, "__rand__": operator.and_, "bitwise_and": operator.and_,
+    "__or__": operator.or_, "__ror__": operator.or_, "bitwise_or": operator.or_,
+    "__xor__": operator.xor, "__rxor__": operator.xor, "bitwise_xor": operator.xor,
+    "logical_and": lambda a, b: bool(a) and bool(b), "logical_or": lambda a, b: bool(a) or bool(b),
+    "logical_xor": lambda a, b: bool(a) != bool(b),
 }  # fmt: skip
 #: Element-wise ops whose nonzero elements are at most the sum (``_OR``) or the smaller (``_AND``)
 #: of their operands'.
@@ -79,6 +89,7 @@ _ON_VALUES = (
             "isin", "clamp", "abs", "neg", "__neg__", "__floordiv__", "floor_divide", "remainder", "__mod__",
             "eq", "ne", "ge", "gt", "le", "lt", "where", "diff", "roll", "flip", "repeat", "repeat_interleave",
             "index_select", "gather", "cat", "stack", "split", "chunk", "tril", "triu", "ones_like", "zeros_like",
+            "unbind", "pad", "cumprod", "prod", "__truediv__", "div", "__pow__", "pow", "minimum", "maximum", "sign",
         }
     )
 )  # fmt: skip
@@ -129,9 +140,12 @@ class KnownValues:
     def follow_values(self, func: Any, name: str, args: tuple, kwargs: dict, out: Any) -> None:
         """Computes ``out`` = ``func(*args, **kwargs)`` on its arguments' real values, where every
         tensor argument has them and ``name`` is an op of ``_ON_VALUES``."""
-        if name not in _ON_VALUES or not isinstance(out, torch.Tensor) or out.device.type != "meta":
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]  # unbind, split, chunk
+        if name not in _ON_VALUES or _writes(name, kwargs) or not outs:
             return
-        if out.numel() > _MAX_CHECKED or _writes(name, kwargs):
+        if not all(isinstance(o, torch.Tensor) and o.device.type == "meta" for o in outs):
+            return
+        if sum(o.numel() for o in outs) > _MAX_CHECKED:
             return
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         tensors += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
@@ -150,8 +164,12 @@ class KnownValues:
                 value = func(*(real(a) for a in args), **{k: real(v) for k, v in kwargs.items() if k != "device"})
         except Exception:  # noqa: BLE001 - the values are a help; the meta op already ran
             return
-        if isinstance(value, torch.Tensor) and value.shape == out.shape and value.device.type != "meta":
-            self._real[out] = value
+        values = list(value) if isinstance(value, (tuple, list)) else [value]
+        if len(values) != len(outs):
+            return
+        for o, v in zip(outs, values):
+            if isinstance(v, torch.Tensor) and v.shape == o.shape and v.device.type != "meta":
+                self._real[o] = v
 
     def knows(self, t: Any) -> bool:
         """Whether ``t``'s values are known: constant, or real."""
@@ -239,6 +257,8 @@ class KnownValues:
             return
         first = self.value(args[0]) if args and isinstance(args[0], torch.Tensor) else None
         result = None if first is None else _value_of(self, name, args, kwargs, first)
+        if result is None:
+            result = _absorbed(self, name, args, out)
         if result is not None:
             self._values[out] = _as_dtype(result, out.dtype)
             return
@@ -336,6 +356,21 @@ def _value_of(known: KnownValues, name: str, args: tuple, kwargs: dict, first: A
         return _COMPARISONS[name](first, other)
     if name in _ARITHMETIC:
         return _ARITHMETIC[name](first, other)
+    if name in _BITWISE and not isinstance(first, float) and not isinstance(other, float):
+        return _BITWISE[name](first, other)
+    return None
+
+
+def _absorbed(known: KnownValues, name: str, args: tuple, out: torch.Tensor) -> Any:
+    """The value of ``name(a, b)`` that one known operand decides alone, the other unknown: a
+    bool ``| True`` is true, an integer or bool ``& 0`` (or ``* 0``) is 0; else ``None``."""
+    if len(args) < 2 or out.dtype.is_floating_point or out.is_complex():
+        return None
+    values = [known.value(a) for a in args[:2]]
+    if name in _OR and out.dtype == torch.bool and any(v is not None and bool(v) for v in values):
+        return True
+    if name in _AND and any(v is not None and not v for v in values):
+        return 0
     return None
 
 
