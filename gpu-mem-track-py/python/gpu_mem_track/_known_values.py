@@ -327,11 +327,12 @@ class KnownValues:
         return None
 
     def _forget(self, target: Any) -> None:
-        if not (self._values or self._real or self._at_most or self._presumed_true):  # a foreach step writes hundreds
+        facts = (self._values, self._real, self._at_most, self._float_checks, self._presumed_true)
+        if not any(facts):  # nothing known (an optimizer's foreach step writes hundreds)
             return
         targets = target if isinstance(target, (list, tuple)) else (target,)
         storages = {t.untyped_storage()._cdata for t in targets if isinstance(t, torch.Tensor) and t.device.type == "meta"}
-        for known in (self._values, self._real, self._at_most, self._float_checks, self._presumed_true):
+        for known in facts:
             for k in [k for k in known if k.untyped_storage()._cdata in storages]:
                 del known[k]
 
