@@ -607,6 +607,24 @@ def test_checks_of_values_meta_lacks_pass_as_in_a_working_program():
     assert est.result["meta_scalar_reads"] == 4
 
 
+def test_architecture_computed_with_torch_takes_its_real_values():
+    # Model code computes its architecture with torch: timm's RegNet its stage widths (arange, log,
+    # round, then unique with counts), its drop-path rates (linspace(...).tolist()). Such small
+    # factories keep their values in the block, and ops on them compute theirs; a value-sized op
+    # (unique) of values takes their real size.
+    with Estimator(device_profile="cuda") as est:
+        widths = torch.round(torch.arange(6, dtype=torch.float32) * 8.0 + 24.0)
+        stage_widths, depths = torch.unique(widths.int() // 16 * 16, return_counts=True)
+        assert stage_widths.tolist() == [16, 32, 48, 64] and depths.tolist() == [1, 2, 2, 1]
+        assert torch.linspace(0, 0.3, 4).tolist() == pytest.approx([0.0, 0.1, 0.2, 0.3])
+        assert int(torch.log2(torch.tensor(64.0)).item()) == 6
+        w = stage_widths.tolist()
+        model = torch.nn.Sequential(*[torch.nn.Linear(w[i], w[i + 1]) for i in range(len(w) - 1)])
+        model(torch.randn(2, 16, device="cuda"))
+    assert est.result["meta_scalar_reads"] == 0
+    assert est.result["param_bytes"] == sum((a * b + b) * 4 for a, b in ((16, 32), (32, 48), (48, 64)))
+
+
 def test_a_boolean_mask_takes_its_largest_selection_and_says_so():
     # x[mask] sizes its result by the mask's values (aten::nonzero), which a meta tensor lacks: the
     # estimate takes every element selected, and warns once a block, at the program's line. A mask whose

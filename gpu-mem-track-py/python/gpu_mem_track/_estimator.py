@@ -30,7 +30,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 from . import _autocast
-from ._known_values import READS, KnownValues, constant_of
+from ._known_values import READS, VALUE_SIZED, KnownValues, constant_of
 from ._load import native as _native
 
 _META = torch.device("meta")
@@ -195,6 +195,10 @@ class _MetaMode(TorchFunctionMode):
                 return value
         if name == "tolist" and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
             return self.known.tolist(args[0])
+        if name in VALUE_SIZED:
+            sized = self.known.sized_by_values(func, args, kwargs)
+            if sized is not None:
+                return sized
         if name == "__iter__" and args and isinstance(args[0], torch.Tensor) and self.known.knows(args[0]):
             # `for row in t` unbinds t: its rows keep the values (Qwen2-VL's image_grid_thw)
             rows = torch.Tensor.unbind(args[0], 0)

@@ -42,6 +42,12 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 #: Largest input checked for being constant (elements): attention masks and ids, not activations.
 _MAX_CHECKED = 1 << 22
+#: Largest float tensor whose values are kept (elements): scalars and tables such as a rotary
+#: embedding's, not images or activations.
+_MAX_FLOATS = 1 << 16
+#: Factories whose values the block computes (small ones): model code computes architecture
+#: from them (timm's RegNet widths from torch.arange, drop-path rates from torch.linspace).
+_VALUE_FACTORIES = frozenset({"arange", "linspace", "logspace", "eye"})
 
 #: Ops whose result holds the same value as their first argument (views, copies, casts).
 _SAME_VALUE = frozenset(
@@ -90,9 +96,15 @@ _ON_VALUES = (
             "eq", "ne", "ge", "gt", "le", "lt", "where", "diff", "roll", "flip", "repeat", "repeat_interleave",
             "index_select", "gather", "cat", "stack", "split", "chunk", "tril", "triu", "ones_like", "zeros_like",
             "unbind", "pad", "cumprod", "prod", "__truediv__", "div", "__pow__", "pow", "minimum", "maximum", "sign",
+            "__rtruediv__", "__rpow__", "round", "floor", "ceil", "trunc", "log", "log2", "exp", "sqrt", "rsqrt",
+            "reciprocal", "sin", "cos", "mean", "unique", "outer", "matmul", "__matmul__", "einsum",
         }
     )
 )  # fmt: skip
+#: Ops whose results' sizes depend on their inputs' values: where every input has real values,
+#: the result is computed on them, and its meta twin takes the real size (the meta kernel's
+#: would be the largest).
+VALUE_SIZED = frozenset({"unique", "unique_consecutive", "masked_select", "bincount"})
 #: Factories of tensors filled with one value: that value, from their arguments.
 _FILLED = {
     "ones": lambda a, k: 1, "ones_like": lambda a, k: 1, "new_ones": lambda a, k: 1,
@@ -140,6 +152,13 @@ class KnownValues:
     def follow_values(self, func: Any, name: str, args: tuple, kwargs: dict, out: Any) -> None:
         """Computes ``out`` = ``func(*args, **kwargs)`` on its arguments' real values, where every
         tensor argument has them and ``name`` is an op of ``_ON_VALUES``."""
+        if name in _VALUE_FACTORIES and isinstance(out, torch.Tensor) and out.device.type == "meta":
+            if out.numel() <= _MAX_FLOATS:
+                with self._real_values():
+                    value = func(*args, **{k: v for k, v in kwargs.items() if k != "device"})
+                if isinstance(value, torch.Tensor) and value.shape == out.shape:
+                    self._real[out] = value
+            return
         outs = list(out) if isinstance(out, (tuple, list)) else [out]  # unbind, split, chunk
         if name not in _ON_VALUES or _writes(name, kwargs) or not outs:
             return
@@ -170,6 +189,27 @@ class KnownValues:
         for o, v in zip(outs, values):
             if isinstance(v, torch.Tensor) and v.shape == o.shape and v.device.type != "meta":
                 self._real[o] = v
+
+    def sized_by_values(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """``func(*args, **kwargs)`` of an op of ``VALUE_SIZED`` where every tensor argument has
+        real values: meta tensors of the real results' sizes (allocated as the op's results),
+        which keep those values; ``None`` where some argument has none."""
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if not tensors or any(self.real(t) is None for t in tensors):
+            return None
+        real_args = [self.real(a) if isinstance(a, torch.Tensor) else a for a in args]
+        real_kwargs = {k: self.real(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        with self._real_values():
+            value = func(*real_args, **real_kwargs)
+        values = value if isinstance(value, tuple) else (value,)
+
+        def twin(v: torch.Tensor) -> torch.Tensor:
+            meta = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+            self._real[meta] = v
+            return meta
+
+        twins = tuple(twin(v) if isinstance(v, torch.Tensor) else v for v in values)
+        return type(value)(twins) if isinstance(value, tuple) else twins[0]
 
     def knows(self, t: Any) -> bool:
         """Whether ``t``'s values are known: constant, or real."""
@@ -424,13 +464,11 @@ def _basic_index(index: tuple) -> bool:
 
 
 def _small_exact(t: Any) -> bool:
-    """A tensor with data, of integers or bools, of at most ``_MAX_CHECKED`` elements."""
-    return (
-        isinstance(t, torch.Tensor)
-        and t.device.type != "meta"
-        and not (t.dtype.is_floating_point or t.is_complex())
-        and t.numel() <= _MAX_CHECKED
-    )
+    """A tensor with data whose values are kept: integers or bools of at most ``_MAX_CHECKED``
+    elements, floats of at most ``_MAX_FLOATS``."""
+    if not isinstance(t, torch.Tensor) or t.device.type == "meta" or t.is_complex():
+        return False
+    return t.numel() <= (_MAX_FLOATS if t.dtype.is_floating_point else _MAX_CHECKED)
 
 
 def _checks_floats(float_checks: WeakIdKeyDictionary, name: str, args: tuple) -> bool:
