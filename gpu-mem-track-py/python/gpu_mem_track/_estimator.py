@@ -105,13 +105,12 @@ class _LargestResults:
     bound; one warning a block and op says so, at the program's own line.
 
     - ``aten::nonzero``: a row for each nonzero element. Boolean-mask indexing (``x[mask]``),
-      ``torch.where(cond)`` and ``argwhere`` call it. A mask whose value the block knows
-      (``_known_values``: all ones, all zeros, or the real values of integers from data) gives
-      its exact count; a mask of a known most
-      nonzero elements (zeros, then ``mask[idx] = 1``, as samplers build them) that many; else
-      every element. Laid out as CUDA lays it out: ``(dims, N)`` int64, transposed. Python
-      torch's own meta function refuses (2.9 and later, unless a torch.fx setting is on); torch
-      2.6-2.8 have none.
+      ``torch.where(cond)`` and ``argwhere`` call it. A mask whose values the block knows
+      (``_known_values``: all ones, all zeros, the real values of integers from data) gives its
+      exact count; a mask with a known most nonzero elements (zeros, then ``mask[idx] = 1``, as
+      samplers build them) that many; else every element. Laid out as CUDA lays it out:
+      ``(dims, N)`` int64, transposed. Python torch's own meta function refuses (2.9 and later,
+      unless a torch.fx setting is on); torch 2.6-2.8 have none.
     - ``torchvision::nms``: the boxes kept, every box, with what its CUDA kernel allocates on the
       way (the scores' sort, the sorted boxes, the overlap bit mask of 64 boxes a word).
       torchvision's own meta function refuses meta tensors.
@@ -267,7 +266,6 @@ class _MetaMode(TorchFunctionMode):
             return _autocast.cross_entropy(func, args, kwargs)
         self._casts.clear()
         return func(*args, **kwargs)
-
 
     def _repeat_interleave_size(self, args: tuple, kwargs: dict) -> dict:
         """``repeat_interleave`` by a tensor of repeats: its output size, which meta cannot have
