@@ -846,10 +846,10 @@ def install_refusals(venv: str, version: str) -> int:
     """What a user who installs wrongly gets, in the virtualenv `venv` of torch `version` (without
     the package yet): without --no-build-isolation the sdist stops at once with what to run, and a
     wheel of another torch minor installs nothing, with or without --no-index; torch stays as it
-    was either way. Prints one
-    line (on stderr, which python_tests' log holds)."""
+    was either way. Prints one line (on stderr, which python_tests' log holds)."""
     rc = 0
-    python, pip_ = f"{venv}/bin/python", [f"{venv}/bin/pip", "install", "--disable-pip-version-check", "--no-index"]
+    python, indexed = f"{venv}/bin/python", [f"{venv}/bin/pip", "install", "--disable-pip-version-check"]
+    pip_ = [*indexed, "--no-index"]
 
     def torch_version() -> str:
         r = run([python, "-c", "import torch; print(torch.__version__)"], stdout=subprocess.PIPE, text=True)
@@ -878,8 +878,7 @@ def install_refusals(venv: str, version: str) -> int:
     if minor(version) != "2.11":
         if not refused([*pip_, "--find-links", other, "gpu-mem-track"], guard):
             rc = 1
-        indexed = [x for x in pip_ if x != "--no-index"] + ["--retries", "0", "--timeout", "15"]
-        if not refused([*indexed, "--find-links", other, "gpu-mem-track"], guard):
+        if not refused([*indexed, "--retries", "0", "--timeout", "15", "--find-links", other, "gpu-mem-track"], guard):
             rc = 1
     shutil.rmtree(other)
     after = torch_version()

@@ -151,36 +151,24 @@ class KnownValues:
 
     def follow_values(self, func: Any, name: str, args: tuple, kwargs: dict, out: Any) -> None:
         """Computes ``out`` = ``func(*args, **kwargs)`` on its arguments' real values, where every
-        tensor argument has them and ``name`` is an op of ``_ON_VALUES``."""
-        if name in _VALUE_FACTORIES and isinstance(out, torch.Tensor) and out.device.type == "meta":
-            if out.numel() <= _MAX_FLOATS:
+        tensor argument has them and ``name`` is an op of ``_ON_VALUES`` (or a small factory of
+        ``_VALUE_FACTORIES``)."""
+        if name in _VALUE_FACTORIES:
+            if isinstance(out, torch.Tensor) and out.device.type == "meta" and out.numel() <= _MAX_FLOATS:
                 with self._real_values():
                     value = func(*args, **{k: v for k, v in kwargs.items() if k != "device"})
                 if isinstance(value, torch.Tensor) and value.shape == out.shape:
                     self._real[out] = value
             return
-        outs = list(out) if isinstance(out, (tuple, list)) else [out]  # unbind, split, chunk
-        if name not in _ON_VALUES or _writes(name, kwargs) or not outs:
+        if name not in _ON_VALUES or _writes(name, kwargs):
             return
-        if not all(isinstance(o, torch.Tensor) and o.device.type == "meta" for o in outs):
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]  # unbind, split, chunk
+        if not outs or not all(isinstance(o, torch.Tensor) and o.device.type == "meta" for o in outs):
             return
         if sum(o.numel() for o in outs) > _MAX_CHECKED:
             return
-        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-        tensors += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
-        if not tensors or any(self.real(t) is None for t in tensors):
-            return
-
-        def real(a: Any) -> Any:
-            if isinstance(a, torch.Tensor):
-                return self.real(a)
-            if isinstance(a, (list, tuple)) and any(isinstance(t, torch.Tensor) for t in a):
-                return type(a)(self.real(t) if isinstance(t, torch.Tensor) else t for t in a)
-            return a
-
         try:
-            with self._real_values():
-                value = func(*(real(a) for a in args), **{k: real(v) for k, v in kwargs.items() if k != "device"})
+            value = self._on_values(func, args, kwargs)
         except Exception:  # noqa: BLE001 - the values are a help; the meta op already ran
             return
         values = list(value) if isinstance(value, (tuple, list)) else [value]
@@ -194,13 +182,9 @@ class KnownValues:
         """``func(*args, **kwargs)`` of an op of ``VALUE_SIZED`` where every tensor argument has
         real values: meta tensors of the real results' sizes (allocated as the op's results),
         which keep those values; ``None`` where some argument has none."""
-        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-        if not tensors or any(self.real(t) is None for t in tensors):
+        value = self._on_values(func, args, kwargs)
+        if value is None:
             return None
-        real_args = [self.real(a) if isinstance(a, torch.Tensor) else a for a in args]
-        real_kwargs = {k: self.real(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-        with self._real_values():
-            value = func(*real_args, **real_kwargs)
         values = value if isinstance(value, tuple) else (value,)
 
         def twin(v: torch.Tensor) -> torch.Tensor:
@@ -210,6 +194,24 @@ class KnownValues:
 
         twins = tuple(twin(v) if isinstance(v, torch.Tensor) else v for v in values)
         return type(value)(twins) if isinstance(value, tuple) else twins[0]
+
+    def _on_values(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """``func`` run on its arguments' real values (the tensors of a list argument too), with
+        the recording paused; ``None`` where some tensor argument has none."""
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        tensors += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
+        if not tensors or any(self.real(t) is None for t in tensors):
+            return None
+
+        def real(a: Any) -> Any:
+            if isinstance(a, torch.Tensor):
+                return self.real(a)
+            if isinstance(a, (list, tuple)) and any(isinstance(t, torch.Tensor) for t in a):
+                return type(a)(self.real(t) if isinstance(t, torch.Tensor) else t for t in a)
+            return a
+
+        with self._real_values():
+            return func(*(real(a) for a in args), **{k: real(v) for k, v in kwargs.items() if k != "device"})
 
     def knows(self, t: Any) -> bool:
         """Whether ``t``'s values are known: constant, or real."""
