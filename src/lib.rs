@@ -111,6 +111,7 @@ mod ffi;
 pub mod history;
 mod oom;
 pub mod recorder;
+mod registry;
 pub mod sampler;
 #[cfg(feature = "tch")]
 pub mod saved;
@@ -137,11 +138,13 @@ pub use gpu_mem_track_log::{GroupChange, Sign};
 /// `#[track_memory]` uses the default tracker; `#[track_memory(tracker = expr)]` any expression
 /// that derefs to a `MemTracker` and outlives the call.
 pub use gpu_mem_track_macros::track_memory;
+pub use registry::{
+    install, is_installed, name_python_class, reads_python_classes, register_tensor_impl, registry_callbacks,
+    registry_entries, set_registry_enabled, set_registry_hollow,
+};
 pub use site::Site;
 pub use tracker::{
-    default_tracker, install, is_installed, name_python_class, reads_python_classes, register_tensor_impl,
-    registry_callbacks, registry_entries, set_default_tracker, set_registry_enabled, set_registry_hollow,
-    MemTracker, MemTrackerBuilder, TrackPoint, DEFAULT_LOG_DIR,
+    default_tracker, set_default_tracker, MemTracker, MemTrackerBuilder, TrackPoint, DEFAULT_LOG_DIR,
 };
 pub use walk::{DType, GroupKey, TensorClass, TensorInfo, TensorRole};
 

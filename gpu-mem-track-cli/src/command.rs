@@ -24,7 +24,11 @@ use gpu_mem_track_log::watch::{run_watch, NvmlSource, StopReason, WatchConfig, W
 const ESTIMATE_BINARY: &str = "gpu-mem-track-estimate";
 
 #[derive(Parser)]
-#[command(name = "gpu-mem-track", version, about = "Where does the GPU memory of a tch program go?")]
+#[command(
+    name = "gpu-mem-track",
+    version,
+    about = "Where does the GPU memory of a PyTorch training run go, and will it fit?"
+)]
 struct Cli {
     #[command(flatten)]
     verbosity: crate::VerbosityArgs,
@@ -57,7 +61,8 @@ enum Command {
         #[arg(long)]
         title: Option<String>,
     },
-    /// Estimate the memory of a TorchScript model without a GPU (runs it on the meta device).
+    /// Estimate the memory of an exported model (`.pt2`, or TorchScript `.pt`) without a GPU (runs it
+    /// on the meta device).
     /// `gpu-mem-track estimate --help` lists the options.
     #[command(disable_help_flag = true)]
     Estimate {
@@ -65,7 +70,8 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
         args: Vec<OsString>,
     },
-    /// The largest batch (or sequence, `--vary seq`) of a TorchScript model that fits a GPU.
+    /// The largest batch (or sequence, `--vary seq`) of an exported model (`.pt2` or `.pt`) that fits
+    /// a GPU.
     /// `gpu-mem-track fit --help` lists the options.
     #[command(disable_help_flag = true)]
     Fit {

@@ -25,7 +25,7 @@ use gpu_mem_track_log::units::parse_memory_size;
     name = "gpu-mem-track",
     bin_name = "gpu-mem-track",
     version,
-    about = "Where does the GPU memory of a tch program go? (the commands that run models)"
+    about = "Where does the GPU memory of a PyTorch training run go, and will it fit? (the commands that run models)"
 )]
 pub struct ModelCli {
     /// `-q` / `-v`.

@@ -476,7 +476,7 @@ fn estimate_and_fit_name_where_resnet50_training_would_run_out_of_memory_on_a_t4
     let oom = &g["first_oom"];
     let (op, phase, iteration) =
         (oom["top_op"].as_str().unwrap(), oom["phase"].as_str().unwrap(), oom["iteration"].as_u64().unwrap());
-    assert!(["forward", "backward", "optimizer"].contains(&phase) && iteration >= 1, "{oom}");
+    assert!(["forward", "backward", "optimizer step"].contains(&phase) && iteration >= 1, "{oom}");
     let field = |k: &str| oom[k].as_u64().unwrap_or_else(|| panic!("{k} in {oom}"));
     assert_eq!(field("capacity"), usable);
     assert!(field("short_by") > 0);
@@ -485,11 +485,10 @@ fn estimate_and_fit_name_where_resnet50_training_would_run_out_of_memory_on_a_t4
     let text = estimate(256, &["--device-profile", "t4"]);
     let lines = oom_lines(&text);
     assert_eq!(lines.len(), 1, "{text}");
-    let phase_text = if phase == "optimizer" { "optimizer step" } else { phase };
     let line = lines[0].trim();
     println!("{line}");
     assert!(line.starts_with("does not fit: "), "{line}");
-    assert!(line.contains(op) && line.contains(&format!("({phase_text}, iteration {iteration})")), "{line}");
+    assert!(line.contains(op) && line.contains(&format!("({phase}, iteration {iteration})")), "{line}");
     let short = format!("{:.1} MiB short", field("short_by") as f64 / 1048576.0);
     let short_gib = format!("{:.1} GiB short", field("short_by") as f64 / (1u64 << 30) as f64);
     assert!(line.ends_with(&short) || line.ends_with(&short_gib), "{line}");
@@ -498,7 +497,7 @@ fn estimate_and_fit_name_where_resnet50_training_would_run_out_of_memory_on_a_t4
     // The table of every preset says where it fails on the T4 and that the A100 80 GB takes it.
     let table = estimate(256, &["--device-profile", "all"]);
     let row = |name: &str| table.lines().find(|l| l.trim_start().starts_with(name)).unwrap().to_owned();
-    assert!(row("t4 ").contains(&format!("does NOT fit: OOM at {op} ({phase_text}, iteration {iteration})")));
+    assert!(row("t4 ").contains(&format!("does NOT fit: OOM at {op} ({phase}, iteration {iteration})")));
     assert!(row("a100-80g").trim_end().ends_with("fits"), "{table}");
     // A batch that fits has no such line; --gpu-mem makes the same batch fail on a smaller card.
     let fits = estimate(32, &["--device-profile", "t4"]);

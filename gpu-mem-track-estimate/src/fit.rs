@@ -213,7 +213,7 @@ fn judge(
     profile: &DeviceProfile,
     parallelism: Option<&Parallelism>,
 ) -> GpuPrediction {
-    let config = std::env::var("CUBLAS_WORKSPACE_CONFIG").ok();
+    let config = gpu_mem_track_gpu::profile::WorkspaceEnv::read().cublas_config;
     match parallelism {
         Some(p) => predict(profile, &per_rank_trace(trace, optimizer, p).0, config.as_deref()),
         None => predict(profile, trace, config.as_deref()),

@@ -1,7 +1,7 @@
 //! The GPUs an estimate is for, as `--device-profile` and Python's `device_profile` name them,
 //! resolved once: `auto` reads NVML once and a profile `.json` is read once, and the meta kernels
 //! and the GPU figures of one estimate stand for the same GPU.
-use gpu_mem_track_gpu::profile::{predict_all, DeviceProfile, GpuPrediction};
+use gpu_mem_track_gpu::profile::{predict_all, DeviceProfile, GpuPrediction, WorkspaceEnv};
 use gpu_mem_track_log::Trace;
 
 use crate::error::Result;
@@ -47,7 +47,7 @@ impl GpuTarget {
     /// The GPU figures of `trace`: none, one per preset, or the one profile's.
     /// `CUBLAS_WORKSPACE_CONFIG` sizes cuBLAS's workspace as on the GPU.
     pub fn predictions(&self, trace: &Trace) -> Vec<GpuPrediction> {
-        let config = std::env::var("CUBLAS_WORKSPACE_CONFIG").ok();
+        let config = WorkspaceEnv::read().cublas_config;
         match self {
             Self::Plain => Vec::new(),
             Self::All => predict_all(&DeviceProfile::presets(), trace, config.as_deref()),

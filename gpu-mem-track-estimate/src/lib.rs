@@ -43,12 +43,6 @@
 // The GPU model (no libtorch), under the names this crate has always given it.
 use gpu_mem_track_gpu::options;
 pub use gpu_mem_track_gpu::{caching_allocator, device_replay, profile, runtime, sharding};
-/// The old home of [`runtime`] and [`device_replay`], the two jobs it had.
-#[deprecated(since = "0.1.0", note = "split into `runtime` (placement) and `device_replay`")]
-pub mod gpu_runtime {
-    pub use crate::device_replay::*;
-    pub use crate::runtime::*;
-}
 mod error;
 mod estimate;
 mod exported;
@@ -57,31 +51,25 @@ mod figures;
 pub mod fit;
 mod gpu_target;
 pub mod in_process;
-pub mod text;
-/// The old name of [`text`] (a `report` is the log's, `gpu-mem-track report`).
-#[deprecated(since = "0.1.0", note = "renamed `text`")]
-pub mod report {
-    pub use crate::text::*;
-}
 #[cfg(feature = "tch")]
 mod saved;
+pub mod session;
 mod size;
 #[cfg(feature = "tch")]
 mod tch_model;
+pub mod text;
 mod torchscript;
+pub mod vocabulary;
 
 pub use error::{Error, Result};
 pub use estimate::{estimate_progress, Estimate, PeakPlace, PhasePeak};
 pub use figures::{AttentionKernels, CpuTensors, FallbackOp, ModelSizes, StaticEstimate};
 pub use gpu_mem_track_log::{Category, Phase, TimelinePoint, Trace, TraceEvent};
 pub use gpu_target::GpuTarget;
+pub use options::{EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Precision};
+pub use session::{EstimateReport, EstimateRequest, ModuleBytes, RecordedRun};
 #[cfg(feature = "tch")]
 pub use tch_model::{inference_step, training_step, TchStepOptions};
-/// The old name of [`TchStepOptions`].
-#[cfg(feature = "tch")]
-#[deprecated(since = "0.1.0", note = "renamed `TchStepOptions`")]
-pub type NativeStepOptions = TchStepOptions;
-pub use options::{EstimateDevice, EstimateOptions, Lifetimes, Mode, Optimizer, Precision};
 
 /// Whether LSTM and GRU take cuDNN's path in a meta run, as they do on a CUDA device: on by
 /// default, since estimates are for GPUs. Off, they take PyTorch's own path, the CPU's: what a

@@ -30,11 +30,11 @@ fn serde_name<T: serde::Serialize>(v: T) -> String {
     serde_json::to_value(v).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
 }
 
-/// An estimate's one-line summary after the model's name; `with_cuda`: the caching allocator
-/// model's line too (it is the last).
+/// An estimate's summary, after the model's name when there is one; `with_cuda`: the caching
+/// allocator model's line too (it is the last).
 pub struct EstimateSummary<'a> {
-    /// The model file.
-    pub model: &'a Path,
+    /// The model file (`None`: a program estimated in process).
+    pub model: Option<&'a Path>,
     /// The estimate.
     pub estimate: &'a Estimate,
     /// Whether to end with the CUDA caching allocator model's line.
@@ -49,7 +49,10 @@ impl fmt::Display for EstimateSummary<'_> {
         } else {
             text.rsplit_once('\n').map_or(text.as_str(), |(a, _)| a)
         };
-        writeln!(f, "{}: {text}", self.model.display())
+        match self.model {
+            Some(model) => writeln!(f, "{}: {text}", model.display()),
+            None => writeln!(f, "{text}"),
+        }
     }
 }
 
@@ -403,7 +406,7 @@ impl fmt::Display for Estimate {
         let o = &self.options;
         let mode = match o.mode {
             Mode::Inference => "inference".to_owned(),
-            Mode::Train(opt) => format!("train ({opt:?})"),
+            Mode::Train(opt) => format!("train ({opt})"),
         };
         // What the input holds: int64 token ids, or floats of the working precision.
         let input = if o.input_is_index {

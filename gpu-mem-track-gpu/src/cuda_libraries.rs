@@ -80,19 +80,46 @@ pub fn cublaslt_workspace_bytes(size_kib: Option<&str>, unified: Option<&str>) -
     size_kib.and_then(|s| s.trim().parse::<u64>().ok()).map_or(1024 * 1024, |k| k.saturating_mul(1024))
 }
 
+/// The environment variables that size cuBLAS's and cuBLASLt's workspaces, as PyTorch reads them:
+/// read here and nowhere else, once per estimate.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkspaceEnv {
+    /// `CUBLAS_WORKSPACE_CONFIG` (`:4096:8`, ...).
+    pub cublas_config: Option<String>,
+    /// `CUBLASLT_WORKSPACE_SIZE`, in KiB.
+    pub cublaslt_size_kib: Option<String>,
+    /// `TORCH_CUBLASLT_UNIFIED_WORKSPACE`.
+    pub cublaslt_unified: Option<String>,
+}
+
+impl WorkspaceEnv {
+    /// This process's variables.
+    pub fn read() -> Self {
+        let var = |name: &str| std::env::var(name).ok();
+        WorkspaceEnv {
+            cublas_config: var("CUBLAS_WORKSPACE_CONFIG"),
+            cublaslt_size_kib: var("CUBLASLT_WORKSPACE_SIZE"),
+            cublaslt_unified: var("TORCH_CUBLASLT_UNIFIED_WORKSPACE"),
+        }
+    }
+
+    /// cuBLAS's workspace per handle on a GPU of `compute_capability`.
+    pub fn cublas_workspace(&self, compute_capability: (u32, u32)) -> u64 {
+        cublas_workspace_bytes(compute_capability, self.cublas_config.as_deref())
+    }
+
+    /// cuBLASLt's workspace per handle (0: unified with cuBLAS's).
+    pub fn cublaslt_workspace(&self) -> u64 {
+        cublaslt_workspace_bytes(self.cublaslt_size_kib.as_deref(), self.cublaslt_unified.as_deref())
+    }
+}
+
 /// The sizes a cuBLAS or cuBLASLt workspace can have in this process, read from its environment:
 /// for a GPU of unknown compute capability, both defaults (sm 9.0's and the others').
 pub fn workspace_sizes_from_env() -> Vec<u64> {
-    let var = |name: &str| std::env::var(name).ok();
-    let config = var("CUBLAS_WORKSPACE_CONFIG");
-    let mut sizes = vec![
-        cublas_workspace_bytes((9, 0), config.as_deref()),
-        cublas_workspace_bytes((8, 0), config.as_deref()),
-        cublaslt_workspace_bytes(
-            var("CUBLASLT_WORKSPACE_SIZE").as_deref(),
-            var("TORCH_CUBLASLT_UNIFIED_WORKSPACE").as_deref(),
-        ),
-    ];
+    let env = WorkspaceEnv::read();
+    let mut sizes =
+        vec![env.cublas_workspace((9, 0)), env.cublas_workspace((8, 0)), env.cublaslt_workspace()];
     sizes.retain(|&s| s > 0);
     sizes.sort_unstable();
     sizes.dedup();

@@ -23,7 +23,7 @@ pub trait Choice: std::str::FromStr<Err = String> + fmt::Display + Copy + Send +
 }
 
 /// A [`Choice`] from one table, a line per value: its names (the first canonical), then what it
-/// means. From it come `Display` (the first name), `FromStr` (any of its names, in any case, `-`
+/// means. From it come `Display` and `Serialize` (the first name), `FromStr` (any of its names, in any case, `-`
 /// and `_` ignored: `amp_bf16`, `SGD-Momentum`) and [`Choice`]'s lists; `$what` names the option
 /// in the error, which lists the first names.
 macro_rules! choice {
@@ -45,6 +45,12 @@ macro_rules! choice {
                     }
                 )+
                 Err($crate::options::unknown_choice($what, s, <$ty as $crate::options::Choice>::NAMES))
+            }
+        }
+        // JSON spells a value as the text does: its canonical name.
+        impl serde::Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+                s.collect_str(self)
             }
         }
         impl $crate::options::Choice for $ty {
@@ -71,8 +77,7 @@ pub(crate) fn unknown_choice(what: &str, s: &str, names: &[&str]) -> String {
 }
 
 /// Element type of parameters and float inputs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Precision {
     /// float32
     F32,
@@ -94,8 +99,7 @@ impl Precision {
 }
 
 /// Optimizer whose state a training step allocates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Optimizer {
     /// Plain SGD: no state.
     Sgd,
@@ -105,6 +109,21 @@ pub enum Optimizer {
     Adam,
     /// AdamW: as Adam.
     AdamW,
+}
+
+impl Optimizer {
+    /// The `torch.optim` class a Python step builds for this optimizer, and the arguments it
+    /// gives besides the parameters (torch's foreach implementations are asked for too, as a GPU
+    /// runs them): what Python's `estimate(model, optimizer=...)` steps with, and how its
+    /// `Estimator` names the optimizer a program made.
+    pub fn torch_optimizer(self) -> (&'static str, &'static [(&'static str, f64)]) {
+        match self {
+            Optimizer::Sgd => ("SGD", &[("lr", 1e-3)]),
+            Optimizer::SgdMomentum => ("SGD", &[("lr", 1e-3), ("momentum", 0.9)]),
+            Optimizer::Adam => ("Adam", &[]),
+            Optimizer::AdamW => ("AdamW", &[]),
+        }
+    }
 }
 
 /// Inference (forward without grad) or training steps (forward, backward, optimizer step).
@@ -118,8 +137,7 @@ pub enum Mode {
 }
 
 /// Where the estimate runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EstimateDevice {
     /// The meta device: shapes only.
     Meta,
@@ -145,8 +163,7 @@ pub struct EstimateOptions {
 }
 
 /// When a run frees the tensors a model computes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Lifetimes {
     /// The TorchScript interpreter's: each value is freed right after its last use. What a tch
     /// program running the model as a `CModule` gets.
@@ -173,8 +190,7 @@ impl Default for EstimateOptions {
 }
 
 /// The input dimension the search varies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FitDimension {
     /// The first input dimension.
     #[default]

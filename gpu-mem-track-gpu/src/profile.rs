@@ -108,9 +108,19 @@ impl DeviceProfile {
     pub fn cublas_workspace_bytes(&self, workspace_config: Option<&str>) -> u64 {
         cuda_libraries::cublas_workspace_bytes(self.compute_capability, workspace_config)
     }
+
+    /// The cuBLAS and cuBLASLt workspaces this GPU takes under `env`; with the high-end cuDNN
+    /// workspace at each convolution when `cudnn_workspaces`.
+    pub fn runtime_sizes(&self, env: &WorkspaceEnv, cudnn_workspaces: bool) -> RuntimeSizes {
+        RuntimeSizes {
+            cublas_workspace: env.cublas_workspace(self.compute_capability),
+            cublaslt_workspace: env.cublaslt_workspace(),
+            cudnn_workspaces,
+        }
+    }
 }
 
-pub use cuda_libraries::cublaslt_workspace_bytes;
+pub use cuda_libraries::{cublaslt_workspace_bytes, WorkspaceEnv};
 
 /// The profile name that stands for the first GPU CUDA shows this process (else [`FALLBACK`]): the command
 /// line's default.
@@ -240,10 +250,7 @@ pub fn predict_all(
     workspace_config: Option<&str>,
 ) -> Vec<GpuPrediction> {
     let mut replays: HashMap<u64, Replays> = HashMap::new();
-    let cublaslt_workspace = cublaslt_workspace_bytes(
-        std::env::var("CUBLASLT_WORKSPACE_SIZE").ok().as_deref(),
-        std::env::var("TORCH_CUBLASLT_UNIFIED_WORKSPACE").ok().as_deref(),
-    );
+    let cublaslt_workspace = cuda_libraries::WorkspaceEnv::read().cublaslt_workspace();
     profiles
         .iter()
         .map(|profile| {

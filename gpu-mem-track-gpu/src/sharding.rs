@@ -34,8 +34,7 @@ use crate::options::{choice, Optimizer, Precision};
 use gpu_mem_track_log::{Category, Phase, Trace, TraceEvent};
 
 /// How model states are divided among data-parallel ranks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Shard {
     /// Plain data parallelism (DDP): every rank holds everything.
     #[default]
@@ -50,8 +49,7 @@ pub enum Shard {
 }
 
 /// Precision of a training step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TrainingPrecision {
     /// Everything float32.
     #[default]

@@ -76,9 +76,10 @@ impl Category {
     }
 }
 
-/// A phase of a run: an estimate's, or what a live program declared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
+/// A phase of a run: an estimate's, or what a live program declared. Text and JSON spell it by
+/// its `Display` name (`optimizer step`); `FromStr` also takes the short names a program declares
+/// (`optimizer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Phase {
     /// Loading the module (parameters, buffers).
     Load,
@@ -104,6 +105,32 @@ impl fmt::Display for Phase {
             Phase::Optimizer => "optimizer step",
             Phase::Unmarked => "run",
         })
+    }
+}
+
+impl Phase {
+    /// Every phase, in the order of a step.
+    pub const ALL: [Phase; 6] =
+        [Phase::Load, Phase::Input, Phase::Forward, Phase::Backward, Phase::Optimizer, Phase::Unmarked];
+}
+
+impl std::str::FromStr for Phase {
+    type Err = String;
+    /// A phase's name (`optimizer step`), or the short name a program declares (`optimizer`).
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "optimizer" => Ok(Phase::Optimizer),
+            _ => Phase::ALL.into_iter().find(|p| p.to_string() == s).ok_or_else(|| {
+                let names: Vec<String> = Phase::ALL.iter().map(|p| format!("{:?}", p.to_string())).collect();
+                format!("unknown phase {s:?} (use {})", names.join(", "))
+            }),
+        }
+    }
+}
+
+impl Serialize for Phase {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
 }
 

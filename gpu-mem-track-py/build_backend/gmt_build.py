@@ -15,6 +15,8 @@ import sys
 
 import maturin
 
+# Checked against scripts/ci/torch-pairs.tsv, first to last row, by gpu-mem-track-testkit/tests/torch_range.rs
+# (the TSV does not ship with this file).
 SUPPORTED = "torch 2.6 to 2.15"
 
 

@@ -18,6 +18,8 @@ import os
 import subprocess
 import sys
 
+# Checked against scripts/ci/torch-pairs.tsv, first to last row, by gpu-mem-track-testkit/tests/torch_range.rs
+# (the TSV does not ship with this file).
 SUPPORTED = "torch 2.6 to 2.15"
 
 

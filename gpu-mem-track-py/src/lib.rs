@@ -222,17 +222,17 @@ impl PyTracker {
     }
 }
 
-/// A track point's figures (bytes) and the lines it wrote.
+/// A track point's figures (bytes; a key for each figure of the `At` line's table, `None` where
+/// not measured), its tensor count, and the lines it wrote.
 fn point_dict<'py>(py: Python<'py>, point: &TrackPoint) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    d.set_item("tensor_bytes", point.tensor_bytes)?;
+    let figures = point.figures();
+    for field in gpu_mem_track::log::AtField::ALL {
+        if let Some(key) = field.key() {
+            d.set_item(key, field.of(&figures))?;
+        }
+    }
     d.set_item("tensor_count", point.tensor_count)?;
-    d.set_item("allocated", point.allocator.allocated)?;
-    d.set_item("peak_allocated", point.allocator.peak_since_previous)?;
-    d.set_item("workspace_bytes", point.workspace_bytes)?;
-    d.set_item("unattributed_bytes", point.unattributed_bytes)?;
-    d.set_item("reserved", point.allocator.reserved)?;
-    d.set_item("nvml_used", point.nvml.and_then(|n| n.process_used))?;
     let lines: Vec<String> = point.group_lines().iter().map(|l| l.render()).collect();
     d.set_item("lines", lines)?;
     d.set_item("at", point.at_line().render())?;
@@ -251,17 +251,9 @@ fn estimate_error(e: gpu_mem_track_estimate::Error) -> PyErr {
     }
 }
 
-/// The phase names the Python estimator uses, as the recorder's phases.
+/// A phase the Python estimator names (`forward`, `optimizer`, ...), parsed as the log parses it.
 fn phase_named(name: &str) -> PyResult<gpu_mem_track_estimate::Phase> {
-    use gpu_mem_track_estimate::Phase;
-    Ok(match name {
-        "load" => Phase::Load,
-        "input" => Phase::Input,
-        "forward" => Phase::Forward,
-        "backward" => Phase::Backward,
-        "optimizer" => Phase::Optimizer,
-        other => return Err(PyValueError::new_err(format!("unknown phase {other:?}"))),
-    })
+    name.parse().map_err(PyValueError::new_err)
 }
 
 /// An in-process estimate while it records (`gpu_mem_track.Estimator`): the program's own code on
@@ -283,6 +275,78 @@ struct PySizes {
     optimizer_state_bytes: u64,
 }
 
+impl From<PySizes> for gpu_mem_track_estimate::ModelSizes {
+    fn from(s: PySizes) -> Self {
+        gpu_mem_track_estimate::ModelSizes {
+            param_count: s.param_count,
+            param_bytes: s.param_bytes,
+            buffer_bytes: s.buffer_bytes,
+            input_bytes: s.input_bytes,
+            grad_bytes: s.grad_bytes,
+            optimizer_state_bytes: s.optimizer_state_bytes,
+        }
+    }
+}
+
+/// What the Python `Estimator` asks of an estimate (a dict, `EstimateRequest` in `_native.pyi`):
+/// the options of the run it recorded, the GPU, and one rank of a data-parallel job.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct PyEstimateRequest {
+    input_shape: Vec<i64>,
+    input_is_index: bool,
+    /// The dtype the model runs in (a `Precision` name).
+    dtype: String,
+    /// `None` for inference.
+    optimizer: Option<String>,
+    device_profile: String,
+    gpu_memory: Option<u64>,
+    world_size: u64,
+    shard: String,
+    precision: String,
+}
+
+impl PyEstimateRequest {
+    /// The run's options and the request, each name parsed by its Rust type (a `ValueError`
+    /// naming the option otherwise).
+    fn parse(
+        self,
+    ) -> PyResult<(gpu_mem_track_estimate::EstimateOptions, gpu_mem_track_estimate::EstimateRequest)> {
+        use gpu_mem_track_estimate::sharding::Parallelism;
+        use gpu_mem_track_estimate::{
+            EstimateDevice, EstimateOptions, EstimateRequest, GpuTarget, Lifetimes, Mode,
+        };
+        let mode = match &self.optimizer {
+            Some(o) => Mode::Train(parse_named("optimizer", o)?),
+            None => Mode::Inference,
+        };
+        let options = EstimateOptions {
+            input_shape: self.input_shape,
+            input_is_index: self.input_is_index,
+            precision: parse_named("dtype", &self.dtype)?,
+            mode,
+            device: EstimateDevice::Meta,
+            lifetimes: Lifetimes::Eager,
+        };
+        // One rank's figures only for several ranks or sharded states: the Python model runs in
+        // its own dtype (autocast included), so a precision alone changes nothing the run did not
+        // already record.
+        let parallelism = Parallelism::asked(
+            self.world_size,
+            parse_named("shard", &self.shard)?,
+            parse_named("precision", &self.precision)?,
+        )
+        .filter(|p| p.world_size > 1 || p.shard != gpu_mem_track_estimate::sharding::Shard::None);
+        let gpu = GpuTarget::resolve(&self.device_profile, self.gpu_memory).map_err(estimate_error)?;
+        Ok((options, EstimateRequest { gpu, parallelism, caching_allocator_line: true }))
+    }
+}
+
+/// `value` parsed as the Rust type of option `option`; its error names the option.
+fn parse_named<T: std::str::FromStr<Err = String>>(option: &str, value: &str) -> PyResult<T> {
+    value.parse().map_err(|e| PyValueError::new_err(format!("{option}: {e}")))
+}
+
 #[pymethods]
 impl PyRecording {
     /// Starts recording on this thread.
@@ -292,66 +356,20 @@ impl PyRecording {
         Ok(PyRecording { run: Some(run) })
     }
 
-    /// Ends the recording: the estimate of what ran, for the GPU `device` (a profile name or
-    /// file, `cuda`, `all`); `sites` names the site indexes (module paths); `optimizer` is `None`
-    /// for inference; `parallel` is `(world_size, shard, precision)` for one rank's figures.
-    #[pyo3(signature = (input_shape, input_is_index, precision, optimizer, sizes, sites, device, gpu_memory=None, parallel=None))]
-    #[allow(clippy::too_many_arguments)]
+    /// Ends the recording: the estimate of what ran, as `request` asks (`EstimateRequest` in
+    /// `_native.pyi`); `sites` names the site indexes (module paths).
     fn finish(
         &mut self,
         py: Python<'_>,
-        input_shape: Vec<i64>,
-        input_is_index: bool,
-        precision: &str,
-        optimizer: Option<&str>,
+        request: PyEstimateRequest,
         sizes: PySizes,
         sites: Vec<String>,
-        device: &str,
-        gpu_memory: Option<u64>,
-        parallel: Option<(u64, String, String)>,
     ) -> PyResult<PyFinished> {
-        use gpu_mem_track_estimate::{EstimateDevice, EstimateOptions, Lifetimes, Mode, ModelSizes};
         let run = self.run.take().ok_or_else(|| GpuMemTrackError::new_err("this recording has finished"))?;
-        let option = |name: &str, e: String| PyValueError::new_err(format!("{name}: {e}"));
-        // Parsed before the run ends, but the run ends whatever they say (dropping it stops it).
-        let mode = match optimizer {
-            Some(o) => Mode::Train(o.parse().map_err(|e| option("optimizer", e))?),
-            None => Mode::Inference,
-        };
-        let options = EstimateOptions {
-            input_shape,
-            input_is_index,
-            precision: precision.parse().map_err(|e| option("dtype", e))?,
-            mode,
-            device: EstimateDevice::Meta,
-            lifetimes: Lifetimes::Eager,
-        };
-        // Parsed whatever they say. One rank's figures only for several ranks or sharded states:
-        // the Python model runs in its own dtype (autocast included), so a precision alone
-        // changes nothing the run did not already record.
-        let parallelism = match parallel {
-            Some((world_size, shard, precision)) => {
-                use gpu_mem_track_estimate::sharding::{Parallelism, Shard};
-                let shard: Shard = shard.parse().map_err(|e| option("shard", e))?;
-                let precision = precision.parse().map_err(|e| option("precision", e))?;
-                (world_size > 1 || shard != Shard::None).then_some(Parallelism {
-                    world_size: world_size.max(1),
-                    shard,
-                    precision,
-                })
-            }
-            None => None,
-        };
-        let sizes = ModelSizes {
-            param_count: sizes.param_count,
-            param_bytes: sizes.param_bytes,
-            buffer_bytes: sizes.buffer_bytes,
-            input_bytes: sizes.input_bytes,
-            grad_bytes: sizes.grad_bytes,
-            optimizer_state_bytes: sizes.optimizer_state_bytes,
-        };
-        let done = run.finish(&options, sizes);
-        py.detach(|| PyFinished::new(done, sites, device, gpu_memory, parallelism))
+        // Read before the run ends, but the run ends whatever they say (dropping it stops it).
+        let (options, request) = request.parse()?;
+        let done = run.finish(&options, sizes.into());
+        py.detach(|| PyFinished::new(done, &sites, &request))
     }
 
     /// Lets the CPU be the CPU on this thread until `resume` (Python's from-data constructors).
@@ -387,51 +405,32 @@ struct PyFinished {
 }
 
 impl PyFinished {
+    /// The report of an in-process run, with its per-module breakdown.
     fn new(
         done: gpu_mem_track_estimate::in_process::InProcessEstimate,
-        sites: Vec<String>,
-        device: &str,
-        gpu_memory: Option<u64>,
-        parallelism: Option<gpu_mem_track_estimate::sharding::Parallelism>,
+        sites: &[String],
+        request: &gpu_mem_track_estimate::EstimateRequest,
     ) -> PyResult<Self> {
-        use gpu_mem_track_estimate::sharding::per_rank_trace;
-        use gpu_mem_track_estimate::text::{estimate_json, GpuTable, PeakBreakdown, PeakTensors, RankReport};
-        use gpu_mem_track_estimate::Mode;
-        let e = &done.estimate;
-        let optimizer = match e.options.mode {
-            Mode::Train(o) => o,
-            Mode::Inference => gpu_mem_track_estimate::Optimizer::Sgd,
-        };
-        let rank = parallelism.map(|p| per_rank_trace(&done.trace, optimizer, &p));
-        let gpu_trace = rank.as_ref().map_or(&done.trace, |(t, _)| t);
-        let rank_report = rank.as_ref().map(|(t, plan)| RankReport::new(t, *plan));
-        let target =
-            gpu_mem_track_estimate::GpuTarget::resolve(device, gpu_memory).map_err(estimate_error)?;
-        let gpus = target.predictions(gpu_trace);
-        let one = matches!(target, gpu_mem_track_estimate::GpuTarget::One(_));
-        let failed = |e: serde_json::Error| GpuMemTrackError::new_err(e.to_string());
-        let mut v = estimate_json(e, rank_report.as_ref(), &gpus, one, None).map_err(failed)?;
-        let site_name = |s: Option<usize>| s.and_then(|i| sites.get(i)).map_or("", String::as_str);
-        let breakdown: Vec<serde_json::Value> = done
+        use gpu_mem_track_estimate::{EstimateReport, ModuleBytes, RecordedRun};
+        let site_name = |s: Option<usize>| s.and_then(|i| sites.get(i)).cloned().unwrap_or_default();
+        let breakdown = done
             .peak_by_site
             .iter()
-            .map(|p| serde_json::json!({"module": site_name(p.site), "category": p.category, "bytes": p.bytes}))
+            .map(|p| ModuleBytes { module: site_name(p.site), category: p.category, bytes: p.bytes })
             .collect();
-        v["breakdown"] = serde_json::Value::Array(breakdown);
-        let mut text = format!("{e}\n{}", PeakBreakdown { estimate: e, trace: &done.trace });
-        text.push_str(&PeakTensors { groups: &done.peak_tensors, estimate: e }.to_string());
-        if let Some(r) = &rank_report {
-            text.push_str(&r.to_string());
-        }
-        match (one, gpus.first()) {
-            (true, Some(g)) => text.push_str(&gpu_mem_track_estimate::text::GpuReport(g).to_string()),
-            _ if !gpus.is_empty() => text.push_str(&GpuTable(&gpus).to_string()),
-            _ => {}
-        }
-        let prediction = if one { gpus.into_iter().next() } else { None };
+        let run = RecordedRun {
+            estimate: done.estimate,
+            trace: done.trace,
+            peak_tensors: Some(done.peak_tensors),
+            breakdown: Some(breakdown),
+            static_estimate: None,
+        };
+        let report = EstimateReport::new(run, request);
+        let json = report.json().map_err(|e| GpuMemTrackError::new_err(e.to_string()))?;
+        let prediction = report.prediction().cloned();
         Ok(PyFinished {
-            json: v.to_string(),
-            text,
+            json: json.to_string(),
+            text: report.text(None),
             fits: prediction.as_ref().map(|g| g.fits),
             needed: prediction.as_ref().map_or(0, |g| g.nvidia_smi.high),
             prediction,
@@ -547,19 +546,50 @@ fn recording_owner(cdata: usize, site: usize) -> PyResult<()> {
 #[pyfunction]
 fn recording_tag(cdata: usize, category: &str) -> PyResult<()> {
     use gpu_mem_track_log::Category;
-    let category = match category {
-        "parameter" => Category::Parameter,
-        "buffer" => Category::Buffer,
-        "input" => Category::Input,
-        "gradient" => Category::Gradient,
-        other => return Err(PyValueError::new_err(format!("unknown category {other:?}"))),
-    };
+    // What the Python side tags; the rest the recorder judges from phases and lifetimes.
+    const TAGGED: [Category; 4] =
+        [Category::Parameter, Category::Buffer, Category::Input, Category::Gradient];
+    let category = Category::from_name(category).filter(|c| TAGGED.contains(c)).ok_or_else(|| {
+        let names: Vec<&str> = TAGGED.iter().map(|c| c.name()).collect();
+        PyValueError::new_err(format!("unknown category {category:?} (use {})", names.join(", ")))
+    })?;
     if cdata == 0 {
         return Err(PyValueError::new_err("recording_tag: null TensorImpl pointer"));
     }
     // SAFETY: `cdata` is the `_cdata` of a tensor the Python caller holds for this call.
     unsafe { gpu_mem_track::recorder::tag_tensor_impl(cdata as *const c_void, category) };
     Ok(())
+}
+
+/// The canonical words of each option an estimate takes (`optimizer`, `dtype`, `precision`,
+/// `shard`, ..., `category`, `phase`), from the Rust types: Python lists none itself.
+#[pyfunction]
+fn vocabulary() -> std::collections::BTreeMap<&'static str, Vec<String>> {
+    use gpu_mem_track_estimate::vocabulary::{words, OPTIONS};
+    OPTIONS.iter().map(|o| (*o, words(o).unwrap_or_default())).collect()
+}
+
+/// The canonical word of `value` for `option` (`canonical("optimizer", "sgd-momentum")` is
+/// `"momentum"`); `ValueError` naming the option and its words otherwise.
+#[pyfunction]
+fn canonical(option: &str, value: &str) -> PyResult<String> {
+    gpu_mem_track_estimate::vocabulary::canonical(option, value).map_err(PyValueError::new_err)
+}
+
+/// The `torch.optim` class name and keyword arguments (besides the parameters) of the optimizer
+/// `name` (any of its spellings).
+#[pyfunction]
+fn torch_optimizer(name: &str) -> PyResult<(&'static str, std::collections::BTreeMap<&'static str, f64>)> {
+    let optimizer: gpu_mem_track_estimate::Optimizer = parse_named("optimizer", name)?;
+    let (class, kwargs) = optimizer.torch_optimizer();
+    Ok((class, kwargs.iter().copied().collect()))
+}
+
+/// The torch dtype (`torch.float16`) of the precision `name` (any of its spellings).
+#[pyfunction]
+fn precision_dtype(name: &str) -> PyResult<String> {
+    let precision: gpu_mem_track_estimate::Precision = parse_named("dtype", name)?;
+    Ok(precision.dtype().torch_name())
 }
 
 /// Installs the live-tensor registry (once per process; later calls do nothing).
@@ -667,6 +697,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("BUILD_MARKER", BUILT_AGAINST)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("GpuMemTrackError", m.py().get_type::<GpuMemTrackError>())?;
+    m.add("DEFAULT_GPU_TARGET", gpu_mem_track_estimate::vocabulary::DEFAULT_GPU_TARGET)?;
+    m.add("NOT_ONE_GPU", gpu_mem_track_estimate::vocabulary::NOT_ONE_GPU.to_vec())?;
     m.add_class::<PyTracker>()?;
     m.add_class::<PyRecording>()?;
     m.add_class::<PyFinished>()?;
@@ -676,6 +708,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(recording_site, m)?)?;
     m.add_function(wrap_pyfunction!(recording_tag, m)?)?;
     m.add_function(wrap_pyfunction!(recording_owner, m)?)?;
+    m.add_function(wrap_pyfunction!(vocabulary, m)?)?;
+    m.add_function(wrap_pyfunction!(canonical, m)?)?;
+    m.add_function(wrap_pyfunction!(torch_optimizer, m)?)?;
+    m.add_function(wrap_pyfunction!(precision_dtype, m)?)?;
     m.add_function(wrap_pyfunction!(install, m)?)?;
     m.add_function(wrap_pyfunction!(register_tensor, m)?)?;
     m.add_function(wrap_pyfunction!(name_classes, m)?)?;

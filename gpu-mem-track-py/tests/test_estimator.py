@@ -46,7 +46,7 @@ def test_one_call_trains_a_built_model_without_touching_its_weights():
     assert e["optimizer_state_bytes"] == 2 * params  # AdamW: exp_avg and exp_avg_sq
     assert e["input_bytes"] == 32 * 64 * 4
     # Parameters, gradients and both moments are live at the optimizer step.
-    assert e.peak_bytes >= 4 * params and e["peak"]["phase"] == "optimizer"
+    assert e.peak_bytes >= 4 * params and e["peak"]["phase"] == "optimizer step"
     assert e.fits is True and e.gpu["profile"]["name"] == "h100-80g"
     assert all(p.device.type == "cpu" and torch.equal(p, b) for p, b in zip(model.parameters(), before))
     assert model.training
@@ -92,7 +92,8 @@ def test_a_dict_forward_that_branches_in_python():
     e = est.result
     params = nbytes(Heads().parameters())
     assert e["param_bytes"] == params and e["optimizer_state_bytes"] == params  # one momentum buffer each
-    assert e["options"]["mode"] == {"train": "sgdmomentum"}
+    assert e["options"]["mode"] == {"train": "momentum"}
+    assert "train (momentum)" in str(e), "the text spells the optimizer as the JSON does"
     # The branch taken second ran head b: its logits (64 x 1000 floats) are in the second forward.
     rows = e.breakdown()
     assert "Heads.b" in rows and [p["iteration"] for p in e["phases"]][-1] == 2
@@ -832,8 +833,11 @@ def test_a_parameter_made_from_data_in_the_block_is_the_models():
 def test_bad_input_names_the_problem():
     model = Blocks(depth=1, width=8)
     x = torch.randn(2, 8)
-    with pytest.raises(ValueError, match="optimizer"):
+    # Rust's parser speaks: the message lists the words the command line takes.
+    with pytest.raises(ValueError, match=r"optimizer.*lion.*sgd, momentum, adam or adamw"):
         gpu_mem_track.estimate(model, x, optimizer="lion")
+    with pytest.raises(ValueError, match=r"shard.*zero4"):
+        Estimator(shard="zero4")
     with pytest.raises(ValueError, match="mode"):
         gpu_mem_track.estimate(model, x, mode="finetune")
     with pytest.raises(ValueError, match="no-such-gpu"):
@@ -854,3 +858,54 @@ def test_bad_input_names_the_problem():
     for both in ("t4", "h100-80g"):  # the default too: device must not win silently
         with pytest.raises(TypeError, match="pass device_profile only"):
             Estimator(device_profile=both, device="l4")
+
+
+def test_options_take_the_command_lines_words_and_spellings():
+    """``sgd-momentum`` is the command line's alias of ``momentum``: Python takes every spelling
+    Rust's parser takes, and JSON and text name the value alike."""
+    model = Blocks(depth=1, width=16)
+    e = gpu_mem_track.estimate(model, torch.randn(4, 16), optimizer="sgd-momentum", device_profile="h100-80g")
+    params = nbytes(model.parameters())
+    assert e["optimizer_state_bytes"] == params  # one momentum buffer per parameter
+    assert e["options"]["mode"] == {"train": "momentum"}
+    text = str(e)
+    assert "train (momentum)" in text and f"in {e['peak']['phase']} (iteration" in text, text
+    amp = gpu_mem_track.estimate(model, torch.randn(4, 16), device_profile="h100-80g", world_size=2, precision="AMP_BF16")
+    assert amp["rank"]["parallelism"]["precision"] == "amp-bf16"
+    assert "(none, amp-bf16)" in str(amp)
+
+
+def test_the_default_gpu_is_the_command_lines():
+    from gpu_mem_track._load import native
+
+    e = gpu_mem_track.estimate(Blocks(depth=1, width=8), torch.randn(2, 8))
+    assert native.DEFAULT_GPU_TARGET == "auto"
+    # Without a GPU, `auto` is the command line's fallback preset.
+    if not torch.cuda.is_available():
+        assert e.gpu["profile"]["name"] == "rtx4090"
+
+
+def test_the_package_lists_no_word_of_the_vocabulary():
+    """The names of optimizers, precisions, shardings, categories and phases come from Rust
+    (``_native.vocabulary()``): no literal list, tuple, set or dict in the package holds two words
+    of one option."""
+    import ast
+    from pathlib import Path
+
+    from gpu_mem_track._load import native
+
+    vocabulary = native.vocabulary()
+    options = ("optimizer", "dtype", "precision", "shard", "category", "phase")
+    package = Path(gpu_mem_track.__file__).parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
+                continue
+            elements = node.keys if isinstance(node, ast.Dict) else node.elts
+            strings = {e.value for e in elements if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+            for option in options:
+                words = strings & set(vocabulary[option])
+                if len(words) >= 2:
+                    found.append(f"{path.name}:{node.lineno}: {option} {sorted(words)}")
+    assert not found, found

@@ -1,18 +1,23 @@
-"""Unit tests of scripts/ci/dev.py's tables (not run by CI): python3 -m unittest scripts/ci/test_dev.py"""
+"""Unit tests of scripts/ci/dev.py (its package dev_helper/) and pin_wheel.py. CI runs them (the
+dev-tests step of `scripts/dev test`, with pytest); by hand: python3 -m unittest scripts/ci/test_dev.py"""
 
 import contextlib
 import importlib.util
 import io
 import os
+import subprocess
 import sys
 import tarfile
 import tempfile
 import unittest
 import zipfile
 
+# No bytecode beside the sources (as dev.py): the work tree stays as git sees it.
+sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(__file__))
-import dev
 import pin_wheel
+from dev_helper import cli, pairs, shell
+from dev_helper.checkout import DEV_PY
 
 
 class Pairs(unittest.TestCase):
@@ -33,22 +38,31 @@ class Pairs(unittest.TestCase):
             "3.0.0": None,
         }
         for torch, tch in cases.items():
-            self.assertEqual(dev.tch_for(torch), tch, torch)
+            self.assertEqual(pairs.tch_for(torch), tch, torch)
 
     def test_roles(self):
-        self.assertEqual(dev.role("main"), ["2.13.0"])
-        self.assertEqual(dev.role("compat"), ["2.9.0", "2.11.0"])
-        self.assertEqual(dev.role("wheel")[0], "2.6.0")
+        self.assertEqual(pairs.role("main"), ["2.13.0"])
+        self.assertEqual(pairs.role("compat"), ["2.9.0", "2.11.0"])
+        self.assertEqual(pairs.role("wheel")[0], "2.6.0")
 
     def test_doc_table_is_the_file(self):
-        self.assertEqual(dev.main(["pairs-doc"]), 0)
+        self.assertEqual(cli.main(["pairs-doc"]), 0)
+
+
+class Entry(unittest.TestCase):
+    def test_dev_py_runs_the_package_as_scripts_dev_calls_it(self):
+        r = subprocess.run([sys.executable, DEV_PY, "tch", "2.13.0"], capture_output=True, text=True, check=False)
+        self.assertEqual((r.returncode, r.stdout, r.stderr), (0, "0.26.0\n", ""))
+        r = subprocess.run([sys.executable, DEV_PY, "tch", "2.5.0"], capture_output=True, text=True, check=False)
+        self.assertEqual((r.returncode, r.stdout), (1, ""))
+        self.assertEqual(r.stderr, "[dev] torch 2.5.0 is not supported (2.6.0 and later are)\n")
 
 
 class Steps(unittest.TestCase):
     def test_table(self):
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = dev.main(["steps", "the suite", str(dev.now()), "", "fmt|5|0", "tests|125|101"])
+            rc = cli.main(["steps", "the suite", str(shell.now()), "", "fmt|5|0", "tests|125|101"])
         self.assertEqual(rc, 1)
         lines = out.getvalue().splitlines()
         self.assertEqual(lines[:3], ["", "| step | time | result |", "|---|---|---|"])

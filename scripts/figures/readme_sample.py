@@ -4,7 +4,7 @@
 
 `scripts/dev demo` writes the log. The excerpt is the header and the blocks up to the first one at
 the end of a forward pass (`train_step`'s first `track!`, line 39 of examples/train.rs), each with
-its first six group lines. `tests/readme.rs` checks that every line of the excerpt parses and
+its first six group lines. `gpu-mem-track-testkit/tests/readme.rs` checks that every line of the excerpt parses and
 that each `At` line names a `track!` of examples/train.rs and its function.
 """
 import pathlib

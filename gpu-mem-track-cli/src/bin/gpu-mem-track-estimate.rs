@@ -16,17 +16,15 @@ use gpu_mem_track_cli::model_args::{
     EstimateArgs, FitArgs, Method, ModeArg, ModelArgs, ModelCli, ModelCommand, TimelineArgs,
 };
 use gpu_mem_track_estimate::fit::{budget, fit_torchscript, FitProbe};
-use gpu_mem_track_estimate::profile::DeviceProfile;
-use gpu_mem_track_estimate::runtime::{place_runtime_allocations, with_workspaces, RuntimeSizes};
+use gpu_mem_track_estimate::profile::{DeviceProfile, WorkspaceEnv};
+use gpu_mem_track_estimate::runtime::{place_runtime_allocations, with_workspaces};
 use gpu_mem_track_estimate::sharding::per_rank_trace;
-use gpu_mem_track_estimate::text::{
-    estimate_json, mib, EstimateSummary, FitReport, GpuReport, GpuTable, PeakBreakdown, PeakTensors,
-    RankReport,
-};
+use gpu_mem_track_estimate::text::{mib, FitReport};
 use gpu_mem_track_estimate::Error;
 use gpu_mem_track_estimate::{
     estimate_progress, estimate_static, estimate_torchscript_traced, estimate_torchscript_with_peak_tensors,
-    Estimate, EstimateDevice, EstimateOptions, GpuTarget, Mode, Trace,
+    Estimate, EstimateDevice, EstimateOptions, EstimateReport, EstimateRequest, GpuTarget, Mode, RecordedRun,
+    Trace,
 };
 
 /// The [`EstimateOptions`] of a model's arguments, for a run on `device`.
@@ -167,48 +165,22 @@ fn estimate(args: EstimateArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let (e, trace, peak_groups) = run_model(&args, &mut options, !args.json)?;
-    // A data-parallel job: the GPU figures are one rank's.
-    let rank = args.model.parallelism().map(|p| per_rank_trace(&trace, args.model.optimizer, &p));
-    let gpu_trace = rank.as_ref().map_or(&trace, |(t, _)| t);
-    let rank_report = rank.as_ref().map(|(t, plan)| RankReport::new(t, *plan));
-    let gpus = target.predictions(gpu_trace);
-    let gpu = matches!(target, GpuTarget::One(_)).then(|| gpus.first()).flatten();
+    let (estimate, trace, peak_tensors) = run_model(&args, &mut options, !args.json)?;
+    let request = EstimateRequest {
+        gpu: target,
+        parallelism: args.model.parallelism(),
+        caching_allocator_line: args.gpu.device_profile != "none",
+    };
+    let run = RecordedRun { estimate, trace, peak_tensors, breakdown: None, static_estimate };
+    let report = EstimateReport::new(run, &request);
     if let Some(path) = &args.snapshot {
-        gpu_mem_track_gpu::snapshot::dump_snapshot(gpu_trace, path)?;
+        gpu_mem_track_gpu::snapshot::dump_snapshot(report.gpu_trace(), path)?;
         gpu_mem_track_cli::note(format_args!("wrote {}", path.display()));
     }
     if args.json {
-        let v = estimate_json(&e, rank_report.as_ref(), &gpus, gpu.is_some(), static_estimate.as_ref())?;
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
-    }
-    print!(
-        "{}",
-        EstimateSummary { model: &model, estimate: &e, with_cuda: args.gpu.device_profile != "none" }
-    );
-    print!("{}", PeakBreakdown { estimate: &e, trace: &trace });
-    // On the CPU, oneDNN's own allocations are in the peak but not in the registry.
-    if let (Some(groups), EstimateDevice::Meta) = (&peak_groups, e.options.device) {
-        print!("{}", PeakTensors { groups, estimate: &e });
-    }
-    if let Some(r) = &rank_report {
-        print!("{r}");
-    }
-    match gpu {
-        Some(g) => print!("{}", GpuReport(g)),
-        None if !gpus.is_empty() => print!("{}", GpuTable(&gpus)),
-        None => {}
-    }
-    if let Some(s) = &static_estimate {
-        print!("{} {s}", model.display());
-        let (a, b) = (e.activation_peak() as f64, s.activation_peak as f64);
-        println!(
-            "  comparison: activation peak meta {} vs static {} ({:+.1} %)",
-            mib(e.activation_peak()),
-            mib(s.activation_peak),
-            if a > 0.0 { (b - a) / a * 100.0 } else { 0.0 }
-        );
+        println!("{}", serde_json::to_string_pretty(&report.json()?)?);
+    } else {
+        print!("{}", report.text(Some(&model)));
     }
     Ok(())
 }
@@ -238,16 +210,8 @@ fn timeline(args: ModelArgs, device_profile: Option<&str>, output: &Path) -> Res
         title = format!("{title}, one of {} ranks ({:?}, {:?})", p.world_size, p.shard, p.precision);
     }
     if let GpuTarget::One(profile) = &target {
-        let workspace_config = std::env::var("CUBLAS_WORKSPACE_CONFIG").ok();
-        let sizes = RuntimeSizes {
-            cublas_workspace: profile.cublas_workspace_bytes(workspace_config.as_deref()),
-            cublaslt_workspace: gpu_mem_track_estimate::profile::cublaslt_workspace_bytes(
-                std::env::var("CUBLASLT_WORKSPACE_SIZE").ok().as_deref(),
-                std::env::var("TORCH_CUBLASLT_UNIFIED_WORKSPACE").ok().as_deref(),
-            ),
-            // Their sizes are cuDNN's choice on the GPU: a timeline draws what is known.
-            cudnn_workspaces: false,
-        };
+        // cuDNN's workspaces are cuDNN's choice on the GPU: a timeline draws what is known.
+        let sizes = profile.runtime_sizes(&WorkspaceEnv::read(), false);
         trace = with_workspaces(&trace, &place_runtime_allocations(&trace, sizes));
         title = format!("{title} on {}", profile.name);
     }

@@ -13,103 +13,126 @@ use std::fmt::Write as _;
 use super::MIB;
 use super::{clip, parse_finite};
 
-/// A figure an `At` line may carry, by label: the first two are those of Pytorch-Memory-Utils, the
-/// others are appended by this tool (readers that do not know a label skip it).
-///
-/// [`AtField::label`] is the text before the colon; the `pub const` labels of [`crate::log`]
-/// ([`TENSOR_USED`], [`ALLOCATED`], ...) are the same strings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AtField {
+/// The one table of the `At` line's figures: each line is a variant of [`AtField`] with its doc,
+/// its label, the constant of that label (in [`labels`]), and, for the figures a track point
+/// measures, the key of Python's `track()` dict, the unit and how [`TrackFigures`] gives it
+/// (`None`: not measured here, and not written). The order is the order of the line. A new figure
+/// is one line here, plus its measurement in [`TrackFigures`].
+macro_rules! at_fields {
+    (@figure $figures:ident) => { None };
+    (@figure $figures:ident $f:ident $figure:expr) => {{ let $f: &TrackFigures = $figures; $figure }};
+    (@key) => { None };
+    (@key $key:literal) => { Some($key) };
+    (@mib) => { MIB };
+    (@mib bytes) => { MIB };
+    (@mib count) => { 1.0 };
+    ($(
+        $(#[doc = $doc:literal])*
+        $variant:ident => $label:literal, $konst:ident $(, track $key:literal ($unit:ident) = |$f:ident| $figure:expr)?;
+    )+) => {
+        /// A figure an `At` line may carry, by label: the first two are those of
+        /// Pytorch-Memory-Utils, the others are appended by this tool (readers that do not know a
+        /// label skip it).
+        ///
+        /// [`AtField::label`] is the text before the colon; the `pub const` labels of
+        /// [`crate::log`] ([`TENSOR_USED`], [`ALLOCATED`], ...) are the same strings.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum AtField {
+            $( $(#[doc = $doc])* $variant, )+
+        }
+
+        impl AtField {
+            /// Every field, in the order an `At` line writes them.
+            pub const ALL: [AtField; [$(stringify!($variant)),+].len()] = [$(AtField::$variant),+];
+
+            /// The text before the colon, as written in the log.
+            pub const fn label(self) -> &'static str {
+                match self { $(AtField::$variant => $label),+ }
+            }
+
+            /// The key of Python's `track()` dict for a figure a track point measures (`None`: a
+            /// figure of `watch` or out-of-memory lines only).
+            pub const fn key(self) -> Option<&'static str> {
+                match self { $(AtField::$variant => at_fields!(@key $($key)?)),+ }
+            }
+
+            /// What a track point measured of this figure: bytes, or a count (`None`: not
+            /// measured where it ran, or not a track point's figure; such figures are not written).
+            pub fn of(self, figures: &TrackFigures) -> Option<u64> {
+                match self { $(AtField::$variant => at_fields!(@figure figures $($f $figure)?)),+ }
+            }
+
+            /// The figure's value as printed: MiB for bytes, the count itself for a count.
+            fn printed(self, value: u64) -> f64 {
+                match self { $(AtField::$variant => value as f64 / at_fields!(@mib $($unit)?)),+ }
+            }
+        }
+
+        /// The labels of the `At` line's figures, one constant each (re-exported by [`crate::log`]).
+        pub mod labels {
+            use super::AtField;
+            $(
+                #[doc = concat!("The label of [`AtField::", stringify!($variant), "`]: `", $label, "`.")]
+                pub const $konst: &str = AtField::$variant.label();
+            )+
+        }
+        pub use labels::*;
+    };
+}
+
+at_fields! {
     /// `Total Tensor Used Memory`: bytes of the unique live tensor storages on the device, which
     /// the tracker counts itself from its snapshot of live tensors (the Python tool's first
     /// figure).
-    TensorUsed,
+    TensorUsed => "Total Tensor Used Memory", TENSOR_USED, track "tensor_bytes" (bytes) = |f| Some(f.tensor_bytes);
     /// `Total Allocated Memory`: the allocator's live bytes: on CPU the wrapped CPU allocator's
     /// count, on CUDA the caching allocator's `memory_allocated`.
-    Allocated,
+    Allocated => "Total Allocated Memory", ALLOCATED, track "allocated" (bytes) = |f| Some(f.allocated);
     /// `Peak Allocated Memory`: the highest [`AtField::Allocated`] since the previous line, from
     /// the same allocator (the wrapped CPU allocator's peak window, the CUDA caching allocator's
     /// peak statistic).
-    PeakAllocated,
+    PeakAllocated => "Peak Allocated Memory", PEAK_ALLOCATED, track "peak_allocated" (bytes) = |f| Some(f.peak_allocated);
     /// `Workspace Memory` (CUDA): bytes of the workspaces cuBLAS and cuBLASLt keep in the caching
     /// allocator, one per handle and stream, apart from tensors (see
     /// `gpu_mem_track_gpu::cuda_libraries::attribute`).
-    Workspace,
+    Workspace => "Workspace Memory", WORKSPACE, track "workspace_bytes" (bytes) = |f| f.workspace;
     /// `Unattributed Memory`: the allocated bytes that neither tensors nor workspaces explain, so
     /// that tensors + workspaces + unattributed = [`AtField::Allocated`].
-    Unattributed,
+    Unattributed => "Unattributed Memory", UNATTRIBUTED, track "unattributed_bytes" (bytes) = |f| f.unattributed;
     /// `Reserved Memory` (CUDA): bytes the CUDA caching allocator holds (`memory_reserved`),
     /// allocated or cached.
-    Reserved,
-    /// `NVML Used Memory` (CUDA + NVML): this process's usage as NVML reports it; in `watch` logs,
-    /// the usage of the process the line names.
-    NvmlUsed,
-    /// `Peak NVML Used Memory` (CUDA + NVML, with the sampler on): the highest NVML usage of this
-    /// process the background sampler saw since the previous line.
-    PeakNvmlUsed,
-    /// `Device Used Memory`: the whole device's usage per NVML, written by `gpu-mem-track watch`
-    /// when it watches the device rather than processes.
-    DeviceUsed,
-    /// `Device Total Memory`: the device's memory size: per NVML in `watch` logs; per the driver
-    /// (or what the memory fraction allows) in CUDA out-of-memory lines.
-    DeviceTotal,
+    Reserved => "Reserved Memory", RESERVED, track "reserved" (bytes) = |f| f.reserved;
     /// `Device Free Memory`: the headroom left: on CUDA the device's free memory per the driver;
     /// in a CPU out-of-memory line, what is left under the `cpu_memory_limit`.
-    DeviceFree,
+    DeviceFree => "Device Free Memory", DEVICE_FREE, track "device_free" (bytes) = |f| f.device_free;
     /// `Alloc Retries` (CUDA): `cudaMalloc` failures the CUDA caching allocator retried after
     /// releasing its cache, since the previous line (a count printed as a figure, shown when it
     /// grew).
-    AllocRetries,
+    AllocRetries => "Alloc Retries", ALLOC_RETRIES, track "alloc_retries" (count) = |f| (f.alloc_retries > 0).then_some(f.alloc_retries);
+    /// `NVML Used Memory` (CUDA + NVML): this process's usage as NVML reports it; in `watch` logs,
+    /// the usage of the process the line names.
+    NvmlUsed => "NVML Used Memory", NVML_USED, track "nvml_used" (bytes) = |f| f.nvml_used;
+    /// `Peak NVML Used Memory` (CUDA + NVML, with the sampler on): the highest NVML usage of this
+    /// process the background sampler saw since the previous line.
+    PeakNvmlUsed => "Peak NVML Used Memory", PEAK_NVML_USED, track "peak_nvml_used" (bytes) = |f| f.peak_nvml_used;
+    /// `Device Used Memory`: the whole device's usage per NVML, written by `gpu-mem-track watch`
+    /// when it watches the device rather than processes.
+    DeviceUsed => "Device Used Memory", DEVICE_USED;
+    /// `Device Total Memory`: the device's memory size: per NVML in `watch` logs; per the driver
+    /// (or what the memory fraction allows) in CUDA out-of-memory lines.
+    DeviceTotal => "Device Total Memory", DEVICE_TOTAL;
     /// `Requested Memory`: the bytes the refused allocation asked for, as the out-of-memory
     /// observer saw them. An `At` line with this field closes an out-of-memory block.
-    Requested,
+    Requested => "Requested Memory", REQUESTED;
     /// `Memory Limit` (CPU out-of-memory lines): the limit set with `cpu_memory_limit`, as the
     /// out-of-memory observer saw it.
-    MemoryLimit,
+    MemoryLimit => "Memory Limit", MEMORY_LIMIT;
 }
 
 impl AtField {
-    /// Every field, in the order of the variants.
-    pub const ALL: [AtField; 14] = [
-        AtField::TensorUsed,
-        AtField::Allocated,
-        AtField::PeakAllocated,
-        AtField::Workspace,
-        AtField::Unattributed,
-        AtField::Reserved,
-        AtField::NvmlUsed,
-        AtField::PeakNvmlUsed,
-        AtField::DeviceUsed,
-        AtField::DeviceTotal,
-        AtField::DeviceFree,
-        AtField::AllocRetries,
-        AtField::Requested,
-        AtField::MemoryLimit,
-    ];
-
     /// The fields that can open the figures of an `At` line: tracker lines start with the tensor
     /// total, `watch` lines with NVML figures. The parser finds the end of the place by them.
     const FIRST: [AtField; 3] = [AtField::TensorUsed, AtField::NvmlUsed, AtField::DeviceUsed];
-
-    /// The text before the colon, as written in the log.
-    pub const fn label(self) -> &'static str {
-        match self {
-            AtField::TensorUsed => "Total Tensor Used Memory",
-            AtField::Allocated => "Total Allocated Memory",
-            AtField::PeakAllocated => "Peak Allocated Memory",
-            AtField::Workspace => "Workspace Memory",
-            AtField::Unattributed => "Unattributed Memory",
-            AtField::Reserved => "Reserved Memory",
-            AtField::NvmlUsed => "NVML Used Memory",
-            AtField::PeakNvmlUsed => "Peak NVML Used Memory",
-            AtField::DeviceUsed => "Device Used Memory",
-            AtField::DeviceTotal => "Device Total Memory",
-            AtField::DeviceFree => "Device Free Memory",
-            AtField::AllocRetries => "Alloc Retries",
-            AtField::Requested => "Requested Memory",
-            AtField::MemoryLimit => "Memory Limit",
-        }
-    }
 
     /// The field a label names; `None` for a label this tool does not write (such as the Python
     /// tool's old `Total Used Memory`).
@@ -124,41 +147,6 @@ impl std::fmt::Display for AtField {
         f.write_str(self.label())
     }
 }
-
-/// Label of the `At` line's first field: bytes of live tensor storages ([`AtField::TensorUsed`]).
-pub const TENSOR_USED: &str = AtField::TensorUsed.label();
-/// Label of the `At` line's second field: the allocator's live bytes ([`AtField::Allocated`]).
-pub const ALLOCATED: &str = AtField::Allocated.label();
-/// Extension: highest allocated bytes since the previous line ([`AtField::PeakAllocated`]).
-pub const PEAK_ALLOCATED: &str = AtField::PeakAllocated.label();
-/// Extension (CUDA): bytes of CUDA libraries' workspaces ([`AtField::Workspace`]).
-pub const WORKSPACE: &str = AtField::Workspace.label();
-/// Extension: allocated bytes neither tensors nor workspaces explain ([`AtField::Unattributed`]).
-pub const UNATTRIBUTED: &str = AtField::Unattributed.label();
-/// Extension (CUDA): bytes held by the caching allocator ([`AtField::Reserved`]).
-pub const RESERVED: &str = AtField::Reserved.label();
-/// Extension (CUDA + NVML): this process's usage as NVML reports it ([`AtField::NvmlUsed`]).
-pub const NVML_USED: &str = AtField::NvmlUsed.label();
-/// Extension (sampler, CUDA + NVML): highest NVML usage of this process since the previous line
-/// ([`AtField::PeakNvmlUsed`]).
-pub const PEAK_NVML_USED: &str = AtField::PeakNvmlUsed.label();
-/// `gpu-mem-track watch` without processes: the whole device's usage ([`AtField::DeviceUsed`]).
-pub const DEVICE_USED: &str = AtField::DeviceUsed.label();
-/// `gpu-mem-track watch`, and out-of-memory lines: the device's memory size
-/// ([`AtField::DeviceTotal`]).
-pub const DEVICE_TOTAL: &str = AtField::DeviceTotal.label();
-/// Extension (CUDA): the device's free memory per the driver: the headroom left
-/// ([`AtField::DeviceFree`]).
-pub const DEVICE_FREE: &str = AtField::DeviceFree.label();
-/// Extension (CUDA): cudaMalloc failures the caching allocator retried after releasing its cache
-/// (a count printed as a figure, shown when it grew since the previous line;
-/// [`AtField::AllocRetries`]).
-pub const ALLOC_RETRIES: &str = AtField::AllocRetries.label();
-/// Out-of-memory lines: the bytes the refused allocation asked for. An `At` line with this field
-/// closes an out-of-memory block ([`AtField::Requested`]).
-pub const REQUESTED: &str = AtField::Requested.label();
-/// Out-of-memory lines (CPU): the limit set with `cpu_memory_limit` ([`AtField::MemoryLimit`]).
-pub const MEMORY_LIMIT: &str = AtField::MemoryLimit.label();
 
 /// A `Label:12.3   Mb` figure of a header or `At` line, in MiB.
 #[derive(Debug, Clone, PartialEq)]
@@ -235,7 +223,8 @@ pub struct AtLine {
 
 /// What one track point measured, as its `At` line prints it (`None`: not measured where the
 /// tracker runs: no CUDA, no NVML, no sampler). The tracker fills it; [`AtLine::of_track`] turns
-/// it into the line, so how a measurement becomes text lives here with the rest of the line.
+/// it into the line, and Python's `track()` into its dict, both through the table of
+/// [`AtField`]s, so how a measurement becomes text lives here with the rest of the line.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TrackFigures {
     /// [`AtField::TensorUsed`].
@@ -272,33 +261,12 @@ impl AtLine {
     /// The `At` line of a track point at `location`: the Python tool's two figures, then the
     /// extensions that were measured, in a fixed order.
     pub fn of_track(location: SourceLocation, figures: &TrackFigures) -> AtLine {
-        let mut fields = vec![
-            MemoryField::from_bytes(TENSOR_USED, figures.tensor_bytes),
-            MemoryField::from_bytes(ALLOCATED, figures.allocated),
-            MemoryField::from_bytes(PEAK_ALLOCATED, figures.peak_allocated),
-        ];
-        if let Some(w) = figures.workspace {
-            fields.push(MemoryField::from_bytes(WORKSPACE, w));
-        }
-        if let Some(u) = figures.unattributed {
-            fields.push(MemoryField::from_bytes(UNATTRIBUTED, u));
-        }
-        if let Some(r) = figures.reserved {
-            fields.push(MemoryField::from_bytes(RESERVED, r));
-        }
-        if let Some(free) = figures.device_free {
-            fields.push(MemoryField::from_bytes(DEVICE_FREE, free));
-        }
-        if figures.alloc_retries > 0 {
-            // A count, printed in the figure column like the others.
-            fields.push(MemoryField { label: ALLOC_RETRIES.to_owned(), mib: figures.alloc_retries as f64 });
-        }
-        if let Some(used) = figures.nvml_used {
-            fields.push(MemoryField::from_bytes(NVML_USED, used));
-        }
-        if let Some(peak) = figures.peak_nvml_used {
-            fields.push(MemoryField::from_bytes(PEAK_NVML_USED, peak));
-        }
+        let fields = AtField::ALL
+            .into_iter()
+            .filter_map(|f| {
+                f.of(figures).map(|v| MemoryField { label: f.label().to_owned(), mib: f.printed(v) })
+            })
+            .collect();
         AtLine { location, fields }
     }
 
@@ -367,6 +335,39 @@ mod tests {
         );
         assert_eq!(super::super::format::at_line(&at), at.render());
         assert_eq!(AtLine::parse(&at.render()), Ok(at));
+    }
+
+    /// Each figure of the table that a track point measures is written, in the table's order,
+    /// read back by the parser, and has a key of Python's dict: a new table line is all three.
+    #[test]
+    fn every_measured_field_of_the_table_is_written_and_parsed_back() {
+        let figures = TrackFigures {
+            tensor_bytes: 1 << 20,
+            allocated: 2 << 20,
+            peak_allocated: 3 << 20,
+            workspace: Some(4 << 20),
+            unattributed: Some(5 << 20),
+            reserved: Some(6 << 20),
+            device_free: Some(7 << 20),
+            alloc_retries: 8,
+            nvml_used: Some(9 << 20),
+            peak_nvml_used: Some(10 << 20),
+        };
+        let location = SourceLocation { file: "train.py".into(), line: 3, function: "step".into() };
+        let at = AtLine::of_track(location, &figures);
+        let measured: Vec<AtField> = AtField::ALL.into_iter().filter(|f| f.of(&figures).is_some()).collect();
+        let written: Vec<&str> = at.fields.iter().map(|f| f.label.as_str()).collect();
+        assert_eq!(written, measured.iter().map(|f| f.label()).collect::<Vec<_>>());
+        assert_eq!(measured.len(), AtField::ALL.iter().filter(|f| f.key().is_some()).count());
+        let parsed = AtLine::parse(&at.render()).unwrap();
+        for (i, f) in measured.iter().enumerate() {
+            assert!(f.key().is_some(), "{f}: measured, so Python's dict has it");
+            assert_eq!(parsed.field(f.label()), Some(i as f64 + 1.0), "{f}");
+        }
+        // Not measured: not written; a count of 0 retries is not written either.
+        let none = TrackFigures { tensor_bytes: 1, ..TrackFigures::default() };
+        let at = AtLine::of_track(SourceLocation { file: "a".into(), line: 1, function: "f".into() }, &none);
+        assert_eq!(at.fields.len(), 3, "{:?}", at.fields);
     }
 
     #[test]

@@ -37,11 +37,8 @@ pub mod oom;
 mod reader;
 pub mod writer;
 
-pub use at_line::{
-    AtField, AtLine, MemoryField, SourceLocation, TrackFigures, ALLOCATED, ALLOC_RETRIES, DEVICE_FREE,
-    DEVICE_TOTAL, DEVICE_USED, MEMORY_LIMIT, NVML_USED, PEAK_ALLOCATED, PEAK_NVML_USED, REQUESTED, RESERVED,
-    TENSOR_USED, UNATTRIBUTED, WORKSPACE,
-};
+pub use at_line::labels::*;
+pub use at_line::{AtField, AtLine, MemoryField, SourceLocation, TrackFigures};
 pub use block::{LogBlock, ParsedLog};
 pub use group_line::GroupLine;
 pub use header::LogHeader;

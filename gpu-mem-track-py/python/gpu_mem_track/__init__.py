@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch  # noqa: F401  (first: the compiled part binds to the libtorch torch loads)
 
 from ._display import Report, report
-from ._estimate import Breakdown, Estimate, estimate, fit
+from ._estimate import estimate, fit
+from ._estimate_result import Breakdown, Estimate
 from ._estimator import Estimator
 from ._load import TorchVersionMismatch
 from ._load import native as _native

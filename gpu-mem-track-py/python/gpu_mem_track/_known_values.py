@@ -14,12 +14,12 @@ one-element tensor returns its value. A write into a known tensor (an in-place o
 ``out=``) forgets it and every tensor on its storage. Nothing else is known: other reads still
 read 0.
 
-Integer and bool tensors the program made from data (token ids, labels, masks: ``torch.tensor``,
-a tokenizer's output) keep their real values when they move to meta, up to ``_MAX_CHECKED``
-elements, and so does what element-wise ops, views, casts and reductions (``_ON_VALUES``) make of
-them, computed on the CPU from those values. A Python read of such a tensor reads the real value,
-and ``nonzero`` of it (``x[ids == image_token]``, ``torch.where(labels != -100)``) takes its real
-count: a vision-language model checks that its image tokens match its image features so.
+Integer and bool tensors the program made from data (token ids, labels, masks: ``torch.tensor``, a
+tokenizer's output) keep their real values when they move to meta, up to ``_value_ops.MAX_CHECKED``
+elements, and so does what element-wise ops, views, casts and reductions (``_value_ops.ON_VALUES``)
+make of them, computed on the CPU from those values. A Python read of such a tensor reads the real
+value, and ``nonzero`` of it (``x[ids == image_token]``, ``torch.where(labels != -100)``) takes its
+real count: a vision-language model checks that its image tokens match its image features so.
 
 Where no value is known, the most nonzero elements a tensor can hold sometimes is, and sizes what
 ``nonzero`` returns (``torch.where(mask)``, ``x[mask]``). Samplers build masks that way: zeros,
@@ -32,7 +32,6 @@ proposal.
 from __future__ import annotations
 
 import contextlib
-import operator
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -40,81 +39,25 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-#: Largest input checked for being constant (elements): attention masks and ids, not activations.
-_MAX_CHECKED = 1 << 22
-#: Largest float tensor whose values are kept (elements): scalars and tables such as a rotary
-#: embedding's, not images or activations.
-_MAX_FLOATS = 1 << 16
-#: Factories whose values the block computes (small ones): model code computes architecture
-#: from them (timm's RegNet widths from torch.arange, drop-path rates from torch.linspace).
-_VALUE_FACTORIES = frozenset({"arange", "linspace", "logspace", "eye"})
-
-#: Ops whose result holds the same value as their first argument (views, copies, casts).
-_SAME_VALUE = frozenset(
-    {
-        "__getitem__", "clone", "contiguous", "detach", "view", "reshape", "expand", "expand_as",
-        "unsqueeze", "squeeze", "flatten", "transpose", "permute", "narrow", "to", "cuda", "bool",
-        "long", "int", "float", "half", "bfloat16", "type", "type_as",
-    }
-)  # fmt: skip
-_COMPARISONS = {
-    "eq": operator.eq, "__eq__": operator.eq, "ne": operator.ne, "__ne__": operator.ne,
-    "lt": operator.lt, "__lt__": operator.lt, "le": operator.le, "__le__": operator.le,
-    "gt": operator.gt, "__gt__": operator.gt, "ge": operator.ge, "__ge__": operator.ge,
-}  # fmt: skip
-_ARITHMETIC = {
-    "add": operator.add, "__add__": operator.add, "__radd__": operator.add, "sub": operator.sub,
-    "__sub__": operator.sub, "__rsub__": lambda a, b: b - a, "rsub": lambda a, b: b - a,
-    "mul": operator.mul, "__mul__": operator.mul, "__rmul__": operator.mul,
-}  # fmt: skip
-#: Bitwise and logical ops of two known values (a generation loop's stop flags:
-#: ``unfinished & ~is_done``, ``is_done | criterion``).
-_BITWISE = {
-    "__and__": operator.and_, "__rand__": operator.and_, "bitwise_and": operator.and_,
-    "__or__": operator.or_, "__ror__": operator.or_, "bitwise_or": operator.or_,
-    "__xor__": operator.xor, "__rxor__": operator.xor, "bitwise_xor": operator.xor,
-    "logical_and": lambda a, b: bool(a) and bool(b), "logical_or": lambda a, b: bool(a) or bool(b),
-    "logical_xor": lambda a, b: bool(a) != bool(b),
-}  # fmt: skip
-#: Element-wise ops whose nonzero elements are at most the sum (``_OR``) or the smaller (``_AND``)
-#: of their operands'.
-_OR = frozenset({"__or__", "__ror__", "bitwise_or", "logical_or"})
-_AND = frozenset({"__and__", "__rand__", "bitwise_and", "logical_and", "mul", "__mul__", "__rmul__"})
-#: Ops computed on the real values of their arguments where every tensor argument has them.
-_ON_VALUES = (
-    _SAME_VALUE
-    | frozenset(_COMPARISONS)
-    | frozenset(_ARITHMETIC)
-    | _OR
-    | _AND
-    | frozenset(
-        {
-            "__invert__", "bitwise_not", "logical_not", "__xor__", "bitwise_xor", "logical_xor", "all", "any",
-            "_is_all_true", "_is_any_true",
-            "sum", "cumsum", "max", "min", "amax", "amin", "argmax", "argmin", "count_nonzero", "masked_fill",
-            "isin", "clamp", "abs", "neg", "__neg__", "__floordiv__", "floor_divide", "remainder", "__mod__",
-            "eq", "ne", "ge", "gt", "le", "lt", "where", "diff", "roll", "flip", "repeat", "repeat_interleave",
-            "index_select", "gather", "cat", "stack", "split", "chunk", "tril", "triu", "ones_like", "zeros_like",
-            "unbind", "pad", "cumprod", "prod", "__truediv__", "div", "__pow__", "pow", "minimum", "maximum", "sign",
-            "__rtruediv__", "__rpow__", "round", "floor", "ceil", "trunc", "log", "log2", "exp", "sqrt", "rsqrt",
-            "reciprocal", "sin", "cos", "mean", "unique", "outer", "matmul", "__matmul__", "einsum",
-        }
-    )
-)  # fmt: skip
-#: Ops whose results' sizes depend on their inputs' values: where every input has real values,
-#: the result is computed on them, and its meta twin takes the real size (the meta kernel's
-#: would be the largest).
-VALUE_SIZED = frozenset({"unique", "unique_consecutive", "masked_select", "bincount"})
-#: Factories of tensors filled with one value: that value, from their arguments.
-_FILLED = {
-    "ones": lambda a, k: 1, "ones_like": lambda a, k: 1, "new_ones": lambda a, k: 1,
-    "zeros": lambda a, k: 0, "zeros_like": lambda a, k: 0, "new_zeros": lambda a, k: 0,
-    "full": lambda a, k: _scalar(k["fill_value"] if "fill_value" in k else a[1] if len(a) > 1 else None),
-    "full_like": lambda a, k: _scalar(k["fill_value"] if "fill_value" in k else a[1] if len(a) > 1 else None),
-    "new_full": lambda a, k: _scalar(k["fill_value"] if "fill_value" in k else a[2] if len(a) > 2 else None),
-}  # fmt: skip
-#: Python reads of a tensor's value (``tolist`` aside: ``KnownValues.tolist``).
-READS = frozenset({"__bool__", "item", "__int__", "__float__", "__index__"})
+from ._value_ops import (
+    AND,
+    ARITHMETIC,
+    BITWISE,
+    COMPARISONS,
+    FILLED,
+    MAX_CHECKED,
+    MAX_FLOATS,
+    ON_VALUES,
+    OR,
+    SAME_VALUE,
+    VALUE_FACTORIES,
+    as_dtype,
+    basic_index,
+    checks_floats,
+    has_dim,
+    small_exact,
+    writes,
+)
 
 
 class KnownValues:
@@ -136,7 +79,7 @@ class KnownValues:
 
     def set_real(self, meta: Any, real: Any) -> None:
         """``meta`` holds the values of ``real`` (a tensor with data), kept where small enough."""
-        if isinstance(meta, torch.Tensor) and meta.device.type == "meta" and _small_exact(real) and real.shape == meta.shape:
+        if isinstance(meta, torch.Tensor) and meta.device.type == "meta" and small_exact(real) and real.shape == meta.shape:
             with self._real_values():
                 self._real[meta] = real.detach().clone()
 
@@ -147,25 +90,25 @@ class KnownValues:
             return None
         if t.device.type == "meta":
             return self._real.get(t)
-        return t if _small_exact(t) else None
+        return t if small_exact(t) else None
 
     def follow_values(self, func: Any, name: str, args: tuple, kwargs: dict, out: Any) -> None:
         """Computes ``out`` = ``func(*args, **kwargs)`` on its arguments' real values, where every
-        tensor argument has them and ``name`` is an op of ``_ON_VALUES`` (or a small factory of
-        ``_VALUE_FACTORIES``)."""
-        if name in _VALUE_FACTORIES:
-            if isinstance(out, torch.Tensor) and out.device.type == "meta" and out.numel() <= _MAX_FLOATS:
+        tensor argument has them and ``name`` is an op of ``ON_VALUES`` (or a small factory of
+        ``VALUE_FACTORIES``)."""
+        if name in VALUE_FACTORIES:
+            if isinstance(out, torch.Tensor) and out.device.type == "meta" and out.numel() <= MAX_FLOATS:
                 with self._real_values():
                     value = func(*args, **{k: v for k, v in kwargs.items() if k != "device"})
                 if isinstance(value, torch.Tensor) and value.shape == out.shape:
                     self._real[out] = value
             return
-        if name not in _ON_VALUES or _writes(name, kwargs):
+        if name not in ON_VALUES or writes(name, kwargs):
             return
         outs = list(out) if isinstance(out, (tuple, list)) else [out]  # unbind, split, chunk
         if not outs or not all(isinstance(o, torch.Tensor) and o.device.type == "meta" for o in outs):
             return
-        if sum(o.numel() for o in outs) > _MAX_CHECKED:
+        if sum(o.numel() for o in outs) > MAX_CHECKED:
             return
         try:
             value = self._on_values(func, args, kwargs)
@@ -262,7 +205,7 @@ class KnownValues:
             return True, int(v)
         if name == "__float__":
             return True, float(v)
-        return True, _as_dtype(v, t.dtype)
+        return True, as_dtype(v, t.dtype)
 
     def tolist(self, t: torch.Tensor) -> Any:
         """``t.tolist()`` of a meta tensor: its known value in every element, else zeros (one
@@ -273,7 +216,7 @@ class KnownValues:
         v = self._values.get(t)
         if v is None:
             v = t.reshape(-1)[0].item() if t.numel() else 0  # reads 0, and counts the read
-        v = _as_dtype(v, t.dtype)
+        v = as_dtype(v, t.dtype)
 
         def filled(shape: tuple) -> Any:
             return [filled(shape[1:]) for _ in range(shape[0])] if shape else v
@@ -283,7 +226,7 @@ class KnownValues:
     def follow(self, name: str, args: tuple, kwargs: dict, out: Any) -> None:
         """Records the value of ``out``, the result of ``name(*args, **kwargs)``, where it follows
         from known ones."""
-        if _writes(name, kwargs):
+        if writes(name, kwargs):
             # An in-place op or out=: its target (and every view of the same storage) no longer
             # holds what was known.
             target = kwargs.get("out", args[0] if args else None)
@@ -294,22 +237,22 @@ class KnownValues:
             return
         if not isinstance(out, torch.Tensor) or out.device.type != "meta":
             return
-        if name in _FILLED:  # a factory (on the CPU too: in the block the CPU means meta)
-            self.set(out, _FILLED[name](args, kwargs))
+        if name in FILLED:  # a factory (on the CPU too: in the block the CPU means meta)
+            self.set(out, FILLED[name](args, kwargs))
             return
         first = self.value(args[0]) if args and isinstance(args[0], torch.Tensor) else None
         result = None if first is None else _value_of(self, name, args, kwargs, first)
         if result is None:
             result = _absorbed(self, name, args, out)
         if result is not None:
-            self._values[out] = _as_dtype(result, out.dtype)
+            self._values[out] = as_dtype(result, out.dtype)
             return
         count = self._count_of(name, args, out)
         if count is not None:
             self._at_most[out] = min(count, out.numel())
-        elif name == "_is_all_true" or (name == "all" and not _has_dim(args, kwargs) and args[0] in self._float_checks):
+        elif name == "_is_all_true" or (name == "all" and not has_dim(args, kwargs) and args[0] in self._float_checks):
             self._presumed_true[out] = True
-        elif out.dtype == torch.bool and _checks_floats(self._float_checks, name, args):
+        elif out.dtype == torch.bool and checks_floats(self._float_checks, name, args):
             self._float_checks[out] = True
 
     def numpy(self, t: torch.Tensor) -> Any:
@@ -350,9 +293,9 @@ class KnownValues:
             counts = [self.nonzero_count(t) for t in args[0]]
             return None if None in counts else sum(counts)
         first = args[0]
-        if not isinstance(first, torch.Tensor) or (name == "__getitem__" and not _basic_index(args[1:])):
+        if not isinstance(first, torch.Tensor) or (name == "__getitem__" and not basic_index(args[1:])):
             return None
-        if name in _SAME_VALUE:
+        if name in SAME_VALUE:
             count = self.nonzero_count(first)
             if count is None:
                 return None
@@ -361,9 +304,9 @@ class KnownValues:
         if len(args) < 2:
             return None
         counts = [self.nonzero_count(a) if isinstance(a, torch.Tensor) and a.shape == out.shape else None for a in args[:2]]
-        if name in _OR:
+        if name in OR:
             return None if None in counts else sum(counts)
-        if name in _AND:
+        if name in AND:
             known = [c for c in counts if c is not None]
             return min(known) if known else None
         return None
@@ -382,25 +325,25 @@ class KnownValues:
 def _value_of(known: KnownValues, name: str, args: tuple, kwargs: dict, first: Any) -> Any:
     """The value of ``name(*args, **kwargs)`` when its first argument holds ``first``, where it
     follows; else ``None``."""
-    if name in _SAME_VALUE:
+    if name in SAME_VALUE:
         return first
     if name in ("__invert__", "bitwise_not", "logical_not"):
         return (not first) if isinstance(first, bool) or name == "logical_not" else ~first
-    if name in ("all", "any") and not _has_dim(args, kwargs):
+    if name in ("all", "any") and not has_dim(args, kwargs):
         return bool(first) if args[0].numel() else name == "all"
-    if name == "sum" and not _has_dim(args, kwargs):
+    if name == "sum" and not has_dim(args, kwargs):
         return first * args[0].numel()
-    if name in ("max", "min", "amax", "amin") and not _has_dim(args, kwargs) and args[0].numel():
+    if name in ("max", "min", "amax", "amin") and not has_dim(args, kwargs) and args[0].numel():
         return first
     other = known.value(args[1]) if len(args) > 1 else None
     if other is None:
         return None
-    if name in _COMPARISONS:
-        return _COMPARISONS[name](first, other)
-    if name in _ARITHMETIC:
-        return _ARITHMETIC[name](first, other)
-    if name in _BITWISE and not isinstance(first, float) and not isinstance(other, float):
-        return _BITWISE[name](first, other)
+    if name in COMPARISONS:
+        return COMPARISONS[name](first, other)
+    if name in ARITHMETIC:
+        return ARITHMETIC[name](first, other)
+    if name in BITWISE and not isinstance(first, float) and not isinstance(other, float):
+        return BITWISE[name](first, other)
     return None
 
 
@@ -410,77 +353,8 @@ def _absorbed(known: KnownValues, name: str, args: tuple, out: torch.Tensor) -> 
     if len(args) < 2 or out.dtype.is_floating_point or out.is_complex():
         return None
     values = [known.value(a) for a in args[:2]]
-    if name in _OR and out.dtype == torch.bool and any(v is not None and bool(v) for v in values):
+    if name in OR and out.dtype == torch.bool and any(v is not None and bool(v) for v in values):
         return True
-    if name in _AND and any(v is not None and not v for v in values):
+    if name in AND and any(v is not None and not v for v in values):
         return 0
     return None
-
-
-def constant_of(real: Any) -> Any:
-    """The value every element of ``real`` holds, for an integer or bool tensor with data whose
-    elements are all equal (a Python scalar); else ``None``."""
-    if not isinstance(real, torch.Tensor) or real.device.type == "meta":
-        return None
-    if real.dtype.is_floating_point or real.is_complex() or real.numel() == 0 or real.numel() > _MAX_CHECKED:
-        return None
-    first = real.reshape(-1)[0]
-    return first.item() if bool((real == first).all()) else None
-
-
-def _as_dtype(v: Any, dtype: torch.dtype) -> Any:
-    """``v`` as a Python value of a tensor of ``dtype`` (as ``.item()`` gives it)."""
-    if dtype == torch.bool:
-        return bool(v)
-    if dtype.is_floating_point:
-        return float(v)
-    return v if dtype.is_complex else int(v)
-
-
-def _writes(name: str, kwargs: dict) -> bool:
-    """Whether ``name`` writes into its first argument (``add_``, ``x[i] = v``, ``x += 1``) or
-    into ``out=``."""
-    if "out" in kwargs:
-        return True
-    if name.startswith("__"):
-        return name == "__setitem__" or (name.startswith("__i") and name not in ("__index__", "__int__", "__invert__"))
-    return name.endswith("_") and name not in _KEEP_VALUES
-
-
-#: In-place methods that change a tensor's flags, not its values.
-_KEEP_VALUES = frozenset({"requires_grad_", "detach_", "share_memory_", "rename_", "retain_grad_"})
-
-
-def _scalar(v: Any) -> Any:
-    return v if isinstance(v, (bool, int, float)) else None
-
-
-def _has_dim(args: tuple, kwargs: dict) -> bool:
-    return len(args) > 1 or "dim" in kwargs or "axis" in kwargs
-
-
-def _basic_index(index: tuple) -> bool:
-    """Whether ``t[index]`` is a view (ints, slices, None, ...): it cannot repeat an element."""
-    parts = index[0] if len(index) == 1 and isinstance(index[0], tuple) else index
-    return all(p is None or p is Ellipsis or isinstance(p, (int, slice)) for p in parts)
-
-
-def _small_exact(t: Any) -> bool:
-    """A tensor with data whose values are kept: integers or bools of at most ``_MAX_CHECKED``
-    elements, floats of at most ``_MAX_FLOATS``."""
-    if not isinstance(t, torch.Tensor) or t.device.type == "meta" or t.is_complex():
-        return False
-    return t.numel() <= (_MAX_FLOATS if t.dtype.is_floating_point else _MAX_CHECKED)
-
-
-def _checks_floats(float_checks: WeakIdKeyDictionary, name: str, args: tuple) -> bool:
-    """Whether ``name(*args)`` (a bool result) checks float values: a comparison or predicate of
-    floats, or a view or conjunction of such checks."""
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    if not tensors:
-        return False
-    if name in _COMPARISONS or name in ("isfinite", "isclose", "isreal"):
-        return any(t.dtype.is_floating_point for t in tensors)
-    if name in _SAME_VALUE or name in _AND:
-        return all(t in float_checks for t in tensors)
-    return False

@@ -229,7 +229,10 @@ class MemTracker:
         ``allocated`` (the allocator's count), ``peak_allocated`` (since the previous line),
         ``workspace_bytes`` (CUDA: cuBLAS and cuBLASLt workspaces; ``None`` on the CPU),
         ``unattributed_bytes`` (the rest of ``allocated``: tensors + workspaces + unattributed =
-        allocated), ``reserved`` and ``nvml_used`` (CUDA); ``lines`` and ``at``, the block's text.
+        allocated), ``reserved``, ``device_free`` and ``alloc_retries`` (CUDA; retries only when
+        some happened since the previous line), ``nvml_used`` and ``peak_nvml_used`` (CUDA with
+        NVML; the peak with ``sample_every``), ``None`` where not measured: a key for each figure
+        of the ``At`` line. ``lines`` and ``at`` are the block's text.
 
         Like the Rust ``track!()``, a failure never reaches the program it watches: it is a
         warning naming it (once per distinct failure) and ``None``.

@@ -2,10 +2,10 @@
 //! `scripts/figures/readme_sample.py` from a log of `scripts/dev demo`) is a log of today's demo: every
 //! line parses as the tracker writes it, and every `At` line names a `track!` of
 //! examples/train.rs, at its line, in its function.
-use gpu_mem_track::log::parse_log;
+use gpu_mem_track_log::log::parse_log;
 
-const README: &str = include_str!("../README.md");
-const DEMO: &str = include_str!("../examples/train.rs");
+const README: &str = include_str!("../../README.md");
+const DEMO: &str = include_str!("../../examples/train.rs");
 
 fn excerpt() -> Vec<&'static str> {
     let start = README.find("<!-- demo-log-excerpt:start -->").expect("the start marker");
@@ -58,7 +58,7 @@ fn the_readme_main_rs_is_the_dependent_crates_example() {
     let at = README.find("Then `src/main.rs`:").expect("the README introduces its main.rs");
     let code =
         README[at..].split("```rust\n").nth(1).and_then(|c| c.split("```").next()).expect("a rust block");
-    let example = include_str!("fixtures/dependent/examples/readme.rs");
+    let example = include_str!("../../tests/fixtures/dependent/examples/readme.rs");
     let example =
         example
             .split_once('\n')

@@ -1,0 +1,159 @@
+"""The torch-function mode of an ``Estimator`` block: CUDA devices become meta, the CPU is the CPU
+where the caller's data is written or a real tensor's values are read, ``Tensor.backward`` starts
+the backward phase, autocast("cuda") casts meta tensors (``_autocast``), and constant inputs keep
+their values (``_known_values``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from . import _autocast
+from ._known_values import KnownValues
+from ._value_ops import READS, VALUE_SIZED, constant_of
+
+if TYPE_CHECKING:
+    from ._estimator import Estimator
+
+META = torch.device("meta")
+
+#: Constructors that write the caller's data into the CPU tensor they make: they run with the CPU
+#: being the CPU (a meta tensor has no memory to write into); asked for a GPU, the result is then
+#: copied to meta, as a real run copies it to the GPU.
+_FROM_DATA = frozenset({"tensor", "as_tensor", "asarray", "new_tensor", "frombuffer", "from_numpy"})
+
+#: Reads of a tensor's values into Python.
+_READ_REAL = frozenset({"tolist", "numpy", "item", "__bool__", "__int__", "__float__", "__index__", "__array__"})
+
+
+def meta_device(d: Any) -> Any:
+    """A CUDA device (``"cuda"``, ``"cuda:1"``, ``torch.device("cuda")``) as meta; others as they are."""
+    if isinstance(d, torch.device):
+        return META if d.type == "cuda" else d
+    if isinstance(d, str) and (d == "cuda" or d.startswith("cuda:")):
+        return META
+    return d
+
+
+class MetaMode(TorchFunctionMode):
+    """Sees every torch call of the block: CUDA devices become meta before torch would initialise
+    CUDA for them, ``Tensor.backward`` starts the backward phase, autocast("cuda") casts meta
+    tensors as it casts CUDA ones, and constant inputs keep their values (``_known_values``)."""
+
+    def __init__(self, estimator: Estimator) -> None:
+        super().__init__()
+        self._estimator = estimator
+        self._casts = _autocast.Casts()
+        self._paused = 0
+        self.known = KnownValues(self.cpu_is_cpu)
+        # The storages of the real tensors the block made from data (``torch.tensor(2.6)``): a
+        # parameter on one of them (CLIP's ``logit_scale``) was made in the block, not before.
+        self._from_data: set[int] = set()
+
+    def made_from_data(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` (a real tensor) is on the storage of one the block made from data."""
+        return t.untyped_storage()._cdata in self._from_data
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in READS and args and isinstance(args[0], torch.Tensor):
+            known, value = self.known.read(name, args[0])
+            if known:
+                return value
+        if name == "tolist" and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
+            return self.known.tolist(args[0])
+        if name in VALUE_SIZED:
+            sized = self.known.sized_by_values(func, args, kwargs)
+            if sized is not None:
+                return sized
+        if name == "__iter__" and args and isinstance(args[0], torch.Tensor) and self.known.knows(args[0]):
+            # `for row in t` unbinds t: its rows keep the values (Qwen2-VL's image_grid_thw)
+            rows = torch.Tensor.unbind(args[0], 0)
+            self.known.follow_values(torch.Tensor.unbind, "unbind", (args[0], 0), {}, rows)
+            return iter(rows)
+        if name in ("numpy", "__array__") and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
+            with self.cpu_is_cpu():
+                array = self.known.numpy(args[0])
+            return array if name == "numpy" or len(args) < 2 or args[1] is None else array.astype(args[1])
+        out = self._call(func, name, args, kwargs)
+        if name in ("cuda", "to") and args and isinstance(args[0], torch.Tensor) and args[0].device.type != "meta":
+            with self.cpu_is_cpu():  # while the tensor's values are read
+                self.known.set(out, constant_of(args[0]))
+            self.known.set_real(out, args[0])
+        else:
+            self.known.follow(name, args, kwargs, out)
+            self.known.follow_values(func, name, args, kwargs, out)
+        return out
+
+    @contextlib.contextmanager
+    def cpu_is_cpu(self) -> Iterator[None]:
+        """The recording paused: CPU tensors made meanwhile are real CPU tensors, not meta. Nests
+        (a real-values count inside a real op): only the outermost resumes."""
+        recording = self._estimator._recording
+        self._paused += 1
+        if self._paused == 1:
+            recording.pause()
+        try:
+            yield
+        finally:
+            self._paused -= 1
+            if self._paused == 0:
+                recording.resume()
+
+    def _call(self, func, name: str, args: tuple, kwargs: dict) -> Any:
+        if "device" in kwargs:
+            kwargs = {**kwargs, "device": meta_device(kwargs["device"])}
+        if name == "cuda":  # Tensor.cuda(device=None, non_blocking=False, ...): stays on meta
+            return torch.Tensor.to(args[0], META)
+        if name == "pin_memory":  # meta memory cannot be pinned (and needs no pinning)
+            return args[0]
+        if name == "to" and len(args) > 1:
+            device = args[1]
+            if isinstance(device, int) and not isinstance(device, bool):
+                device = META  # x.to(0): CUDA device 0
+            args = (args[0], meta_device(device), *args[2:])
+        # A sampler's shuffle (torch.randperm with its own generator, DataLoader's RandomSampler)
+        # is the data pipeline's: its indices are read with `.tolist()`, so they are real. So is
+        # reading a real tensor's values (`.tolist()` copies it first, which would be meta).
+        real_read = name in _READ_REAL and args and isinstance(args[0], torch.Tensor) and args[0].device.type != "meta"
+        if name in _FROM_DATA or real_read or (name == "randperm" and kwargs.get("generator") is not None):
+            with self.cpu_is_cpu():
+                out = func(*args, **kwargs)
+            if name in _FROM_DATA and isinstance(out, torch.Tensor):
+                self._from_data.add(out.untyped_storage()._cdata)
+            return out
+        if name == "repeat_interleave" and kwargs.get("output_size") is None:
+            kwargs = self._repeat_interleave_size(args, kwargs)
+        if name in ("backward", "grad") and func in (torch.Tensor.backward, torch.autograd.grad):
+            self._estimator._enter_backward()
+            out = func(*args, **kwargs)
+            self._estimator._own_gradients()
+            return out
+        if _autocast.enabled():
+            args, kwargs = self._casts.apply(func, args, kwargs)
+            return _autocast.cross_entropy(func, args, kwargs)
+        self._casts.clear()
+        return func(*args, **kwargs)
+
+    def _repeat_interleave_size(self, args: tuple, kwargs: dict) -> dict:
+        """``repeat_interleave`` by a tensor of repeats: its output size, which meta cannot have
+        without it, from the repeats' real values (Qwen2-VL's patches an image, from
+        ``image_grid_thw``), where the block has them."""
+        single = len(args) == 1 and "repeats" not in kwargs  # repeat_interleave(repeats)
+        repeats = args[0] if single else (args[1] if len(args) > 1 else kwargs.get("repeats"))
+        real = self.known.real(repeats) if isinstance(repeats, torch.Tensor) and repeats.device.type == "meta" else None
+        if real is None:
+            return kwargs
+        with self.cpu_is_cpu():
+            total = int(real.sum())
+            if not single and real.numel() == 1:
+                dim = args[2] if len(args) > 2 else kwargs.get("dim")
+                total = int(real.reshape(-1)[0]) * (args[0].numel() if dim is None else args[0].shape[dim])
+        return {**kwargs, "output_size": total}
+
