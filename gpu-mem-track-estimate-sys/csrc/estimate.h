@@ -74,12 +74,23 @@ typedef struct {
 } gmt_estimate_options;
 static_assert(sizeof(gmt_estimate_options) == 48, "gmt_estimate_options is mirrored in gpu-mem-track-estimate-sys/src/lib.rs: change both");
 
-// Sizes of what the run created; timing and peaks come from the recorded events.
+// What kind of failure a run's error message is, so that callers sort errors by kind, never by
+// their text (a result's `failure`; GMT_FAILURE_NONE for libtorch's and the shim's own failures).
+enum gmt_failure {
+  GMT_FAILURE_NONE = 0,
+  GMT_FAILURE_MODEL = 1,           // the file is not a model this can run, or its forward rejects the input
+  GMT_FAILURE_NO_META_KERNEL = 2,  // an op reached the meta device with no kernel there (`failed_op`)
+};
+
+// Sizes of what the run created; timing and peaks come from the recorded events. When the run
+// fails, only `failure` and `failed_op` are written.
 typedef struct {
   int64_t param_count, param_bytes, buffer_bytes, input_bytes, grad_bytes, optimizer_state_bytes;
   int64_t output_numel;
+  int32_t failure;      // gmt_failure
+  char failed_op[124];  // GMT_FAILURE_NO_META_KERNEL: the op (aten::batch_norm_stats), NUL-terminated
 } gmt_estimate_result;
-static_assert(sizeof(gmt_estimate_result) == 56, "gmt_estimate_result is mirrored in gpu-mem-track-estimate-sys/src/lib.rs: change both");
+static_assert(sizeof(gmt_estimate_result) == 184, "gmt_estimate_result is mirrored in gpu-mem-track-estimate-sys/src/lib.rs: change both");
 
 // Loads and runs the module on the device with the allocator recorder on; the recording stays
 // readable afterwards (gmt_recorder_*).
@@ -98,6 +109,7 @@ typedef struct {
   int64_t param_bytes;
   int64_t nodes, tensor_values, unknown_shapes;
   int32_t peak_node;
+  int32_t failure;  // gmt_failure, when the call fails
   char peak_op[64];
   double seconds;
 } gmt_static_result;

@@ -141,6 +141,11 @@ c10::IValue run(const Program& p, const std::vector<at::Tensor>& placed, const a
     for (const Arg& a : n.args) stack.push_back(bind(a, values, n));
     try {
       n.op.callBoxed(stack);
+    } catch (const c10::NotImplementedError& e) {
+      // The dispatcher's error for an op without a kernel for the device (also raised for a
+      // dtype a kernel lacks): a missing kernel only if this op has none on meta.
+      if (input.is_meta() && !gmt::has_meta_kernel(n.op)) throw gmt::NoMetaKernel(n.name, n.name + ": " + e.what_without_backtrace());
+      throw std::runtime_error(n.name + ": " + e.what());
     } catch (const std::exception& e) {
       throw std::runtime_error(n.name + ": " + e.what());
     }
@@ -278,7 +283,7 @@ gmt_error gmt_exported_program_outputs(void* program, const int64_t* values, siz
 }
 
 gmt_error gmt_estimate_exported(const void* program, const gmt_estimate_options* o, gmt_estimate_result* out) {
-  GMT_TRY({
+  GMT_TRY_RUN(out, {
     if (!program || !o || !out) throw std::invalid_argument("null estimate options");
     const auto* p = static_cast<const Program*>(program);
     gmt::run_estimate(

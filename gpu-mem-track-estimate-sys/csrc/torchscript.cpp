@@ -200,15 +200,37 @@ std::string short_message(const std::exception& e) {
 }
 }  // namespace
 
+namespace gmt {
+bool has_meta_kernel(const c10::OperatorHandle& op) {
+  using K = c10::DispatchKey;
+  return op.hasKernelForDispatchKey(K::Meta) || op.hasKernelForDispatchKey(K::CompositeExplicitAutograd) ||
+         op.hasKernelForDispatchKey(K::CompositeExplicitAutogradNonFunctional) ||
+         op.hasKernelForDispatchKey(K::CompositeImplicitAutograd);
+}
+}  // namespace gmt
+
 namespace {
 bool has_meta_path(const c10::OperatorName& name) {
   auto op = c10::Dispatcher::singleton().findOp(name);
   if (!op) return true;  // not a dispatcher op (prim::, a builtin): nothing to check
-  using K = c10::DispatchKey;
   // A CPU kernel is enough: the meta-via-CPU fallback runs it.
-  return op->hasKernelForDispatchKey(K::Meta) || op->hasKernelForDispatchKey(K::CompositeExplicitAutograd) ||
-         op->hasKernelForDispatchKey(K::CompositeExplicitAutogradNonFunctional) ||
-         op->hasKernelForDispatchKey(K::CompositeImplicitAutograd) || op->hasKernelForDispatchKey(K::CPU);
+  return gmt::has_meta_kernel(*op) || op->hasKernelForDispatchKey(c10::DispatchKey::CPU);
+}
+
+// The first op of the forward graph (inlined, nested blocks first as they run) with no kernel on
+// meta as the dispatcher stands now (the fallback's kernels included once installed), or "".
+std::string first_op_without_meta_kernel(torch::jit::Block* block) {
+  for (torch::jit::Node* n : block->nodes()) {
+    for (torch::jit::Block* b : n->blocks()) {
+      std::string inner = first_op_without_meta_kernel(b);
+      if (!inner.empty()) return inner;
+    }
+    const torch::jit::Operator* op = n->maybeOperator();
+    if (!op) continue;
+    auto handle = c10::Dispatcher::singleton().findOp(op->schema().operator_name());
+    if (handle && !gmt::has_meta_kernel(*handle)) return op->schema().name();
+  }
+  return "";
 }
 
 void collect_without_meta(torch::jit::Block* block, std::vector<std::string>& out) {
@@ -383,14 +405,25 @@ void run_estimate(const gmt_estimate_options* o, const ModelLoader& load, gmt_es
     {
       std::optional<at::NoGradGuard> no_grad;
       if (!o->train) no_grad.emplace();
+      const auto failed = [&](const std::exception& e) {
+        std::string shape_text = "[";
+        for (size_t i = 0; i < shape.size(); ++i) shape_text += (i ? ", " : "") + std::to_string(shape[i]);
+        return "forward failed for input " + shape_text + "] " + c10::toString(input.scalar_type()) + ": " +
+               short_message(e);
+      };
       try {
         g_forward_passes.fetch_add(1, std::memory_order_relaxed);
         result = model.forward(input);
+      } catch (const gmt::NoMetaKernel& e) {
+        throw gmt::NoMetaKernel(e.op, failed(e));
+      } catch (const c10::NotImplementedError& e) {
+        // The dispatcher's error for an op without a kernel for the device (also raised for a
+        // dtype a kernel lacks): a missing kernel only if the graph names an op without one.
+        const std::string op = meta && model.op_without_meta_kernel ? model.op_without_meta_kernel() : "";
+        if (!op.empty()) throw gmt::NoMetaKernel(op, failed(e));
+        throw gmt::ModelRejected(failed(e));
       } catch (const std::exception& e) {
-        std::string shape_text = "[";
-        for (size_t i = 0; i < shape.size(); ++i) shape_text += (i ? ", " : "") + std::to_string(shape[i]);
-        throw std::runtime_error("forward failed for input " + shape_text + "] " + c10::toString(input.scalar_type()) +
-                                 ": " + short_message(e));
+        throw gmt::ModelRejected(failed(e));
       }
     }
     if (!o->train) {
@@ -403,7 +436,7 @@ void run_estimate(const gmt_estimate_options* o, const ModelLoader& load, gmt_es
     int64_t numel = 0;
     at::Tensor loss = loss_of(result, numel);
     r.output_numel = numel;
-    if (!loss.defined()) throw std::runtime_error("the model output holds no tensor to train on");
+    if (!loss.defined()) throw gmt::ModelRejected("the model output holds no tensor to train on");
     result = c10::IValue();
     loss.backward();
     loss = at::Tensor();
@@ -422,7 +455,7 @@ void run_estimate(const gmt_estimate_options* o, const ModelLoader& load, gmt_es
 }  // namespace gmt
 
 extern "C" gmt_error gmt_estimate_torchscript(const gmt_estimate_options* o, gmt_estimate_result* out) {
-  GMT_TRY({
+  GMT_TRY_RUN(out, {
     if (!o || !o->path || !out) throw std::invalid_argument("null estimate options");
     const bool meta = o->device_kind == GMT_DEV_META;
     gmt::run_estimate(
@@ -432,7 +465,7 @@ extern "C" gmt_error gmt_estimate_torchscript(const gmt_estimate_options* o, gmt
           try {
             *module = torch::jit::load(o->path, device);
           } catch (const std::exception& e) {
-            throw std::runtime_error(std::string("cannot load ") + o->path + " as TorchScript: " + short_message(e));
+            throw gmt::ModelRejected(std::string("cannot load ") + o->path + " as TorchScript: " + short_message(e));
           }
           if (meta) {
             gpu_devices_to_meta(*module);
@@ -454,6 +487,11 @@ extern "C" gmt_error gmt_estimate_torchscript(const gmt_estimate_options* o, gmt
           for (const auto& p : module->named_parameters(true)) gmt::register_tensor(p.value, p.name);
           for (const auto& b : module->named_buffers(true)) gmt::register_tensor(b.value, b.name);
           m.forward = [module, eager_executor](const at::Tensor& input) { return module->forward({input}); };
+          m.op_without_meta_kernel = [module] {
+            auto graph = module->get_method("forward").graph()->copy();
+            torch::jit::Inline(*graph);
+            return first_op_without_meta_kernel(graph->block());
+          };
           return m;
         },
         out);
@@ -517,20 +555,20 @@ void collect_inputs(Node* n, std::vector<Value*>& out) {
 
 extern "C" gmt_error gmt_estimate_static(const char* path, const int64_t* shape, int32_t ndim, int32_t dtype,
                                          int32_t is_index, gmt_static_result* out) {
-  GMT_TRY({
+  GMT_TRY_RUN(out, {
     if (!path || !out) throw std::invalid_argument("null static estimate arguments");
     const auto start = std::chrono::steady_clock::now();
     torch::jit::script::Module m;
     try {
       m = torch::jit::load(path, c10::Device(c10::DeviceType::CPU));
     } catch (const std::exception& e) {
-      throw std::runtime_error(std::string("cannot load ") + path + " as TorchScript: " + short_message(e));
+      throw gmt::ModelRejected(std::string("cannot load ") + path + " as TorchScript: " + short_message(e));
     }
     m.eval();
     auto g = m.get_method("forward").graph()->copy();
     torch::jit::Inline(*g);
     if (g->inputs().size() != 2)
-      throw std::runtime_error("the static estimate handles forward(self, x) with one tensor input; this forward takes " +
+      throw gmt::ModelRejected("the static estimate handles forward(self, x) with one tensor input; this forward takes " +
                                std::to_string(g->inputs().size() - 1));
     gmt_static_result r{};
     r.param_bytes = lift_attributes(*g, m);

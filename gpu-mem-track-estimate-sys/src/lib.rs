@@ -35,9 +35,16 @@ pub struct gmt_estimate_options {
     pub eager_lifetimes: i32,
 }
 
-/// Sizes found by a TorchScript estimate (mirrors `gmt_estimate_result`).
+/// What kind of failure a run's error is (`gmt_failure`): none named (libtorch's or the shim's own).
+pub const GMT_FAILURE_NONE: i32 = 0;
+/// The file is not a model the estimator can run, or its forward rejects the input.
+pub const GMT_FAILURE_MODEL: i32 = 1;
+/// An op reached the meta device with no kernel there (the result's `failed_op`).
+pub const GMT_FAILURE_NO_META_KERNEL: i32 = 2;
+
+/// Sizes found by a TorchScript estimate (mirrors `gmt_estimate_result`); on failure, its kind.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct gmt_estimate_result {
     pub param_count: i64,
     pub param_bytes: i64,
@@ -46,6 +53,26 @@ pub struct gmt_estimate_result {
     pub grad_bytes: i64,
     pub optimizer_state_bytes: i64,
     pub output_numel: i64,
+    /// `GMT_FAILURE_*`.
+    pub failure: i32,
+    /// The op of a `GMT_FAILURE_NO_META_KERNEL`, NUL-terminated.
+    pub failed_op: [c_char; 124],
+}
+
+impl Default for gmt_estimate_result {
+    fn default() -> Self {
+        Self {
+            param_count: 0,
+            param_bytes: 0,
+            buffer_bytes: 0,
+            input_bytes: 0,
+            grad_bytes: 0,
+            optimizer_state_bytes: 0,
+            output_numel: 0,
+            failure: GMT_FAILURE_NONE,
+            failed_op: [0; 124],
+        }
+    }
 }
 
 /// A placeholder's role in a torch.export program (mirrors `gmt_exported_role`).
@@ -112,6 +139,8 @@ pub struct gmt_static_result {
     pub tensor_values: i64,
     pub unknown_shapes: i64,
     pub peak_node: i32,
+    /// `GMT_FAILURE_*`, when the call fails.
+    pub failure: i32,
     pub peak_op: [c_char; 64],
     pub seconds: f64,
 }
@@ -203,6 +232,6 @@ extern "C" {
 
 // The C layouts this crate mirrors (`csrc/estimate.h` asserts the same sizes on its side).
 const _: () = assert!(std::mem::size_of::<gmt_estimate_options>() == 48);
-const _: () = assert!(std::mem::size_of::<gmt_estimate_result>() == 56);
+const _: () = assert!(std::mem::size_of::<gmt_estimate_result>() == 184);
 const _: () = assert!(std::mem::size_of::<gmt_static_result>() == 120);
 const _: () = assert!(std::mem::size_of::<gmt_exported_arg>() == 64);

@@ -36,6 +36,28 @@ fn check(call: &'static str, err: sys::gmt_error) -> Result<()> {
     Ok(unsafe { sys::safe::check(call, err) }?)
 }
 
+/// [`check`] for a call that names its failure's kind (`gmt_failure`): a model the run rejects is
+/// [`Error::Input`] (its message, on one line), an op without a kernel on meta is
+/// [`Error::MissingMetaKernel`] (`all` left for the caller, who can read the graph).
+fn check_run(
+    call: &'static str,
+    err: sys::gmt_error,
+    failure: i32,
+    failed_op: &[std::os::raw::c_char],
+) -> Result<()> {
+    if err.is_null() || failure == esys::GMT_FAILURE_NONE {
+        return check(call, err);
+    }
+    // SAFETY: a non-null error is a malloc'd string the shim handed over.
+    let message = unsafe { take_shim_string(err) };
+    Err(match failure {
+        esys::GMT_FAILURE_NO_META_KERNEL => {
+            Error::MissingMetaKernel { op: fixed_c_str(failed_op), all: Vec::new() }
+        }
+        _ => Error::Input(message.lines().filter(|l| !l.trim().is_empty()).collect::<Vec<_>>().join(" ")),
+    })
+}
+
 fn c_string(call: &'static str, s: &str) -> Result<CString> {
     Ok(sys::safe::c_string(call, s)?)
 }
@@ -245,13 +267,17 @@ pub(crate) fn estimate_torchscript(
     let cpu_before = cpu_means_meta_counts();
     let mut raw = esys::gmt_estimate_result::default();
     match &program {
-        // SAFETY: `program` is live; `opts` points at live buffers (`path`, `input_shape`) for
-        // the call; `raw` is a valid out-pointer.
         Some(p) => {
-            check("estimate", unsafe { esys::gmt_estimate_exported(p.raw.as_ptr(), &opts, &mut raw) })?
+            // SAFETY: `program` is live; `opts` points at live buffers (`path`, `input_shape`) for
+            // the call; `raw` is a valid out-pointer.
+            let err = unsafe { esys::gmt_estimate_exported(p.raw.as_ptr(), &opts, &mut raw) };
+            check_run("estimate", err, raw.failure, &raw.failed_op)?
         }
-        // SAFETY: as above.
-        None => check("estimate", unsafe { esys::gmt_estimate_torchscript(&opts, &mut raw) })?,
+        None => {
+            // SAFETY: as above.
+            let err = unsafe { esys::gmt_estimate_torchscript(&opts, &mut raw) };
+            check_run("estimate", err, raw.failure, &raw.failed_op)?
+        }
     }
     let (meta_scalar_reads, cpu_fallback, attention) = meta.since();
     let run = RunFigures {
@@ -483,7 +509,7 @@ pub(crate) fn estimate_static(
     // SAFETY: all-zero is a valid value of this plain C struct.
     let mut out: esys::gmt_static_result = unsafe { std::mem::zeroed() };
     // SAFETY: `path` and `shape` are live for the call; `out` is a valid out-pointer.
-    check("static estimate", unsafe {
+    let err = unsafe {
         esys::gmt_estimate_static(
             path.as_ptr(),
             shape.as_ptr(),
@@ -492,7 +518,8 @@ pub(crate) fn estimate_static(
             is_index as i32,
             &mut out,
         )
-    })?;
+    };
+    check_run("static estimate", err, out.failure, &[])?;
     Ok(StaticEstimate {
         activation_peak: bytes(out.activation_peak),
         param_bytes: bytes(out.param_bytes),

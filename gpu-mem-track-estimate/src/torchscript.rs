@@ -114,10 +114,7 @@ fn run_torchscript(
         },
         eager_lifetimes: options.lifetimes == Lifetimes::Eager,
     };
-    ffi::estimate_torchscript(&call).map_err(|e| match e {
-        Error::Tracker(gpu_mem_track::Error::Libtorch { message, .. }) => classify_failure(path, message),
-        other => other,
-    })
+    ffi::estimate_torchscript(&call).map_err(|e| with_graph(path, e))
 }
 
 /// A model path must name a regular file; a folder or a fifo is named as what it is.
@@ -132,26 +129,24 @@ fn check_model_file(path: &Path) -> Result<()> {
     Err(Error::Input(format!("model file {} {problem}", path.display())))
 }
 
-/// Turns a libtorch failure into the error a user can act on.
-fn classify_failure(path: &Path, message: String) -> Error {
-    if message.contains("no fake impl or Meta kernel registered") || message.contains("Meta kernel") {
-        let op = message
-            .split_whitespace()
-            .find(|w| w.starts_with("aten::") || w.contains("::"))
-            .map(|w| w.trim_end_matches(':').to_owned())
-            .unwrap_or_else(|| "an operator".into());
-        // All of them at once, read from the graph, not only the one the run stopped at.
-        let all = ffi::script_ops_without_meta(path)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(schema, place)| format!("{schema} at {place}"))
-            .collect();
-        return Error::MissingMetaKernel { op, all };
+/// A failed run, as the error a user can act on: an op without a meta kernel is named with every
+/// op of the graph that has no CPU kernel either, all at once (not only the one the run stopped
+/// at); any other libtorch failure is the model's, named by its file.
+fn with_graph(path: &Path, e: Error) -> Error {
+    match e {
+        Error::MissingMetaKernel { op, all } if all.is_empty() => {
+            let all = ffi::script_ops_without_meta(path)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(schema, place)| format!("{schema} at {place}"))
+                .collect();
+            Error::MissingMetaKernel { op, all }
+        }
+        Error::Tracker(gpu_mem_track::Error::Libtorch { message, .. }) => {
+            Error::Input(format!("{}: {}", path.display(), message.lines().next().unwrap_or("")))
+        }
+        other => other,
     }
-    if message.starts_with("cannot load") || message.starts_with("forward failed") {
-        return Error::Input(message.replace('\n', " "));
-    }
-    Error::Input(format!("{}: {}", path.display(), message.lines().next().unwrap_or("")))
 }
 
 /// Estimates an inference pass statically: the forward graph is inlined, parameter shapes are
@@ -164,10 +159,7 @@ pub fn estimate_static(path: &Path, options: &EstimateOptions) -> Result<StaticE
     check_model_file(path)?;
     gpu_mem_track::install()?;
     ffi::estimate_static(path, &options.input_shape, options.precision.dtype(), options.input_is_index)
-        .map_err(|e| match e {
-            Error::Tracker(gpu_mem_track::Error::Libtorch { message, .. }) => classify_failure(path, message),
-            other => other,
-        })
+        .map_err(|e| with_graph(path, e))
 }
 
 /// [`estimate_torchscript_traced`], also returning the live tensors at its peak, grouped like the

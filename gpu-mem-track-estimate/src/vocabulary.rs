@@ -14,27 +14,70 @@ pub const NOT_ONE_GPU: [&str; 3] = ["cuda", "all", "none"];
 /// The GPU an estimate is for when none is named, on the command line and in Python.
 pub const DEFAULT_GPU_TARGET: &str = AUTO;
 
-/// The options whose words are listed, as the command line and Python name them.
-pub const OPTIONS: [&str; 9] =
-    ["optimizer", "dtype", "precision", "shard", "lifetimes", "device", "dimension", "category", "phase"];
+/// One option's words: what it lists, and how it reads a word.
+struct OptionWords {
+    name: &'static str,
+    words: fn() -> Vec<String>,
+    canonical: fn(&str) -> Result<String, String>,
+}
 
-/// The canonical words of `option` (one of [`OPTIONS`]), `None` for another option.
-pub fn words(option: &str) -> Option<Vec<String>> {
-    fn of<T: Choice>() -> Vec<String> {
+const fn choice<T: Choice>(name: &'static str) -> OptionWords {
+    fn words<T: Choice>() -> Vec<String> {
         T::NAMES.iter().map(|n| (*n).to_owned()).collect()
     }
-    Some(match option {
-        "optimizer" => of::<Optimizer>(),
-        "dtype" => of::<Precision>(),
-        "precision" => of::<TrainingPrecision>(),
-        "shard" => of::<Shard>(),
-        "lifetimes" => of::<Lifetimes>(),
-        "device" => of::<EstimateDevice>(),
-        "dimension" => of::<FitDimension>(),
-        "category" => Category::ALL.iter().map(|c| c.name().to_owned()).collect(),
-        "phase" => Phase::ALL.iter().map(|p| p.to_string()).collect(),
-        _ => return None,
-    })
+    fn canonical<T: Choice>(value: &str) -> Result<String, String> {
+        value.parse::<T>().map(|v| v.to_string())
+    }
+    OptionWords { name, words: words::<T>, canonical: canonical::<T> }
+}
+
+fn category_words() -> Vec<String> {
+    Category::ALL.iter().map(|c| c.name().to_owned()).collect()
+}
+
+/// Every option, in [`OPTIONS`]'s order: the one place an option's words come from.
+const TABLE: [OptionWords; 9] = [
+    choice::<Optimizer>("optimizer"),
+    choice::<Precision>("dtype"),
+    choice::<TrainingPrecision>("precision"),
+    choice::<Shard>("shard"),
+    choice::<Lifetimes>("lifetimes"),
+    choice::<EstimateDevice>("device"),
+    choice::<FitDimension>("dimension"),
+    OptionWords {
+        name: "category",
+        words: category_words,
+        canonical: |value| {
+            Category::from_name(value)
+                .map(|c| c.name().to_owned())
+                .ok_or_else(|| format!("unknown category {value:?} (use {})", category_words().join(", ")))
+        },
+    },
+    OptionWords {
+        name: "phase",
+        words: || Phase::ALL.iter().map(|p| p.to_string()).collect(),
+        canonical: |value| value.parse::<Phase>().map(|p| p.to_string()),
+    },
+];
+
+/// The options whose words are listed, as the command line and Python name them.
+pub const OPTIONS: [&str; 9] = {
+    let mut names = [""; 9];
+    let mut i = 0;
+    while i < TABLE.len() {
+        names[i] = TABLE[i].name;
+        i += 1;
+    }
+    names
+};
+
+fn option(name: &str) -> Option<&'static OptionWords> {
+    TABLE.iter().find(|o| o.name == name)
+}
+
+/// The canonical words of `option` (one of [`OPTIONS`]), `None` for another option.
+pub fn words(option_name: &str) -> Option<Vec<String>> {
+    option(option_name).map(|o| (o.words)())
 }
 
 /// The canonical word of `value` for `option`: an alias or another spelling (`sgd-momentum`,
@@ -42,23 +85,10 @@ pub fn words(option: &str) -> Option<Vec<String>> {
 ///
 /// # Errors
 /// The type's own message for an unknown word (it lists the words), or an unknown option.
-pub fn canonical(option: &str, value: &str) -> Result<String, String> {
-    fn of<T: Choice>(value: &str) -> Result<String, String> {
-        value.parse::<T>().map(|v| v.to_string())
-    }
-    match option {
-        "optimizer" => of::<Optimizer>(value),
-        "dtype" => of::<Precision>(value),
-        "precision" => of::<TrainingPrecision>(value),
-        "shard" => of::<Shard>(value),
-        "lifetimes" => of::<Lifetimes>(value),
-        "device" => of::<EstimateDevice>(value),
-        "dimension" => of::<FitDimension>(value),
-        "category" => Category::from_name(value).map(|c| c.name().to_owned()).ok_or_else(|| {
-            format!("unknown category {value:?} (use {})", words("category").unwrap_or_default().join(", "))
-        }),
-        "phase" => value.parse::<Phase>().map(|p| p.to_string()),
-        _ => Err(format!("unknown option {option:?} (use {})", OPTIONS.join(", "))),
+pub fn canonical(option_name: &str, value: &str) -> Result<String, String> {
+    match option(option_name) {
+        Some(o) => (o.canonical)(value),
+        None => Err(format!("unknown option {option_name:?} (use {})", OPTIONS.join(", "))),
     }
 }
 

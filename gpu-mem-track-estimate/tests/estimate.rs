@@ -100,11 +100,14 @@ fn bad_models_and_inputs_are_one_line_errors() {
     let junk = dir.path().join("junk.pt");
     std::fs::write(&junk, b"not a zip archive").unwrap();
     let e = estimate_torchscript(&junk, &opts).unwrap_err();
+    // Sorted by the kind the C++ names (gmt_failure), not by its text.
+    assert!(matches!(e, Error::Input(_)), "{e:?}");
     assert!(e.to_string().starts_with("cannot load") && e.to_string().contains("junk.pt"), "{e}");
     assert_eq!(e.to_string().lines().count(), 1);
     let models = export_models(dir.path(), &["mlp"]);
     let wrong = EstimateOptions { input_shape: vec![4, 100], ..EstimateOptions::default() };
     let e = estimate_torchscript(&models[0], &wrong).unwrap_err();
+    assert!(matches!(e, Error::Input(_)), "{e:?}");
     let msg = e.to_string();
     assert!(msg.starts_with("forward failed for input [4, 100]"), "{msg}");
     assert_eq!(msg.lines().count(), 1, "{msg}");

@@ -139,6 +139,18 @@ impl Parallelism {
         let asked = precision.mixed() || world_size > 1 || shard != Shard::None;
         asked.then_some(Parallelism { world_size: world_size.max(1), shard, precision })
     }
+
+    /// [`Parallelism::asked`] for a run recorded as it ran (Python's `Estimator`): only several
+    /// ranks or sharded states make a job of it. The program already ran in its own dtype,
+    /// autocast included, so a precision alone changes nothing the recording does not hold.
+    pub fn asked_of_recorded_run(
+        world_size: u64,
+        shard: Shard,
+        precision: TrainingPrecision,
+    ) -> Option<Parallelism> {
+        Parallelism::asked(world_size, shard, precision)
+            .filter(|p| p.world_size > 1 || p.shard != Shard::None)
+    }
 }
 
 /// Model-state bytes one rank holds.

@@ -328,15 +328,11 @@ impl PyEstimateRequest {
             device: EstimateDevice::Meta,
             lifetimes: Lifetimes::Eager,
         };
-        // One rank's figures only for several ranks or sharded states: the Python model runs in
-        // its own dtype (autocast included), so a precision alone changes nothing the run did not
-        // already record.
-        let parallelism = Parallelism::asked(
+        let parallelism = Parallelism::asked_of_recorded_run(
             self.world_size,
             parse_named("shard", &self.shard)?,
             parse_named("precision", &self.precision)?,
-        )
-        .filter(|p| p.world_size > 1 || p.shard != gpu_mem_track_estimate::sharding::Shard::None);
+        );
         let gpu = GpuTarget::resolve(&self.device_profile, self.gpu_memory).map_err(estimate_error)?;
         Ok((options, EstimateRequest { gpu, parallelism, caching_allocator_line: true }))
     }
