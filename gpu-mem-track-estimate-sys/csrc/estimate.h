@@ -45,6 +45,16 @@ void gmt_conv_workspaces_clear(void);
 // tracker's allocation recorder; it also registers the meta-via-CPU fallback (meta_kernels.cpp).
 gmt_error gmt_meta_allocator_install(void);  // idempotent
 int64_t gmt_meta_allocator_current(void);    // live meta bytes
+// Resizes a meta storage as a GPU storage resizes (`UntypedStorage.resize_`, with which FSDP frees
+// and re-allocates unsharded parameters; libtorch's meta resize only sets the size): a new block of
+// `nbytes` (none for 0) replaces the old, so the recorder sees the free and the allocation.
+// `storage_impl` is a c10::StorageImpl*.
+gmt_error gmt_meta_storage_resize(void* storage_impl, int64_t nbytes);
+// While on (calls nest; this thread only), meta allocations and their frees are not reported:
+// tensors that stand for no memory on any device (DTensor's sharding propagation runs the op on
+// global-shape fakes to learn its output's shape).
+void gmt_meta_unrecorded_begin(void);
+void gmt_meta_unrecorded_end(void);
 
 // ---- "the CPU means meta" on this thread (cpu_means_meta.cpp) ----
 // While on (calls nest; end on the thread that began), factories asked for the CPU make meta

@@ -175,6 +175,9 @@ extern "C" {
         out: *mut gmt_estimate_result,
     ) -> gmt_error;
     pub fn gmt_estimate_forward_passes() -> i64;
+    pub fn gmt_meta_storage_resize(storage_impl: *mut c_void, nbytes: i64) -> gmt_error;
+    pub fn gmt_meta_unrecorded_begin();
+    pub fn gmt_meta_unrecorded_end();
     pub fn gmt_exported_program_json(path: *const c_char, json: *mut *mut c_char) -> gmt_error;
     pub fn gmt_exported_program_new() -> *mut c_void;
     pub fn gmt_exported_program_free(program: *mut c_void);

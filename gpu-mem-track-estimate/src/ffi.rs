@@ -5,9 +5,10 @@
 //! The only module of this crate with `unsafe` code.
 #![allow(unsafe_code)]
 
+use std::ffi::c_void;
 use std::ffi::{c_int, CStr, CString};
 #[cfg(feature = "tch")]
-use std::{ffi::c_void, ptr::NonNull};
+use std::ptr::NonNull;
 
 use gpu_mem_track::recorder::{self, AllocEvent};
 use gpu_mem_track::DeviceKind;
@@ -620,6 +621,47 @@ pub(crate) fn grads_set_to_none(params: &[tch::Tensor]) -> Result<u64> {
 pub(crate) fn meta_allocator_install() -> Result<()> {
     // SAFETY: idempotent installation.
     check("meta allocator", unsafe { esys::gmt_meta_allocator_install() })
+}
+
+/// Resizes a meta storage as a GPU storage resizes: a new allocation of `nbytes` (none for 0)
+/// replaces the old one, and the recorder sees both (`UntypedStorage.resize_`, with which FSDP frees
+/// and re-allocates unsharded parameters; libtorch's own meta resize only sets the size).
+///
+/// # Errors
+/// [`Error::Tracker`] for a storage that is not on meta or not resizable, or an `nbytes` over
+/// `i64::MAX`.
+///
+/// # Safety
+/// `storage_impl` is a live `c10::StorageImpl*` (Python's `UntypedStorage._cdata`) that no other
+/// thread uses during the call.
+pub unsafe fn resize_meta_storage(storage_impl: *mut c_void, nbytes: u64) -> Result<()> {
+    let nbytes =
+        i64::try_from(nbytes).map_err(|_| Error::Input(format!("storage size {nbytes} B is over 2^63")))?;
+    // SAFETY: the caller's promise; the shim checks the device and resizability.
+    check("meta storage resize", unsafe { esys::gmt_meta_storage_resize(storage_impl, nbytes) })
+}
+
+/// While alive, meta allocations this thread makes (and their frees) are not recorded: tensors
+/// that stand for no memory on any device, as the global-shape fakes DTensor's sharding
+/// propagation runs an op on to learn its output's shape. Guards nest.
+pub struct UnrecordedMeta {
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl UnrecordedMeta {
+    /// Starts an unrecorded span on this thread.
+    pub fn begin() -> Self {
+        // SAFETY: bumps a thread-local counter, undone on drop on this thread (the guard is not Send).
+        unsafe { esys::gmt_meta_unrecorded_begin() };
+        Self { _not_send: std::marker::PhantomData }
+    }
+}
+
+impl Drop for UnrecordedMeta {
+    fn drop(&mut self) {
+        // SAFETY: ends the span `begin` started on this thread.
+        unsafe { esys::gmt_meta_unrecorded_end() }
+    }
 }
 
 /// The ops with a hand-written meta kernel in the shim.

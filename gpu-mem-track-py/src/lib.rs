@@ -537,6 +537,47 @@ fn recording_owner(cdata: usize, site: usize) -> PyResult<()> {
     Ok(())
 }
 
+/// Resizes the meta storage whose `c10::StorageImpl*` is `cdata` (`UntypedStorage._cdata`) to
+/// `nbytes` as a GPU storage resizes: the old allocation is freed and a new one made, both
+/// recorded (FSDP frees and re-allocates unsharded parameters this way).
+#[pyfunction]
+fn meta_storage_resize(cdata: usize, nbytes: u64) -> PyResult<()> {
+    if cdata == 0 {
+        return Err(PyValueError::new_err("meta_storage_resize: null StorageImpl pointer"));
+    }
+    // SAFETY: `cdata` is the `_cdata` of a storage the Python caller holds for this call, under
+    // the GIL.
+    unsafe { gpu_mem_track_estimate::in_process::resize_meta_storage(cdata as *mut c_void, nbytes) }
+        .map_err(estimate_error)
+}
+
+/// `with Unrecorded():` meta allocations this thread makes in the block are not recorded, nor
+/// their frees: tensors that stand for no memory on any device (DTensor's sharding propagation's
+/// global-shape fakes).
+#[pyclass(name = "Unrecorded", module = "gpu_mem_track._native", unsendable)]
+struct PyUnrecorded {
+    guards: Vec<gpu_mem_track_estimate::in_process::UnrecordedMeta>,
+}
+
+#[pymethods]
+impl PyUnrecorded {
+    #[new]
+    fn new() -> Self {
+        Self { guards: Vec::new() }
+    }
+
+    fn __enter__(mut slf: PyRefMut<'_, Self>) -> PyRefMut<'_, Self> {
+        slf.guards.push(gpu_mem_track_estimate::in_process::UnrecordedMeta::begin());
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&mut self, _exc: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.guards.pop();
+        false
+    }
+}
+
 /// Tags the recorded allocation of the tensor whose `c10::TensorImpl*` is `cdata` (`parameter`,
 /// `buffer`, `input`, `gradient`).
 #[pyfunction]
@@ -698,6 +739,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyTracker>()?;
     m.add_class::<PyRecording>()?;
     m.add_class::<PyFinished>()?;
+    m.add_class::<PyUnrecorded>()?;
+    m.add_function(wrap_pyfunction!(meta_storage_resize, m)?)?;
     m.add_function(wrap_pyfunction!(fit_search, m)?)?;
     m.add_function(wrap_pyfunction!(recording_phase, m)?)?;
     m.add_function(wrap_pyfunction!(meta_target_device, m)?)?;

@@ -18,6 +18,7 @@ import threading
 import warnings
 from typing import Any
 
+from ._distributed import SimulatedRanks
 from ._estimate_result import estimate_of
 from ._load import native as _native
 from ._meta_kernels import LargestResults
@@ -55,7 +56,11 @@ class Estimator(PhaseHooks):
     caching allocator model alone. ``gpu_memory``: the GPU's memory in bytes, replacing the profile's.
     ``world_size``, ``shard`` (``none``, ``zero1``, ``zero2``, ``zero3``/``fsdp``) and
     ``precision`` (``fp32``, ``bf16``, ``amp-bf16``, ...): the GPU figures are those of one rank of
-    a data-parallel job.
+    a data-parallel job, by a formula over the single-process step.
+
+    A distributed program (``dist.init_process_group``, ``init_device_mesh``, FSDP, DTensor) runs in
+    the block as rank ``rank`` of ``world_size``: its process group is simulated (collectives move
+    no data), and the figures are that rank's as it ran (``shard`` is then not applied).
 
     After the block, ``result`` is the :class:`Estimate`; ``print(est)`` shows it and
     :meth:`breakdown` says what each module and category held at the peak. The block runs on the
@@ -71,6 +76,7 @@ class Estimator(PhaseHooks):
         *,
         gpu_memory: int | None = None,
         world_size: int = 1,
+        rank: int = 0,
         shard: str = "none",
         precision: str = "fp32",
         device: str | None = None,
@@ -83,6 +89,7 @@ class Estimator(PhaseHooks):
             "shard": canonical("Estimator", "shard", shard),
             "precision": canonical("Estimator", "precision", precision),
         }
+        self.ranks = SimulatedRanks(int(world_size), int(rank))
         self.result: Any = None
         self._recording: Any = None
 
@@ -116,6 +123,9 @@ class Estimator(PhaseHooks):
             patch_torch(self._undo, self._largest)
             self._install_hooks(ModTracker())
             mode = self._mode = MetaMode(self)
+            self.ranks.used = False
+            self._undo.append(self.ranks.close)
+            self.ranks.patch(self._undo, mode)
             mode.__enter__()
             self._undo.append(lambda: mode.__exit__(None, None, None))
         except BaseException:
@@ -143,7 +153,9 @@ class Estimator(PhaseHooks):
         except BaseException:
             recording.cancel()  # the next block can record
             raise
-        request = {**run, "device_profile": self.device_profile, "gpu_memory": self.gpu_memory, **self.parallel}
+        # A program that made its process group ran as one rank: its figures are that rank's.
+        parallel = {**self.parallel, "world_size": 1, "shard": "none"} if self.ranks.used else self.parallel
+        request = {**run, "device_profile": self.device_profile, "gpu_memory": self.gpu_memory, **parallel}
         finished = recording.finish(request, sizes, self._sites.names)
         self._finished = finished
         self.result = estimate_of(finished, self._largest.calls)

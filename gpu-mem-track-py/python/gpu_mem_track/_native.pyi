@@ -185,6 +185,18 @@ def recording_site(site: int | None = None) -> None:
 def recording_owner(cdata: int, site: int) -> None:
     """Sets the site of the recorded allocation of the tensor whose ``c10::TensorImpl*`` is ``cdata``."""
 
+def meta_storage_resize(cdata: int, nbytes: int) -> None:
+    """Resizes the meta storage whose ``c10::StorageImpl*`` is ``cdata`` as a GPU storage resizes
+    (the old allocation freed, a new one made; both recorded)."""
+
+@final
+class Unrecorded:
+    """``with Unrecorded():`` meta allocations this thread makes are not recorded, nor their frees."""
+
+    def __new__(cls) -> Unrecorded: ...
+    def __enter__(self) -> Unrecorded: ...
+    def __exit__(self, *exc: object) -> bool: ...
+
 def recording_tag(cdata: int, category: str) -> None:
     """Tags the recorded allocation of the tensor whose ``c10::TensorImpl*`` is ``cdata``."""
 

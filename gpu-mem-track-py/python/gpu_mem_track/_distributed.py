@@ -1,0 +1,137 @@
+"""A distributed program in an ``Estimator`` block, run as one rank of ``world_size``: its
+``init_process_group`` gets a simulated process group of that many ranks (collectives move no data),
+its device mesh is built as on a GPU machine, and what a GPU run allocates for FSDP and DTensor is
+recorded as it is allocated there:
+
+- ``UntypedStorage.resize_``, with which FSDP frees and re-allocates unsharded parameters and their
+  gradients, frees and allocates on meta as on a GPU (libtorch's meta resize only sets the size);
+- the global-shape fakes DTensor's sharding propagation runs an op on, to learn its output's shape,
+  stand for no memory and are not recorded;
+- FSDP's check that no parameter is left on meta is off: inside the block meta is the GPU.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ._load import native as _native
+
+if TYPE_CHECKING:
+    from ._meta_mode import MetaMode
+
+
+def collectives_run_on_meta() -> bool:
+    """Whether c10d's collectives have meta kernels in this torch (2.11 and later): a collective
+    of the simulated process group on the block's meta tensors runs."""
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    return all(has_kernel(op, "Meta") for op in ("c10d::allreduce_", "c10d::_allgather_base_", "c10d::_reduce_scatter_base_"))
+
+
+class SimulatedRanks:
+    """The block's distributed patches for rank ``rank`` of ``world_size``; ``used`` says whether the
+    program made a process group (its figures are then that rank's, as traced)."""
+
+    def __init__(self, world_size: int, rank: int) -> None:
+        if world_size < 1:
+            raise ValueError(f"Estimator: world_size={world_size} must be at least 1")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"Estimator: rank={rank} must be in 0..{world_size - 1} (world_size={world_size})")
+        self.world_size = world_size
+        self.rank = rank
+        self.used = False
+        self._made_group = False
+
+    def patch(self, undo: list, mode: MetaMode) -> None:
+        """Patches torch for the block; what gives each back is appended to ``undo``."""
+
+        def patch(owner: Any, name: str, value: Any) -> None:
+            old = getattr(owner, name)
+            setattr(owner, name, value)
+            undo.append(lambda: setattr(owner, name, old))
+
+        storage_resize = torch.UntypedStorage.resize_
+
+        def resize_(storage: torch.UntypedStorage, size: int) -> torch.UntypedStorage:
+            if storage.device.type != "meta":
+                return storage_resize(storage, size)
+            _native.meta_storage_resize(storage._cdata, int(size))
+            return storage
+
+        patch(torch.UntypedStorage, "resize_", resize_)
+        if not torch.distributed.is_available():
+            return
+        import torch.distributed as dist
+        from torch.distributed import device_mesh
+
+        init_process_group = dist.init_process_group
+
+        def simulated_group(*args: Any, **kwargs: Any) -> None:
+            # The program's backend, store and address are a real job's; this rank's group is the
+            # simulated one, of the estimate's size, whatever the environment says.
+            del args, kwargs
+            if not collectives_run_on_meta():
+                raise RuntimeError(
+                    f"Estimator: a distributed program runs in the block from torch 2.11 on: this torch"
+                    f" ({torch.__version__}) has no meta kernels of c10d's collectives"
+                )
+            from torch.testing._internal.distributed.fake_pg import FakeStore
+
+            init_process_group("fake", rank=self.rank, world_size=self.world_size, store=FakeStore())
+            self._made_group = True
+            self.used = True
+
+        # Wherever it is bound: torch's modules (device_mesh calls its own import) and the
+        # program's (`from torch.distributed import init_process_group`).
+        for module in list(sys.modules.values()):
+            if getattr(module, "init_process_group", None) is init_process_group:
+                patch(module, "init_process_group", simulated_group)
+        mesh_init = device_mesh.DeviceMesh.__init__
+
+        def rank_table(t: Any) -> Any:
+            # init_device_mesh numbers the ranks with torch.arange, which the block made on meta:
+            # the same numbers, on the CPU, where the mesh reads them.
+            if isinstance(t, torch.Tensor) and t.device.type == "meta":
+                return torch.arange(t.numel(), dtype=t.dtype).view(t.shape)
+            return t
+
+        def mesh_on_cpu_values(this: Any, device_type: str, *args: Any, **kwargs: Any) -> None:
+            # A mesh's rank table holds values the mesh reads (which rank is where): real CPU
+            # tensors. Its device is the GPU's, which in the block is meta; without a GPU the
+            # CPU's device handle stands in for CUDA's.
+            self.used = True
+            with mode.cpu_is_cpu():
+                args = tuple(rank_table(a) for a in args)
+                kwargs = {k: rank_table(v) for k, v in kwargs.items()}
+                mesh_init(this, "cpu" if device_type == "cuda" else device_type, *args, **kwargs)
+
+        patch(device_mesh.DeviceMesh, "__init__", mesh_on_cpu_values)
+        try:
+            from torch.distributed.tensor._sharding_prop import ShardingPropagator
+        except ImportError:  # torch without DTensor
+            ShardingPropagator = None
+        if ShardingPropagator is not None and hasattr(ShardingPropagator, "_propagate_tensor_meta_non_cached"):
+            propagate = ShardingPropagator._propagate_tensor_meta_non_cached
+
+            def propagate_unrecorded(this: Any, *args: Any, **kwargs: Any) -> Any:
+                with _native.Unrecorded():
+                    return propagate(this, *args, **kwargs)
+
+            patch(ShardingPropagator, "_propagate_tensor_meta_non_cached", propagate_unrecorded)
+        try:
+            from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+        except ImportError:  # torch without FSDP2
+            FSDPParamGroup = None
+        if FSDPParamGroup is not None and hasattr(FSDPParamGroup, "_validate_no_meta_params"):
+            patch(FSDPParamGroup, "_validate_no_meta_params", lambda this: None)
+
+    def close(self) -> None:
+        """Destroys the simulated process group the block made: the process is left as it was."""
+        if self._made_group:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self._made_group = False

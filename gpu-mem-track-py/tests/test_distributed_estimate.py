@@ -1,0 +1,109 @@
+"""A distributed program in ``Estimator(world_size=N, rank=r)`` is estimated as that rank runs it:
+each rank's estimated peak equals, within 0.1 %, the peak of the same program really run under
+torchrun with gloo on the CPU (``MemTracker(device="cpu")``). The program and both runs are
+``scripts/figures/distributed_vs_cpu.py``'s; each estimate runs in a process of its own."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from gpu_mem_track._distributed import collectives_run_on_meta
+
+# Per test, not for the module: a module skipped whole is a pytest run that collected nothing.
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="this torch has no torch.distributed")
+ON_META = torch.distributed.is_available() and collectives_run_on_meta()
+needs_transformers = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None or not ON_META,
+    reason="needs transformers (the Llama the program trains) and torch >= 2.11 (c10d's meta kernels)",
+)
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "figures" / "distributed_vs_cpu.py"
+
+
+def rank_peaks(ranks: int, *layouts: str) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--json", "--ranks", str(ranks), *layouts],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def assert_within_a_thousandth(lines: list[dict]) -> None:
+    for line in lines:
+        assert abs(line["estimate"] - line["real"]) <= line["real"] / 1000, line
+
+
+@needs_transformers
+def test_fsdp2_layouts_at_two_ranks_are_estimated_as_each_rank_runs_them():
+    layouts = ["fsdp2", "fsdp2-noreshard", "fsdp2-bf16", "fsdp2-root", "fsdp2-checkpointed"]
+    lines = rank_peaks(2, *layouts)
+    assert [(line["layout"], line["rank"]) for line in lines] == [(name, r) for name in layouts for r in (0, 1)]
+    assert_within_a_thousandth(lines)
+    peak = {line["layout"]: line["real"] for line in lines}
+    # The layouts differ by more than the tolerance: an estimate of the wrong layout would fail.
+    assert peak["fsdp2-noreshard"] > peak["fsdp2"] * 1.05 and peak["fsdp2-root"] > peak["fsdp2-noreshard"] * 1.05
+    assert peak["fsdp2-bf16"] < peak["fsdp2"] * 0.9 and peak["fsdp2-checkpointed"] < peak["fsdp2"] * 0.7
+
+
+@needs_transformers
+def test_uneven_shards_at_three_ranks_give_each_rank_its_own_peak():
+    lines = rank_peaks(3, "fsdp2")
+    assert [line["rank"] for line in lines] == [0, 1, 2]
+    assert_within_a_thousandth(lines)
+    # 3 does not divide the vocabulary's rows evenly: the last rank holds less.
+    assert lines[2]["real"] < lines[0]["real"] and lines[2]["estimate"] < lines[0]["estimate"]
+
+
+def test_a_storage_resized_to_nothing_frees_its_memory_in_the_estimate():
+    import gpu_mem_track
+
+    mib = 2**20
+    with gpu_mem_track.Estimator(device_profile="cuda") as est:
+        x = torch.empty(mib, dtype=torch.uint8, device="cuda")
+        x.untyped_storage().resize_(0)  # FSDP frees an unsharded parameter so
+        y = torch.empty(mib, dtype=torch.uint8, device="cuda")
+        x.untyped_storage().resize_(mib)  # and gives it memory again
+        del x, y
+    peaks = [p["peak_bytes"] for p in est.result["phases"]]
+    assert max(peaks) == 2 * mib, est.result["phases"]
+
+
+def test_the_simulated_process_group_is_this_rank_of_n_and_gone_after_the_block():
+    import gpu_mem_track
+    import torch.distributed as dist
+
+    with pytest.raises(ValueError, match="rank=4"):
+        gpu_mem_track.Estimator(world_size=4, rank=4)
+    if not ON_META:  # torch < 2.11: a clear error at the program's first distributed call
+        with pytest.raises(RuntimeError, match="from torch 2.11 on"), gpu_mem_track.Estimator(world_size=8, rank=5):
+            dist.init_process_group("nccl")
+        assert not dist.is_initialized()
+        return
+    seen = []
+    with gpu_mem_track.Estimator(device_profile="cuda", world_size=8, rank=5, shard="zero3") as est:
+        dist.init_process_group("nccl", init_method="tcp://10.0.0.1:1234")  # a real job's, not used
+        seen.append((dist.get_rank(), dist.get_world_size()))
+        t = torch.ones(1000, device="cuda")
+        dist.all_reduce(t)
+    assert seen == [(5, 8)]
+    assert not dist.is_initialized()
+    # The program ran as one rank: its figures are that rank's, no formula's (which `rank` holds).
+    assert est.result.get("rank") is None, est.result["rank"]
+    assert max(p["peak_bytes"] for p in est.result["phases"]) == 4000, est.result["phases"]
+    # Without distributed calls, the same options are the formula's.
+    with gpu_mem_track.Estimator(device_profile="cuda", world_size=8, rank=5, shard="zero3") as est:
+        torch.ones(1000, device="cuda")
+    assert est.result["rank"]["parallelism"] == {"precision": "fp32", "shard": "zero3", "world_size": 8}

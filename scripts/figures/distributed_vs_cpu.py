@@ -1,0 +1,171 @@
+"""A distributed program estimated per rank against the same program really run: a small Hugging Face
+Llama (4 layers, 256 wide, 8 heads, 4 KV heads, vocabulary 4 000, eager attention, dropout 0), two
+AdamW steps (foreach) on 4 x 128 tokens, under each layout below. The truth is the program run
+under torchrun with gloo on the CPU, each rank's peak measured by `MemTracker(device="cpu")`; the
+estimate is the same program in `Estimator(device_profile="cuda", world_size=N, rank=r)`, one
+process a rank, with "cuda" for its device. Each line: a rank's peak, both ways.
+
+usage: python scripts/figures/distributed_vs_cpu.py [--ranks N] [--json] [LAYOUT ...]
+       (needs gpu_mem_track and transformers; LAYOUT one of LAYOUTS, default all)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+LAYOUTS = {
+    "fsdp2": "FSDP2 fully_shard on each decoder layer and the root",
+    "fsdp2-noreshard": "the same, reshard_after_forward=False",
+    "fsdp2-bf16": "the same, MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)",
+    "fsdp2-root": "FSDP2 on the root only",
+    "fsdp2-checkpointed": "FSDP2 on each layer and the root, activation checkpointing",
+}
+
+
+def build():
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        vocab_size=4000,
+        attention_dropout=0.0,
+    )
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+
+
+def program(device: str, layout: str) -> None:
+    """The user's program: the same lines under torchrun and in the estimator."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    dist.init_process_group("gloo" if device == "cpu" else "nccl")
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    model = build().to(device)
+    options = {}
+    if layout == "fsdp2-noreshard":
+        options = {"reshard_after_forward": False}
+    if layout == "fsdp2-bf16":
+        options = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
+    if layout == "fsdp2-checkpointed":
+        model.gradient_checkpointing_enable()
+    if layout != "fsdp2-root":
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh, **options)
+    fully_shard(model, mesh=mesh, **options)
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+    torch.manual_seed(1)
+    ids = torch.randint(3, 4000, (4, 128), device=device)
+    for _ in range(2):
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def truth(layout: str, out: str) -> None:
+    """Under torchrun: this rank's peak, measured while the program runs on the CPU, into
+    ``out/rank<r>.json`` (the ranks share one stdout, where lines interleave)."""
+    import tempfile
+
+    import gpu_mem_track
+    import torch.distributed as dist
+
+    tracker = gpu_mem_track.MemTracker(device="cpu", path=tempfile.mkdtemp() + "/", detail=False)
+    before = tracker.track()["allocated"]
+    program("cpu", layout)
+    peak = tracker.track()["peak_allocated"] - before
+    with open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w") as f:
+        json.dump({"rank": dist.get_rank(), "peak": peak}, f)
+    dist.destroy_process_group()
+
+
+def estimate(layout: str, ranks: int, rank: int) -> None:
+    """This rank's peak, estimated in-process."""
+    import gpu_mem_track
+
+    with gpu_mem_track.Estimator(device_profile="cuda", world_size=ranks, rank=rank) as est:
+        program("cuda", layout)
+    peak = max(p["peak_bytes"] for p in est.result["phases"])
+    print(json.dumps({"rank": rank, "peak": peak}), flush=True)
+
+
+def real_peaks(layout: str, ranks: int) -> dict[int, int]:
+    """Each rank's real peak: the program under torchrun, gloo on the CPU."""
+    import tempfile
+
+    out = tempfile.mkdtemp()
+    run(["--truth", layout, "--out", out], ranks=ranks)
+    peaks = {}
+    for rank in range(ranks):
+        with open(os.path.join(out, f"rank{rank}.json")) as f:
+            peaks[rank] = json.load(f)["peak"]
+    return peaks
+
+
+def run(args: list[str], ranks: int | None = None) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR")}
+    launch = [sys.executable]
+    if ranks is not None:
+        launch += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
+    out = subprocess.run([*launch, __file__, *args], capture_output=True, text=True, env=env, timeout=600, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"distributed_vs_cpu.py {' '.join(args)} failed:\n{out.stderr[-4000:]}")
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--json", action="store_true", help="one JSON line a rank")
+    parser.add_argument("--truth", metavar="LAYOUT", help=argparse.SUPPRESS)
+    parser.add_argument("--estimate", metavar="LAYOUT", help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("layouts", nargs="*", metavar="LAYOUT")
+    args = parser.parse_args()
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    if args.truth:
+        truth(args.truth, args.out)
+        return 0
+    if args.estimate:
+        estimate(args.estimate, args.ranks, args.rank)
+        return 0
+    unknown = [name for name in args.layouts if name not in LAYOUTS]
+    if unknown:
+        parser.error(f"unknown layout(s) {unknown}; one of {', '.join(LAYOUTS)}")
+    if not args.json:
+        print(f"rank peaks at {args.ranks} ranks, bytes: the real CPU run and the estimate")
+    for layout in args.layouts or LAYOUTS:
+        started = time.time()
+        real = real_peaks(layout, args.ranks)
+        for rank in range(args.ranks):
+            estimated = run(["--estimate", layout, "--ranks", str(args.ranks), "--rank", str(rank)])[0]["peak"]
+            line = {"layout": layout, "ranks": args.ranks, "rank": rank, "real": real[rank], "estimate": estimated}
+            if args.json:
+                print(json.dumps(line), flush=True)
+            else:
+                diff = estimated - real[rank]
+                print(
+                    f"{layout:<19} rank {rank}  real {real[rank]:>11}  estimate {estimated:>11}"
+                    f"  ({diff:+d} B, {100 * diff / real[rank]:+.4f} %)  [{time.time() - started:.0f} s]",
+                    flush=True,
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
