@@ -47,8 +47,8 @@ def assert_within_a_thousandth(lines: list[dict]) -> None:
 
 
 @needs_transformers
-def test_fsdp2_layouts_at_two_ranks_are_estimated_as_each_rank_runs_them():
-    layouts = ["fsdp2", "fsdp2-noreshard", "fsdp2-bf16", "fsdp2-root", "fsdp2-checkpointed"]
+def test_fsdp2_and_ddp_layouts_at_two_ranks_are_estimated_as_each_rank_runs_them():
+    layouts = ["fsdp2", "fsdp2-noreshard", "fsdp2-bf16", "fsdp2-root", "fsdp2-checkpointed", "ddp", "ddp-bucket-view"]
     lines = rank_peaks(2, *layouts)
     assert [(line["layout"], line["rank"]) for line in lines] == [(name, r) for name in layouts for r in (0, 1)]
     assert_within_a_thousandth(lines)
@@ -56,6 +56,8 @@ def test_fsdp2_layouts_at_two_ranks_are_estimated_as_each_rank_runs_them():
     # The layouts differ by more than the tolerance: an estimate of the wrong layout would fail.
     assert peak["fsdp2-noreshard"] > peak["fsdp2"] * 1.05 and peak["fsdp2-root"] > peak["fsdp2-noreshard"] * 1.05
     assert peak["fsdp2-bf16"] < peak["fsdp2"] * 0.9 and peak["fsdp2-checkpointed"] < peak["fsdp2"] * 0.7
+    # DDP keeps the whole model's states on each rank, and its buckets besides.
+    assert peak["ddp"] > peak["fsdp2-root"] * 1.05
 
 
 @needs_transformers

@@ -24,6 +24,8 @@ LAYOUTS = {
     "fsdp2-bf16": "the same, MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)",
     "fsdp2-root": "FSDP2 on the root only",
     "fsdp2-checkpointed": "FSDP2 on each layer and the root, activation checkpointing",
+    "ddp": "DDP, default buckets",
+    "ddp-bucket-view": "DDP, gradient_as_bucket_view=True",
 }
 
 
@@ -61,10 +63,15 @@ def program(device: str, layout: str) -> None:
         options = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
     if layout == "fsdp2-checkpointed":
         model.gradient_checkpointing_enable()
-    if layout != "fsdp2-root":
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh, **options)
-    fully_shard(model, mesh=mesh, **options)
+    if layout.startswith("ddp"):
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model, gradient_as_bucket_view=layout == "ddp-bucket-view")
+    else:
+        if layout != "fsdp2-root":
+            for layer in model.model.layers:
+                fully_shard(layer, mesh=mesh, **options)
+        fully_shard(model, mesh=mesh, **options)
     optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
     torch.manual_seed(1)
     ids = torch.randint(3, 4000, (4, 128), device=device)

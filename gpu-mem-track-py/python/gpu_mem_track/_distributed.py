@@ -7,7 +7,11 @@ recorded as it is allocated there:
   gradients, frees and allocates on meta as on a GPU (libtorch's meta resize only sets the size);
 - the global-shape fakes DTensor's sharding propagation runs an op on, to learn its output's shape,
   stand for no memory and are not recorded;
-- FSDP's check that no parameter is left on meta is off: inside the block meta is the GPU.
+- FSDP's check that no parameter is left on meta is off: inside the block meta is the GPU;
+- DDP's reducer allocates its buckets on meta as on the GPU; its check that the ranks' parameter
+  shapes agree is off (the simulated ranks are one program), and its allreduce of a bucket
+  completes with the bucket itself, as NCCL's in-place allreduce does (the simulated group's work
+  completes with no value, which the reducer refuses).
 """
 
 from __future__ import annotations
@@ -127,6 +131,8 @@ class SimulatedRanks:
         if FSDPParamGroup is not None and hasattr(FSDPParamGroup, "_validate_no_meta_params"):
             patch(FSDPParamGroup, "_validate_no_meta_params", lambda this: None)
 
+        _patch_ddp(patch)
+
     def close(self) -> None:
         """Destroys the simulated process group the block made: the process is left as it was."""
         if self._made_group:
@@ -135,3 +141,33 @@ class SimulatedRanks:
             if dist.is_initialized():
                 dist.destroy_process_group()
             self._made_group = False
+
+
+def _bucket_in_place(state: object, bucket: Any) -> torch.futures.Future:
+    """A DDP comm hook: the bucket, allreduced in place, is its own result (no memory made)."""
+    del state
+    done: torch.futures.Future = torch.futures.Future()
+    done.set_result(bucket.buffer())
+    return done
+
+
+def _patch_ddp(patch: Any) -> None:
+    try:
+        from torch.nn.parallel import distributed as ddp
+    except ImportError:  # torch without torch.distributed
+        return
+    if hasattr(ddp, "_verify_param_shape_across_processes"):
+        patch(ddp, "_verify_param_shape_across_processes", lambda *args, **kwargs: None)
+    # DDP checks a hook's annotations against these objects; this module's are strings.
+    _bucket_in_place.__annotations__ = {
+        "state": object,
+        "bucket": torch.distributed.GradBucket,
+        "return": torch.futures.Future[torch.Tensor],
+    }
+    init = ddp.DistributedDataParallel.__init__
+
+    def simulated_ddp(this: Any, *args: Any, **kwargs: Any) -> None:
+        init(this, *args, **kwargs)
+        this.register_comm_hook(None, _bucket_in_place)
+
+    patch(ddp.DistributedDataParallel, "__init__", simulated_ddp)
