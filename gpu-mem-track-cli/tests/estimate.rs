@@ -285,6 +285,19 @@ fn fit_finds_the_boundary_and_ranks_divide_the_optimizer_state() {
     assert!(
         v["rank"]["cuda"]["peak_allocated"].as_u64().unwrap() < v["cuda"]["peak_allocated"].as_u64().unwrap()
     );
+    assert_eq!(v["rank"]["method"], "formula", "the output says a formula made these figures: {v}");
+    // ZeRO-1 keeps the gradients whole; ZeRO-2 divides them too (DeepSpeed's `2P + 18P/N`).
+    assert_eq!(v["rank"]["model_states"]["gradients"], v["param_bytes"]);
+    let zero2 = [
+        &["estimate", m, "--input", "64x256", "--mode", "train", "--optimizer", "adam"][..],
+        &["--world-size", "4", "--shard", "zero2"],
+    ]
+    .concat();
+    let z2 = json_of(&zero2);
+    let grads = z2["rank"]["model_states"]["gradients"].as_u64().unwrap();
+    assert_eq!(grads, v["param_bytes"].as_u64().unwrap().div_ceil(4), "{z2}");
+    let text = String::from_utf8(run(&zero2).stdout).unwrap();
+    assert!(text.contains("formula (ZeRO's model-state counts"), "{text}");
 }
 
 /// One precision flag: `--precision` (fp32, fp16, bf16, amp-*), `--dtype` another name for it, the

@@ -135,6 +135,8 @@ pub fn estimate_json(
     let mut v = serde_json::to_value(estimate)?;
     if let Some(r) = rank {
         v["rank"] = serde_json::to_value(r)?;
+        // Named, so that no reader takes the rescaled step for a traced rank.
+        v["rank"]["method"] = "formula".into();
     }
     match (one_gpu, gpus.first()) {
         (true, Some(g)) => v["gpu"] = serde_json::to_value(g)?,
@@ -173,7 +175,8 @@ impl fmt::Display for RankReport {
         let r = &self.cuda;
         writeln!(
             f,
-            "  per rank of {} ({}, {}): parameters {}, gradients {}, optimizer state (with fp32 master copies) {}, \
+            "  formula (ZeRO's model-state counts over the one-process step, not a traced rank), per rank of {} \
+             ({}, {}): parameters {}, gradients {}, optimizer state (with fp32 master copies) {}, \
              gathered layer {} ({} parameters in the largest); model states {}",
             p.world_size,
             serde_name(p.shard),

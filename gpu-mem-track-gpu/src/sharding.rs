@@ -16,7 +16,8 @@
 //! | stage | working params | working grads | master params + fp32 grads + optimizer state |
 //! |-------|----------------|---------------|----------------------------------------------|
 //! | none  | `eP`           | `eP`          | `(m + sP)`                                   |
-//! | zero1, zero2 | `eP`    | `eP`          | `(m + sP) / N`                               |
+//! | zero1 | `eP`           | `eP`          | `(m + sP) / N`                               |
+//! | zero2 | `eP`           | `eP / N`      | `(m + sP) / N`                               |
 //! | zero3 | `eP / N`       | in the gathered layer (amp) or `eP / N` | `(m + sP) / N` + gathered `2eL` |
 //!
 //! with `P` parameters, `N` ranks, `e` bytes per working element (4 fp32, 2 bf16/fp16), `s` bytes
@@ -24,10 +25,12 @@
 //! in pure bf16), `m` = 8 bytes per parameter under mixed precision (fp32 master weight and fp32
 //! gradient partition, which DeepSpeed counts in its 16 bytes per parameter) and 0 otherwise, and
 //! `L` the parameters of the largest layer (DeepSpeed: the most parameters one module holds
-//! directly; here the largest parameter tensor, which a layer's weight is). DeepSpeed keeps full
-//! low-precision gradients in stages 1 and 2 (its stage-2 estimator counts `4P` for fp16
-//! parameters and gradients), so per rank the two stages hold the same model states; stage 2 saves
-//! in the transient reduce buckets, which are not modelled.
+//! directly; here the largest parameter tensor, which a layer's weight is). For fp16 Adam these are
+//! DeepSpeed's current counts: ZeRO-2 `2P + 18P/N` (its 18 bytes: 16-bit gradients, fp32
+//! gradients, fp32 parameters and two fp32 states, all partitioned; deepspeedai/DeepSpeed#5099
+//! moved the 16-bit gradients from the replicated `4P` into the partitioned share) and ZeRO-3
+//! `4L + 18P/N`; ZeRO-1 keeps the 16-bit gradients whole, `4P + 16P/N`. The reduce buckets
+//! stages 1 and 2 fill while backward runs are transient and not modelled.
 use serde::Serialize;
 
 use crate::options::{choice, Optimizer, Precision};
@@ -41,7 +44,7 @@ pub enum Shard {
     None,
     /// ZeRO-1: optimizer state (and mixed precision's master weights) divided among ranks.
     Zero1,
-    /// ZeRO-2: as ZeRO-1, gradients reduced to their owner (see the module docs).
+    /// ZeRO-2: as ZeRO-1, gradients reduced to their owner and divided too (see the module docs).
     Zero2,
     /// ZeRO-3 / FSDP full shard: parameters, gradients and optimizer state divided, each layer's
     /// parameters gathered while it computes.
@@ -202,7 +205,7 @@ pub fn model_states(params: u64, largest_layer: u64, optimizer: Optimizer, p: &P
         },
         Shard::Zero1 | Shard::Zero2 => ModelStates {
             parameters: share(params, e, 1),
-            gradients: share(params, e, 1),
+            gradients: share(params, e, if p.shard == Shard::Zero2 { n } else { 1 }),
             optimizer: share(params, per_param_optimizer, n),
             gathered_layer: 0,
         },
@@ -248,7 +251,7 @@ pub fn per_rank_trace(trace: &Trace, optimizer: Optimizer, p: &Parallelism) -> (
             // loads and converts only its shard (`zero.Init`, FSDP's sharded loading).
             _ if ev.phase == Phase::Load && p.shard == Shard::Zero3 => (1, n),
             Category::Gradient if p.shard == Shard::Zero3 && p.precision.mixed() => (0, 1),
-            Category::Gradient if p.shard == Shard::Zero3 => (1, n),
+            Category::Gradient if matches!(p.shard, Shard::Zero2 | Shard::Zero3) => (1, n),
             // Recorded at the working precision; held at the state precision, divided when sharded.
             Category::OptimizerState => {
                 (p.precision.state_bytes(), e * if sharded_optimizer { n } else { 1 })
@@ -318,8 +321,14 @@ mod tests {
     use super::*;
 
     /// DeepSpeed's `estimate_zero2_model_states_mem_needs(total_params, num_gpus_per_node,
-    /// num_nodes, cpu_offload=False)`: GPU bytes.
+    /// num_nodes, cpu_offload=False)`: GPU bytes, as its source has it since
+    /// deepspeedai/DeepSpeed#5099 (`2 * total_params + int(18 * total_params / total_gpus)`).
     fn deepspeed_zero2(total_params: u64, gpus: u64) -> u64 {
+        2 * total_params + 18 * total_params / gpus
+    }
+
+    /// ZeRO-1, which DeepSpeed's estimator folds into stage 2: the 16-bit gradients whole.
+    fn zero1(total_params: u64, gpus: u64) -> u64 {
         4 * total_params + 16 * total_params / gpus
     }
 
@@ -340,8 +349,11 @@ mod tests {
             for gpus in [1u64, 8, 64, 512] {
                 let z2 = model_states(params, largest, Optimizer::AdamW, &amp(Shard::Zero2, gpus));
                 let z3 = model_states(params, largest, Optimizer::Adam, &amp(Shard::Zero3, gpus));
-                // DeepSpeed truncates the per-GPU share (int()); we round it up: at most one byte apart.
-                assert!(z2.total().abs_diff(deepspeed_zero2(params, gpus)) <= 1, "{params} x {gpus}: {z2:?}");
+                let z1 = model_states(params, largest, Optimizer::Adam, &amp(Shard::Zero1, gpus));
+                assert!(z1.total().abs_diff(zero1(params, gpus)) <= 1, "{params} x {gpus}: {z1:?}");
+                // DeepSpeed truncates the per-GPU share (int()); we round each part up: at most two
+                // bytes apart.
+                assert!(z2.total().abs_diff(deepspeed_zero2(params, gpus)) <= 2, "{params} x {gpus}: {z2:?}");
                 assert!(
                     z3.total().abs_diff(deepspeed_zero3(params, largest, gpus)) <= 1,
                     "{params} x {gpus}: {z3:?}"

@@ -47,8 +47,9 @@ def assert_within_a_thousandth(lines: list[dict]) -> None:
 
 
 @needs_transformers
-def test_fsdp2_and_ddp_layouts_at_two_ranks_are_estimated_as_each_rank_runs_them():
-    layouts = ["fsdp2", "fsdp2-noreshard", "fsdp2-bf16", "fsdp2-root", "fsdp2-checkpointed", "ddp", "ddp-bucket-view"]
+def test_fsdp_ddp_and_tensor_parallel_layouts_at_two_ranks_are_estimated_as_each_rank_runs_them():
+    layouts = ["fsdp2", "fsdp2-noreshard", "fsdp2-bf16", "fsdp2-root", "fsdp2-checkpointed", "fsdp1", "ddp"]
+    layouts += ["ddp-bucket-view", "tp", "fsdp2-tp"]
     lines = rank_peaks(2, *layouts)
     assert [(line["layout"], line["rank"]) for line in lines] == [(name, r) for name in layouts for r in (0, 1)]
     assert_within_a_thousandth(lines)
@@ -58,6 +59,22 @@ def test_fsdp2_and_ddp_layouts_at_two_ranks_are_estimated_as_each_rank_runs_them
     assert peak["fsdp2-bf16"] < peak["fsdp2"] * 0.9 and peak["fsdp2-checkpointed"] < peak["fsdp2"] * 0.7
     # DDP keeps the whole model's states on each rank, and its buckets besides.
     assert peak["ddp"] > peak["fsdp2-root"] * 1.05
+    # Tensor parallelism divides the layers' weights and their activations among the ranks.
+    assert peak["tp"] < peak["ddp"] * 0.7
+
+
+@needs_transformers
+@pytest.mark.skipif(importlib.util.find_spec("torchvision") is None, reason="needs torchvision (ResNet-18)")
+def test_ddp_on_resnet18_adds_what_its_reducer_allocates():
+    lines = rank_peaks(2, "ddp-resnet18", "resnet18")
+    at = {(line["layout"], line["rank"]): line for line in lines}
+    for rank in (0, 1):
+        ddp, alone = at["ddp-resnet18", rank], at["resnet18", rank]
+        # The CPU's convolutions hold 4.5 MiB at the peak that the GPU's the estimate models do
+        # not, with DDP and without it; what DDP adds (its buckets) is estimated to the byte.
+        assert ddp["real"] - alone["real"] > 40 * 2**20, (ddp, alone)
+        assert abs((ddp["estimate"] - alone["estimate"]) - (ddp["real"] - alone["real"])) <= ddp["real"] / 1000
+        assert abs(alone["estimate"] - alone["real"]) <= 5 * 2**20, alone
 
 
 @needs_transformers
@@ -104,8 +121,75 @@ def test_the_simulated_process_group_is_this_rank_of_n_and_gone_after_the_block(
     assert not dist.is_initialized()
     # The program ran as one rank: its figures are that rank's, no formula's (which `rank` holds).
     assert est.result.get("rank") is None, est.result["rank"]
+    assert est.result["distributed"] == {"world_size": 8, "rank": 5, "method": "traced"}
+    assert "rank 5 of 8: traced as the program ran it" in str(est)
     assert max(p["peak_bytes"] for p in est.result["phases"]) == 4000, est.result["phases"]
     # Without distributed calls, the same options are the formula's.
     with gpu_mem_track.Estimator(device_profile="cuda", world_size=8, rank=5, shard="zero3") as est:
         torch.ones(1000, device="cuda")
     assert est.result["rank"]["parallelism"] == {"precision": "fp32", "shard": "zero3", "world_size": 8}
+    assert est.result["rank"]["method"] == "formula" and "distributed" not in est.result
+    assert "formula (ZeRO's model-state counts" in str(est)
+
+
+def sharded_step(batch: int = 4, layers: int = 3, width: int = 1000) -> None:
+    """A program as torchrun runs it: FSDP2 on each of ``layers`` linear layers, two AdamW steps
+    (from the second, the peak holds the optimizer's state, which is not padded)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("nccl")
+    mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+    model = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(layers))).cuda()
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+    for _ in range(2):
+        model(torch.randn(batch, width, device="cuda")).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+@pytest.mark.skipif(not ON_META, reason="needs torch >= 2.11 (c10d's meta kernels)")
+def test_every_rank_is_estimated_and_the_highest_named():
+    import gpu_mem_track
+
+    # 1000 rows over 3 ranks: 334, 334 and 332, so the last rank holds less.
+    ranks = gpu_mem_track.estimate_ranks(sharded_step, world_size=3, device_profile="cuda")
+    assert sorted(ranks) == [0, 1, 2]
+    with gpu_mem_track.Estimator(device_profile="cuda", world_size=3, rank=2) as alone:
+        sharded_step()
+    assert ranks[2].peak_bytes == alone.result.peak_bytes
+    assert ranks[0].peak_bytes == ranks[1].peak_bytes > ranks[2].peak_bytes
+    assert ranks.highest == 0 and ranks.alike() == [[0, 1], [2]]
+    text = str(ranks)
+    assert text.startswith(f"rank 0 of 3 peaks highest: {ranks[0].peak_bytes / 2**20:.1f} MiB"), text
+    assert "ranks 0-1: peak" in text and "rank 2: peak" in text, text
+    assert sorted(gpu_mem_track.estimate_ranks(sharded_step, world_size=3, ranks=[2, 0])) == [0, 2]
+    with pytest.raises(ValueError, match="rank=3"):
+        gpu_mem_track.estimate_ranks(sharded_step, world_size=3, ranks=[3])
+    with pytest.raises(ValueError, match="ranks='some'"):
+        gpu_mem_track.estimate_ranks(sharded_step, world_size=3, ranks="some")
+
+
+@pytest.mark.skipif(not ON_META, reason="needs torch >= 2.11 (c10d's meta kernels)")
+def test_fit_over_world_sizes_names_the_fewest_ranks_that_fit():
+    import gpu_mem_track
+
+    def step(batch: int) -> None:
+        sharded_step(batch, layers=8, width=4096)
+
+    # 8 layers of 4096 x 4096: 512 MiB of parameters, 2 GiB with their gradients and AdamW's
+    # states, divided among the ranks; the CUDA context and cuBLAS's workspaces besides.
+    gib = 2**30
+    found = gpu_mem_track.fit(step, device_profile="h100-80g", gpu_memory=5 * gib // 2, world_size=[4, 1, 2])
+    sizes = [at["world_size"] for at in found["world_sizes"]]
+    assert sizes == [1, 2, 4], found
+    largest = {at["world_size"]: at["largest"] for at in found["world_sizes"]}
+    assert largest[1] is None, found  # one GPU holds neither the states nor a batch of 1
+    assert largest[2] is not None and largest[4] > largest[2], largest
+    assert found["smallest_world_size"] == 2, largest
+    with pytest.raises(ValueError, match="world_size=\\[\\]"):
+        gpu_mem_track.fit(step, device_profile="h100-80g", world_size=[])

@@ -909,3 +909,17 @@ def test_the_package_lists_no_word_of_the_vocabulary():
                 if len(words) >= 2:
                     found.append(f"{path.name}:{node.lineno}: {option} {sorted(words)}")
     assert not found, found
+
+
+def test_what_the_program_makes_on_meta_itself_is_no_gpu_memory():
+    # Large models are built on meta, sharded, then given memory with `to_empty`: only that last
+    # step allocates on the GPU.
+    with Estimator(device_profile="cuda") as est:
+        with torch.device("meta"):
+            layer = torch.nn.Linear(1000, 1000)
+        scratch = torch.empty(10**9, device="meta")  # 4 GB, were it counted
+        layer.to_empty(device="cuda")
+        out = layer(torch.randn(8, 1000, device="cuda"))
+        del scratch, out
+    weight, bias, batch = 1000 * 1000 * 4, 1000 * 4, 8 * 1000 * 4
+    assert max(p["peak_bytes"] for p in est.result["phases"]) == weight + bias + 2 * batch, est.result["phases"]

@@ -1,5 +1,6 @@
 """Under torchrun: each rank's ``MemTracker`` writes a log of its own, named by its rank, with its
-own tensors and DDP's gradient bucket, and ``gpu-mem-track report`` reads the ranks' logs together.
+own tensors and DDP's gradient bucket, and ``gpu-mem-track report`` reads the ranks' logs together, naming the rank that peaks highest and
+what it holds beyond the other.
 Two gloo ranks on the CPU (``torch.distributed.run``, what the ``torchrun`` command runs)."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ tracker = MemTracker(path=os.path.join(sys.argv[1], "run-"), device="cpu")
 torch.manual_seed(0)
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 32))
 mine = torch.zeros(rank + 3, 7)  # a tensor only this rank holds
+extra = torch.zeros(1024, 256) if rank == 1 else None  # 1 MiB more on rank 1: its peak is higher
 tracker.track()
 model(torch.randn(16, 64)).sum().backward()
 tracker.track()
@@ -64,3 +66,11 @@ def test_two_gloo_ranks_log_their_own_tensors_and_report_reads_both(tmp_path):
     )
     assert report.returncode == 0, report.stderr
     assert "rank 0" in report.stdout and "rank 1" in report.stdout, report.stdout
+    # The combined part names the higher rank, its peak's line, and what it holds beyond rank 0.
+    assert "rank 1 (" in report.stdout and "peaks highest" in report.stdout, report.stdout
+    # Its peak (at the log's 0.1 MiB, first reached) is the first track() after `extra` is made.
+    first_track = next(i for i, line in enumerate(SCRIPT.splitlines()) if line.startswith("extra =")) + 2  # 1-based
+    assert f"train.py line {first_track}:" in report.stdout.split("peaks highest")[1].splitlines()[0], report.stdout
+    extra = [line for line in report.stdout.splitlines() if "Size:(1024, 256) torch.float32" in line]
+    assert extra and "(others at most 0) (+1.0 MiB)" in extra[-1], report.stdout
+    assert "1 x Size:(4, 7) torch.float32" in report.stdout, report.stdout

@@ -5,8 +5,9 @@ under torchrun with gloo on the CPU, each rank's peak measured by `MemTracker(de
 estimate is the same program in `Estimator(device_profile="cuda", world_size=N, rank=r)`, one
 process a rank, with "cuda" for its device. Each line: a rank's peak, both ways.
 
-usage: python scripts/figures/distributed_vs_cpu.py [--ranks N] [--json] [LAYOUT ...]
-       (needs gpu_mem_track and transformers; LAYOUT one of LAYOUTS, default all)
+usage: python scripts/figures/distributed_vs_cpu.py [--ranks N] [--json] [--anchor] [LAYOUT ...]
+       (needs gpu_mem_track, transformers and torchvision; LAYOUT one of LAYOUTS, default all;
+       fsdp2-tp needs an even number of ranks)
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ LAYOUTS = {
     "fsdp2-checkpointed": "FSDP2 on each layer and the root, activation checkpointing",
     "ddp": "DDP, default buckets",
     "ddp-bucket-view": "DDP, gradient_as_bucket_view=True",
+    "ddp-resnet18": "DDP on torchvision's ResNet-18, 8 images of 224 x 224, SGD with momentum",
+    "resnet18": "the same step without DDP: the CPU's convolutions hold 4.5 MiB a GPU's do not, in both lines",
+    "fsdp1": "FSDP1 FULL_SHARD, transformer auto-wrap on the decoder layer",
+    "tp": "tensor parallelism on each layer's attention and MLP (ColwiseParallel, RowwiseParallel), AdamW for-loop",
+    "fsdp2-tp": "FSDP2 over tensor parallelism, a 2-D mesh (ranks / 2 data-parallel x 2 tensor-parallel)",
 }
 
 
@@ -46,16 +52,45 @@ def build():
     return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
 
 
+def tensor_parallel(model, mesh) -> None:
+    """Megatron's split of each decoder layer: q, k, v, gate and up by columns, o and down by rows
+    (the heads divide among the ranks; HF's attention reshapes to its local heads)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    plan = {name: ColwiseParallel() for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")}
+    plan |= {"self_attn.o_proj": RowwiseParallel(), "mlp.down_proj": RowwiseParallel()}
+    plan |= {"mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel()}
+    for layer in model.model.layers:
+        parallelize_module(layer, mesh, plan)
+
+
 def program(device: str, layout: str) -> None:
     """The user's program: the same lines under torchrun and in the estimator."""
-    import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     dist.init_process_group("gloo" if device == "cpu" else "nccl")
-    mesh = init_device_mesh(device, (dist.get_world_size(),))
-    model = build().to(device)
+    if layout.endswith("resnet18"):
+        resnet(device, ddp=layout == "ddp-resnet18")
+        return
+    train(*setup(device, layout, mesh_of(device, layout)))
+
+
+def mesh_of(device: str, layout: str):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if layout == "fsdp2-tp":
+        return init_device_mesh(device, (dist.get_world_size() // 2, 2), mesh_dim_names=("dp", "tp"))
+    return init_device_mesh(device, (dist.get_world_size(),))
+
+
+def setup(device: str, layout: str, mesh, move: bool = True):
+    """The model in its layout, its optimizer and the batch (`move`: to the device; a fake CPU
+    model is on it, and cannot be swapped for itself)."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    model = build().to(device) if move else build()
     options = {}
     if layout == "fsdp2-noreshard":
         options = {"reshard_after_forward": False}
@@ -67,16 +102,60 @@ def program(device: str, layout: str) -> None:
         from torch.nn.parallel import DistributedDataParallel
 
         model = DistributedDataParallel(model, gradient_as_bucket_view=layout == "ddp-bucket-view")
+    elif layout == "fsdp1":
+        import functools
+
+        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+        policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={LlamaDecoderLayer})
+        model = FullyShardedDataParallel(
+            model,
+            auto_wrap_policy=policy,
+            sharding_strategy=ShardingStrategy.FULL_SHARD,
+            device_id=torch.device(device),  # on the CPU, FSDP1 asks for it
+        )
+    elif layout == "tp":
+        tensor_parallel(model, mesh)
     else:
+        if layout == "fsdp2-tp":
+            tensor_parallel(model, mesh["tp"])
+            mesh = mesh["dp"]
         if layout != "fsdp2-root":
             for layer in model.model.layers:
                 fully_shard(layer, mesh=mesh, **options)
         fully_shard(model, mesh=mesh, **options)
-    optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+    # foreach cannot mix the DTensor parameters tensor parallelism makes with plain ones.
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=layout != "tp")
     torch.manual_seed(1)
-    ids = torch.randint(3, 4000, (4, 128), device=device)
+    return model, optimizer, torch.randint(3, 4000, (4, 128), device=device)
+
+
+def train(model, optimizer, ids, after_step=lambda: None) -> None:
     for _ in range(2):
         model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        after_step()
+
+
+def resnet(device: str, ddp: bool) -> None:
+    """torchvision's ResNet-18, in DDP or not: two SGD steps with momentum on 8 images."""
+    import torch
+    import torchvision
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18().to(device)
+    if ddp:
+        model = DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
+    torch.manual_seed(1)
+    images = torch.randn(8, 3, 224, 224, device=device)
+    labels = torch.randint(0, 1000, (8,), device=device)
+    for _ in range(2):
+        torch.nn.functional.cross_entropy(model(images), labels).backward()
         optimizer.step()
         optimizer.zero_grad()
 
@@ -108,6 +187,28 @@ def estimate(layout: str, ranks: int, rank: int) -> None:
     print(json.dumps({"rank": rank, "peak": peak}), flush=True)
 
 
+def anchor(layout: str, ranks: int, rank: int) -> None:
+    """This rank's peak by PyTorch's `FSDPMemTracker`, as torchtitan's estimator runs it: the program
+    under `FakeTensorMode` on a fake process group, the mesh built before the fake mode."""
+    import torch
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=rank, world_size=ranks, store=FakeStore())
+    mesh = mesh_of("cpu", layout)
+    with FakeTensorMode():
+        model, optimizer, ids = setup("cpu", layout, mesh, move=False)
+        tracker = FSDPMemTracker(model, optimizer)
+        tracker.track_inputs((ids,))
+        with tracker:
+            # It tracks one step at a time; its peak stays over them.
+            train(model, optimizer, ids, after_step=tracker.reset_mod_stats)
+    peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    print(json.dumps({"rank": rank, "peak": peak}), flush=True)
+
+
 def real_peaks(layout: str, ranks: int) -> dict[int, int]:
     """Each rank's real peak: the program under torchrun, gloo on the CPU."""
     import tempfile
@@ -136,8 +237,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--json", action="store_true", help="one JSON line a rank")
+    parser.add_argument(
+        "--anchor", action="store_true", help="FSDPMemTracker's figure beside them (FSDP2 layouts; others cannot run)"
+    )
     parser.add_argument("--truth", metavar="LAYOUT", help=argparse.SUPPRESS)
     parser.add_argument("--estimate", metavar="LAYOUT", help=argparse.SUPPRESS)
+    parser.add_argument("--anchor-of", metavar="LAYOUT", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("layouts", nargs="*", metavar="LAYOUT")
@@ -151,6 +256,9 @@ def main() -> int:
     if args.estimate:
         estimate(args.estimate, args.ranks, args.rank)
         return 0
+    if args.anchor_of:
+        anchor(args.anchor_of, args.ranks, args.rank)
+        return 0
     unknown = [name for name in args.layouts if name not in LAYOUTS]
     if unknown:
         parser.error(f"unknown layout(s) {unknown}; one of {', '.join(LAYOUTS)}")
@@ -162,13 +270,18 @@ def main() -> int:
         for rank in range(args.ranks):
             estimated = run(["--estimate", layout, "--ranks", str(args.ranks), "--rank", str(rank)])[0]["peak"]
             line = {"layout": layout, "ranks": args.ranks, "rank": rank, "real": real[rank], "estimate": estimated}
+            beside = ""
+            if args.anchor and layout.startswith("fsdp2") and layout != "fsdp2-tp":
+                at = run(["--anchor-of", layout, "--ranks", str(args.ranks), "--rank", str(rank)])[0]["peak"]
+                line["fsdp_mem_tracker"] = at
+                beside = f"  FSDPMemTracker {at:>11} ({100 * (at - real[rank]) / real[rank]:+.2f} %)"
             if args.json:
                 print(json.dumps(line), flush=True)
             else:
                 diff = estimated - real[rank]
                 print(
                     f"{layout:<19} rank {rank}  real {real[rank]:>11}  estimate {estimated:>11}"
-                    f"  ({diff:+d} B, {100 * diff / real[rank]:+.4f} %)  [{time.time() - started:.0f} s]",
+                    f"  ({diff:+d} B, {100 * diff / real[rank]:+.4f} %){beside}  [{time.time() - started:.0f} s]",
                     flush=True,
                 )
     return 0

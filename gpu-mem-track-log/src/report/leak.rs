@@ -125,6 +125,15 @@ fn pad_counts(counts: &mut Vec<u64>, last: u64, visits: usize) {
 }
 
 impl LeakTracker {
+    /// The groups with live tensors now: text, count, and bytes of one tensor when the dtype
+    /// and shape say.
+    pub(super) fn live_groups(&self) -> impl Iterator<Item = (&str, u64, Option<u64>)> {
+        self.groups.iter().filter(|g| g.live > 0).map(|g| {
+            let bytes = g.itemsize.zip(g.elems).and_then(|(i, e)| i.checked_mul(e));
+            (g.text.as_str(), g.live, bytes)
+        })
+    }
+
     fn intern(&mut self, c: &GroupLine) -> u32 {
         self.key.clear();
         let _ =

@@ -8,6 +8,7 @@
 //! are cut to `top` (at most [`MAX_LISTED`]), skipped lines to [`MAX_ERRORS_KEPT`], text taken
 //! from the log to [`MAX_TEXT_CHARS`] characters.
 mod leak;
+mod ranks;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -26,6 +27,7 @@ use crate::log::{
 };
 
 pub use leak::LEAK_COUNTS_SHOWN;
+pub use ranks::{ExtraGroup, HighestRank};
 
 /// Longest list (growth lines, leak suspects) a report holds, whatever `top` asks for.
 pub const MAX_LISTED: usize = 100;
@@ -251,6 +253,9 @@ pub struct CombinedReport {
     pub sum_of_peaks_mib: f64,
     /// The log with the highest peak.
     pub highest: Option<String>,
+    /// Of two or more logs read from files: the highest, its peak's line and the tensor groups
+    /// it holds there beyond the others at theirs.
+    pub highest_rank: Option<HighestRank>,
 }
 
 /// Bytes per element of a Python dtype name, when known.
@@ -603,7 +608,8 @@ impl Analyser {
 /// The first log that cannot be read.
 pub fn analyse_files(paths: &[PathBuf], top: usize) -> Result<CombinedReport> {
     let reports = paths.iter().map(|path| analyse_file(path, top)).collect::<Result<Vec<_>>>()?;
-    Ok(combine(reports))
+    let highest_rank = ranks::highest_rank(&reports, top.min(MAX_LISTED))?;
+    Ok(CombinedReport { highest_rank, ..combine(reports) })
 }
 
 /// Combines per-log reports.
@@ -614,7 +620,7 @@ pub fn combine(logs: Vec<LogReport>) -> CombinedReport {
         .filter_map(|l| l.peak.as_ref().map(|p| (p.mib, l.path.display().to_string())))
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, p)| p);
-    CombinedReport { logs, sum_of_peaks_mib, highest }
+    CombinedReport { logs, sum_of_peaks_mib, highest, highest_rank: None }
 }
 
 /// One growth line: what the code before the line allocates per visit, and whether the level at
@@ -791,6 +797,9 @@ pub fn render_text(r: &CombinedReport) -> String {
             r.sum_of_peaks_mib,
             r.highest.as_deref().unwrap_or("-")
         );
+        if let Some(h) = &r.highest_rank {
+            ranks::highest_rank_text(h, &mut s);
+        }
     }
     s
 }

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch  # noqa: F401  (first: the compiled part binds to the libtorch torch loads)
 
 from ._display import Report, report
-from ._estimate import estimate, fit
+from ._estimate import RankEstimates, estimate, estimate_ranks, fit
 from ._estimate_result import Breakdown, Estimate
 from ._estimator import Estimator
 from ._load import TorchVersionMismatch
@@ -43,10 +43,12 @@ __all__ = [
     "Estimator",
     "GpuMemTrackError",
     "MemTracker",
+    "RankEstimates",
     "Report",
     "TorchVersionMismatch",
     "capabilities",
     "estimate",
+    "estimate_ranks",
     "fit",
     "pause_registry",
     "registry_paused",

@@ -8,6 +8,7 @@ recorded as it is allocated there:
 - the global-shape fakes DTensor's sharding propagation runs an op on, to learn its output's shape,
   stand for no memory and are not recorded;
 - FSDP's check that no parameter is left on meta is off: inside the block meta is the GPU;
+- FSDP1's CUDA device handle answers without a GPU (streams are the CPU's);
 - DDP's reducer allocates its buckets on meta as on the GPU; its check that the ranks' parameter
   shapes agree is off (the simulated ranks are one program), and its allreduce of a bucket
   completes with the bucket itself, as NCCL's in-place allreduce does (the simulated group's work
@@ -132,6 +133,7 @@ class SimulatedRanks:
             patch(FSDPParamGroup, "_validate_no_meta_params", lambda this: None)
 
         _patch_ddp(patch)
+        _patch_fsdp1(undo, patch)
 
     def close(self) -> None:
         """Destroys the simulated process group the block made: the process is left as it was."""
@@ -171,3 +173,62 @@ def _patch_ddp(patch: Any) -> None:
         this.register_comm_hook(None, _bucket_in_place)
 
     patch(ddp.DistributedDataParallel, "__init__", simulated_ddp)
+
+
+class _SimulatedCudaHandle:
+    """FSDP1's handle on CUDA in the block, where there is no GPU: device 0 of this rank, streams
+    the CPU's (which order nothing: the block's ops run one after the other)."""
+
+    def current_device(self) -> torch.device:
+        return torch.device("cuda", 0)
+
+    def is_available(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch.cpu, name)
+
+
+def _patch_fsdp1(undo: list, patch: Any) -> None:
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel, _init_utils
+        from torch.distributed.fsdp._common_utils import _FSDPDeviceHandle
+    except ImportError:  # torch without FSDP1
+        return
+    # The classmethod itself, not the method it binds to, is what goes back.
+    from_device = vars(_FSDPDeviceHandle)["from_device"]
+    handle = _SimulatedCudaHandle()
+
+    def simulated(cls: type, device: torch.device) -> Any:
+        return handle if device.type in ("cuda", "meta") else from_device.__func__(cls, device)
+
+    _FSDPDeviceHandle.from_device = classmethod(simulated)
+    undo.append(lambda: setattr(_FSDPDeviceHandle, "from_device", from_device))
+    # A module on meta is one FSDP1 would materialize (to_empty, reset_parameters); in the block
+    # meta is the GPU, where the module already is.
+    if hasattr(_init_utils, "_need_to_materialize_module"):
+        patch(_init_utils, "_need_to_materialize_module", lambda *args, **kwargs: (False, False))
+    if hasattr(_init_utils, "_get_compute_device"):
+        compute_device = _init_utils._get_compute_device
+
+        def gpu_compute_device(module: Any, ignored: Any, device_id: Any, rank: int, handle: Any) -> torch.device:
+            # The module's parameters are on meta, the block's GPU, which is then the compute
+            # device: where FSDP1 makes its buffers, and what it checks its tensors are on.
+            found = compute_device(module, ignored, None, rank, handle)
+            return found if found.type == "meta" else compute_device(module, ignored, device_id, rank, handle)
+
+        patch(_init_utils, "_get_compute_device", gpu_compute_device)
+    init = FullyShardedDataParallel.__init__
+
+    def on_this_gpu(this: Any, module: Any, *args: Any, **kwargs: Any) -> None:
+        # FSDP1 takes its device from the module's parameters, skipping meta ones (the block's
+        # GPU): the current CUDA device, as on the GPU where the module is.
+        params = list(module.parameters()) if isinstance(module, torch.nn.Module) else []
+        if kwargs.get("device_id") is None and params and all(p.is_meta for p in params):
+            kwargs["device_id"] = torch.device("cuda", 0)
+        init(this, module, *args, **kwargs)
+
+    patch(FullyShardedDataParallel, "__init__", on_this_gpu)

@@ -3,13 +3,14 @@
 The one-call forms of :class:`Estimator`: ``estimate(model, *args, **kwargs)`` runs a training
 step (or a forward) of a model already built, on meta copies of its parameters (its own weights
 are neither copied nor touched); ``fit(step, ...)`` searches the largest batch (or sequence) whose
-step fits a GPU.
+step fits a GPU (at one world size or several); ``estimate_ranks(program, world_size=N)``
+estimates each rank of a distributed program.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -137,7 +138,9 @@ def _meta_twins(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             twin = made.get(id(t))
             if twin is None:
                 # No tensor argument: the CPU-means-meta mode would first make a meta twin of it.
-                empty = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta")
+                # "cuda", which the block makes meta: a twin stands for the GPU's copy (the
+                # program's own "meta" is no memory).
+                empty = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cuda")
                 is_parameter = isinstance(t, torch.nn.Parameter)
                 twin = torch.nn.Parameter(empty, requires_grad=t.requires_grad) if is_parameter else empty
                 made[id(t)] = twin
@@ -149,7 +152,7 @@ def _meta_twins(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def _meta_input(v: Any, est: Estimator, constant: Any) -> Any:
     if isinstance(v, torch.Tensor) and v.device.type != "meta":
-        t = torch.empty_strided(v.size(), v.stride(), dtype=v.dtype, device="meta")
+        t = torch.empty_strided(v.size(), v.stride(), dtype=v.dtype, device="cuda")  # the GPU's copy, on meta
         est._note_constant(t, constant)
         return t.requires_grad_(v.requires_grad)
     return v
@@ -162,7 +165,8 @@ def fit(
     max: int = 4096,
     dimension: str = "batch",
     gpu_memory: int | None = None,
-    world_size: int = 1,
+    world_size: int | Sequence[int] = 1,
+    rank: int = 0,
     shard: str = "none",
     precision: str = "fp32",
     device: str | None = None,
@@ -177,17 +181,106 @@ def fit(
     ``"reserved"``, the caching allocator's segments; ``None`` when every size tried fits), and
     every probe.
 
+    A distributed ``step`` runs as rank ``rank`` of ``world_size`` (see :class:`Estimator`); its
+    value is then the batch per rank. ``world_size`` may be several sizes (``[8, 16, 32, 64]``):
+    the result is then ``{"world_sizes": [...], "smallest_world_size": N}``, the search above at
+    each size (with its ``world_size``), and the fewest ranks at which a batch of 1 fits (``None``
+    when none does).
+
     Raises:
         ValueError: ``device_profile`` is not one GPU profile, or another option is wrong.
     """
     device_profile = device_profile_argument("fit", device_profile, device)
     if device_profile in _native.NOT_ONE_GPU:
         raise ValueError(f"fit(): device_profile={device_profile!r}; name one GPU profile (h100-80g, a100-40g, ...)")
+    if not isinstance(world_size, int):
+        sizes = sorted({int(n) for n in world_size})
+        if not sizes:
+            raise ValueError("fit(): world_size=[]; give the world sizes to try")
+        at = [
+            {"world_size": n, **fit(step, device_profile=device_profile, max=max, dimension=dimension,
+                                    gpu_memory=gpu_memory, world_size=n, rank=rank, shard=shard, precision=precision)}
+            for n in sizes
+        ]
+        fitting = [r["world_size"] for r in at if r["largest"] is not None]
+        return {"world_sizes": at, "smallest_world_size": fitting[0] if fitting else None}
 
     def probe(value: int) -> Any:
-        est = Estimator(device_profile, gpu_memory=gpu_memory, world_size=world_size, shard=shard, precision=precision)
+        est = Estimator(
+            device_profile, gpu_memory=gpu_memory, world_size=world_size, rank=rank, shard=shard, precision=precision
+        )
         with est:
             step(value)
         return est._finished
 
     return json.loads(_native.fit_search(probe, max, dimension))
+
+
+class RankEstimates(dict):
+    """Each rank's :class:`Estimate` (rank -> estimate), from :func:`estimate_ranks`. ``str()``
+    names the rank that peaks highest, and which ranks have the same figures."""
+
+    @property
+    def highest(self) -> int:
+        """The rank whose peak is highest (the lowest such rank on a tie)."""
+        return max(self, key=lambda r: (self[r].peak_bytes, -r))
+
+    def alike(self) -> list[list[int]]:
+        """The ranks in groups of equal peaks, highest first."""
+        groups: dict[int, list[int]] = {}
+        for r, e in sorted(self.items()):
+            groups.setdefault(e.peak_bytes, []).append(r)
+        return [groups[peak] for peak in sorted(groups, reverse=True)]
+
+    def __str__(self) -> str:
+        top = self[self.highest]
+        gpu = top.gpu
+        fits = f"; {gpu['profile']['name']}: {'fits' if gpu['fits'] else 'does not fit'}" if gpu else ""
+        lines = [f"rank {self.highest} of {len(self)} peaks highest: {top.peak_bytes / 2**20:.1f} MiB{fits}"]
+        for group in self.alike():
+            ranks = f"rank {group[0]}" if len(group) == 1 else f"ranks {_spans(group)}"
+            lines.append(f"  {ranks}: peak {self[group[0]].peak_bytes / 2**20:.1f} MiB")
+        return "\n".join(lines)
+
+
+def _spans(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2, 5``."""
+    spans: list[list[int]] = []
+    for r in ranks:
+        if spans and spans[-1][1] == r - 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def estimate_ranks(
+    program: Callable[[], Any],
+    *,
+    world_size: int,
+    ranks: str | Sequence[int] = "all",
+    device_profile: str | None = None,
+    gpu_memory: int | None = None,
+) -> RankEstimates:
+    """Each rank of a distributed ``program`` (a callable that runs it, with its
+    ``init_process_group``), estimated as in ``Estimator(world_size=world_size, rank=r)``, one
+    rank after the other in this process: ``ranks="all"`` for every rank, or a list of them.
+    Ranks differ when ``world_size`` does not divide a sharded dimension; the result's ``str()``
+    names the highest and groups the ranks whose figures are alike.
+
+    Raises:
+        ValueError: a rank outside ``0..world_size-1``, or ``ranks`` neither ``"all"`` nor ranks.
+    """
+    if isinstance(ranks, str):
+        if ranks != "all":
+            raise ValueError(f"estimate_ranks(): ranks={ranks!r}; 'all' or a list of ranks")
+        chosen = list(range(world_size))
+    else:
+        chosen = sorted({int(r) for r in ranks})
+    out = RankEstimates()
+    for r in chosen:
+        est = Estimator(device_profile, gpu_memory=gpu_memory, world_size=world_size, rank=r)
+        with est:
+            program()
+        out[r] = est.result
+    return out

@@ -60,7 +60,8 @@ class Estimator(PhaseHooks):
 
     A distributed program (``dist.init_process_group``, ``init_device_mesh``, FSDP, DTensor) runs in
     the block as rank ``rank`` of ``world_size``: its process group is simulated (collectives move
-    no data), and the figures are that rank's as it ran (``shard`` is then not applied).
+    no data), and the figures are that rank's as it ran (``shard`` is then not applied): the result's
+    ``["distributed"]`` says so, where the formula's figures are in ``["rank"]``, named a formula.
 
     After the block, ``result`` is the :class:`Estimate`; ``print(est)`` shows it and
     :meth:`breakdown` says what each module and category held at the peak. The block runs on the
@@ -159,6 +160,12 @@ class Estimator(PhaseHooks):
         finished = recording.finish(request, sizes, self._sites.names)
         self._finished = finished
         self.result = estimate_of(finished, self._largest.calls)
+        if self.ranks.used:
+            self.result["distributed"] = {"world_size": self.ranks.world_size, "rank": self.ranks.rank, "method": "traced"}
+            self.result.text += (
+                f"  rank {self.ranks.rank} of {self.ranks.world_size}: traced as the program ran it, on a simulated"
+                " process group (collectives moved no data)\n"
+            )
         return False
 
     def __str__(self) -> str:

@@ -1,4 +1,5 @@
-"""The torch-function mode of an ``Estimator`` block: CUDA devices become meta, the CPU is the CPU
+"""The torch-function mode of an ``Estimator`` block: CUDA devices become meta (what the program
+makes on meta itself is no GPU memory, and unrecorded), the CPU is the CPU
 where the caller's data is written or a real tensor's values are read, ``Tensor.backward`` starts
 the backward phase, autocast("cuda") casts meta tensors (``_autocast``), and constant inputs keep
 their values (``_known_values``).
@@ -15,6 +16,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import _autocast
 from ._known_values import KnownValues
+from ._load import native as _native
 from ._value_ops import READS, VALUE_SIZED, constant_of
 
 if TYPE_CHECKING:
@@ -38,6 +40,11 @@ def meta_device(d: Any) -> Any:
     if isinstance(d, str) and (d == "cuda" or d.startswith("cuda:")):
         return META
     return d
+
+
+def _is_meta(d: Any) -> bool:
+    """Whether ``d`` names the meta device itself (not a CUDA device the block makes meta)."""
+    return (isinstance(d, torch.device) and d.type == "meta") or d == "meta"
 
 
 class MetaMode(TorchFunctionMode):
@@ -108,7 +115,13 @@ class MetaMode(TorchFunctionMode):
 
     def _call(self, func, name: str, args: tuple, kwargs: dict) -> Any:
         if "device" in kwargs:
-            kwargs = {**kwargs, "device": meta_device(kwargs["device"])}
+            asked = kwargs["device"]
+            kwargs = {**kwargs, "device": meta_device(asked)}
+            if _is_meta(asked):
+                # The program's own meta device (`with torch.device("meta"):` before
+                # `fully_shard` and `to_empty`): no memory on the GPU, so none recorded.
+                with _native.Unrecorded():
+                    return func(*args, **kwargs)
         if name == "cuda":  # Tensor.cuda(device=None, non_blocking=False, ...): stays on meta
             return torch.Tensor.to(args[0], META)
         if name == "pin_memory":  # meta memory cannot be pinned (and needs no pinning)
