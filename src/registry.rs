@@ -31,6 +31,22 @@ pub unsafe fn register_tensor_impl(impl_ptr: *mut std::ffi::c_void, name: &str) 
     Ok(())
 }
 
+/// Takes a tensor given by its `c10::TensorImpl*` out of the registry (nothing when it is not
+/// in it): `torch.utils.swap_tensors` refuses a tensor anything holds weakly, as the registry
+/// holds every tensor. The Python package forgets both tensors of a swap, swaps them, and
+/// registers them again.
+///
+/// # Safety
+/// `impl_ptr` must point to a live `c10::TensorImpl` for the duration of the call.
+///
+/// # Errors
+/// [`Error::Libtorch`](crate::error::Error::Libtorch) for a null pointer.
+#[allow(unsafe_code)]
+pub unsafe fn forget_tensor_impl(impl_ptr: *mut std::ffi::c_void) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    unsafe { ffi::forget_tensor_impl(impl_ptr) }
+}
+
 /// Names a Python tensor class for the log, as Python's `repr` of it does without the brackets
 /// (`"torch.nn.parameter.Parameter"`, `"mypkg.QuantTensor"`): how the Python package makes a
 /// tensor's class column read as Pytorch-Memory-Utils' does. A tensor whose Python class was not

@@ -55,6 +55,9 @@ gmt_error gmt_meta_storage_resize(void* storage_impl, int64_t nbytes);
 // global-shape fakes to learn its output's shape).
 void gmt_meta_unrecorded_begin(void);
 void gmt_meta_unrecorded_end(void);
+// Whether a meta storage's block is recorded: 1 recorded, 0 made while unrecorded (the program's
+// own meta tensors, DTensor's fakes), -1 no block of the tracking allocator (empty, not meta).
+int32_t gmt_meta_storage_recorded(const void* storage_impl);
 
 // ---- "the CPU means meta" on this thread (cpu_means_meta.cpp) ----
 // While on (calls nest; end on the thread that began), factories asked for the CPU make meta

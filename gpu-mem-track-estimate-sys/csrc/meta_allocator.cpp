@@ -84,6 +84,14 @@ gmt_error gmt_meta_storage_resize(void* storage_impl, int64_t nbytes) {
   })
 }
 
+int32_t gmt_meta_storage_recorded(const void* storage_impl) {
+  const auto* s = static_cast<const c10::StorageImpl*>(storage_impl);
+  if (!s || s->device_type() != c10::DeviceType::Meta) return -1;
+  const c10::DataPtr& d = s->data_ptr();
+  if (d.get_deleter() != &meta_delete) return -1;  // empty, or not this allocator's
+  return static_cast<const MetaBlock*>(d.get_context())->recorded ? 1 : 0;
+}
+
 void gmt_meta_unrecorded_begin(void) { ++t_unrecorded; }
 void gmt_meta_unrecorded_end(void) {
   if (t_unrecorded > 0) --t_unrecorded;

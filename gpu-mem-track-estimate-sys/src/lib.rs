@@ -178,6 +178,7 @@ extern "C" {
     pub fn gmt_meta_storage_resize(storage_impl: *mut c_void, nbytes: i64) -> gmt_error;
     pub fn gmt_meta_unrecorded_begin();
     pub fn gmt_meta_unrecorded_end();
+    pub fn gmt_meta_storage_recorded(storage_impl: *const c_void) -> i32;
     pub fn gmt_exported_program_json(path: *const c_char, json: *mut *mut c_char) -> gmt_error;
     pub fn gmt_exported_program_new() -> *mut c_void;
     pub fn gmt_exported_program_free(program: *mut c_void);

@@ -641,6 +641,21 @@ pub unsafe fn resize_meta_storage(storage_impl: *mut c_void, nbytes: u64) -> Res
     check("meta storage resize", unsafe { esys::gmt_meta_storage_resize(storage_impl, nbytes) })
 }
 
+/// Whether the meta storage `storage_impl` holds recorded memory: `Some(false)` for one made while
+/// unrecorded (the program's own meta tensors, which stand for no GPU memory), `None` when the
+/// tracking allocator made no block of it (an empty storage, or one not on meta).
+///
+/// # Safety
+/// `storage_impl` is a live `c10::StorageImpl*` (Python's `UntypedStorage._cdata`) for the call.
+pub unsafe fn meta_storage_recorded(storage_impl: *const c_void) -> Option<bool> {
+    // SAFETY: the caller's promise; the shim only reads the storage's device and DataPtr.
+    match unsafe { esys::gmt_meta_storage_recorded(storage_impl) } {
+        1 => Some(true),
+        0 => Some(false),
+        _ => None,
+    }
+}
+
 /// While alive, meta allocations this thread makes (and their frees) are not recorded: tensors
 /// that stand for no memory on any device, as the global-shape fakes DTensor's sharding
 /// propagation runs an op on to learn its output's shape. Guards nest.

@@ -31,7 +31,7 @@ use crate::figures::{CpuTensors, ModelSizes};
 use crate::torchscript::peak_tensor_groups;
 use gpu_mem_track_gpu::options::EstimateOptions;
 
-pub use crate::ffi::{resize_meta_storage, UnrecordedMeta};
+pub use crate::ffi::{meta_storage_recorded, resize_meta_storage, UnrecordedMeta};
 
 /// A recording of the program's own code on meta, from [`begin`](Self::begin) to
 /// [`finish`](Self::finish). Not `Send`: "the CPU means meta" is a mode of the thread that began it.

@@ -551,6 +551,18 @@ fn meta_storage_resize(cdata: usize, nbytes: u64) -> PyResult<()> {
         .map_err(estimate_error)
 }
 
+/// Whether the meta storage `cdata` (`UntypedStorage._cdata`) holds recorded memory: `False` for
+/// one made unrecorded (the program's own meta tensors), `None` without a block of the estimate's
+/// allocator (empty, or not meta).
+#[pyfunction]
+fn meta_storage_recorded(cdata: usize) -> PyResult<Option<bool>> {
+    if cdata == 0 {
+        return Err(PyValueError::new_err("meta_storage_recorded: null StorageImpl pointer"));
+    }
+    // SAFETY: `cdata` is the `_cdata` of a storage the Python caller holds for this call.
+    Ok(unsafe { gpu_mem_track_estimate::in_process::meta_storage_recorded(cdata as *const c_void) })
+}
+
 /// `with Unrecorded():` meta allocations this thread makes in the block are not recorded, nor
 /// their frees: tensors that stand for no memory on any device (DTensor's sharding propagation's
 /// global-shape fakes).
@@ -644,6 +656,17 @@ fn register_tensor(cdata: usize, name: &str) -> PyResult<()> {
     }
     // SAFETY: `cdata` is the `_cdata` of a tensor the Python caller holds for this call.
     unsafe { gpu_mem_track::register_tensor_impl(cdata as *mut c_void, name) }.map_err(to_py)
+}
+
+/// Takes a live tensor, by its `c10::TensorImpl*` (`Tensor._cdata`), out of the registry: for
+/// `torch.utils.swap_tensors`, which refuses tensors held weakly.
+#[pyfunction]
+fn forget_tensor(cdata: usize) -> PyResult<()> {
+    if cdata == 0 {
+        return Err(PyValueError::new_err("forget_tensor: null TensorImpl pointer"));
+    }
+    // SAFETY: `cdata` is the `_cdata` of a tensor the Python caller holds for this call.
+    unsafe { gpu_mem_track::forget_tensor_impl(cdata as *mut c_void) }.map_err(to_py)
 }
 
 /// Names Python tensor classes for the log's class column, as `repr(cls)` does
@@ -741,6 +764,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyFinished>()?;
     m.add_class::<PyUnrecorded>()?;
     m.add_function(wrap_pyfunction!(meta_storage_resize, m)?)?;
+    m.add_function(wrap_pyfunction!(meta_storage_recorded, m)?)?;
     m.add_function(wrap_pyfunction!(fit_search, m)?)?;
     m.add_function(wrap_pyfunction!(recording_phase, m)?)?;
     m.add_function(wrap_pyfunction!(meta_target_device, m)?)?;
@@ -753,6 +777,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(precision_dtype, m)?)?;
     m.add_function(wrap_pyfunction!(install, m)?)?;
     m.add_function(wrap_pyfunction!(register_tensor, m)?)?;
+    m.add_function(wrap_pyfunction!(forget_tensor, m)?)?;
     m.add_function(wrap_pyfunction!(name_classes, m)?)?;
     m.add_function(wrap_pyfunction!(reads_python_classes, m)?)?;
     m.add_function(wrap_pyfunction!(set_registry_enabled, m)?)?;

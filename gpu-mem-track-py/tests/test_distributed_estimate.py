@@ -49,7 +49,7 @@ def assert_within_a_thousandth(lines: list[dict]) -> None:
 @needs_transformers
 def test_fsdp_ddp_and_tensor_parallel_layouts_at_two_ranks_are_estimated_as_each_rank_runs_them():
     layouts = ["fsdp2", "fsdp2-noreshard", "fsdp2-bf16", "fsdp2-root", "fsdp2-checkpointed", "fsdp1", "ddp"]
-    layouts += ["ddp-bucket-view", "tp", "fsdp2-tp"]
+    layouts += ["ddp-bucket-view", "tp", "fsdp2-tp", "fsdp2-meta"]
     lines = rank_peaks(2, *layouts)
     assert [(line["layout"], line["rank"]) for line in lines] == [(name, r) for name in layouts for r in (0, 1)]
     assert_within_a_thousandth(lines)
@@ -59,6 +59,8 @@ def test_fsdp_ddp_and_tensor_parallel_layouts_at_two_ranks_are_estimated_as_each
     assert peak["fsdp2-bf16"] < peak["fsdp2"] * 0.9 and peak["fsdp2-checkpointed"] < peak["fsdp2"] * 0.7
     # DDP keeps the whole model's states on each rank, and its buckets besides.
     assert peak["ddp"] > peak["fsdp2-root"] * 1.05
+    # Built on meta and given memory with to_empty, the model holds what it holds built on the GPU.
+    assert abs(peak["fsdp2-meta"] - peak["fsdp2"]) < 1000
     # Tensor parallelism divides the layers' weights and their activations among the ranks.
     assert peak["tp"] < peak["ddp"] * 0.7
 
@@ -193,3 +195,41 @@ def test_fit_over_world_sizes_names_the_fewest_ranks_that_fit():
     assert found["smallest_world_size"] == 2, largest
     with pytest.raises(ValueError, match="world_size=\\[\\]"):
         gpu_mem_track.fit(step, device_profile="h100-80g", world_size=[])
+
+
+@pytest.mark.skipif(not ON_META, reason="needs torch >= 2.11 (c10d's meta kernels)")
+def test_a_model_built_on_meta_then_sharded_holds_only_its_shards():
+    """torchtitan's order: the model built on meta, sharded, then given memory with `to_empty`
+    (which swaps each DTensor parameter): the GPU holds the shards only, never the whole model."""
+    import gpu_mem_track
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    def train(on_meta: bool) -> None:
+        dist.init_process_group("nccl")
+        mesh = init_device_mesh("cuda", (2,))
+        with torch.device("meta" if on_meta else "cuda"):
+            model = torch.nn.Sequential(*(torch.nn.Linear(1000, 1000, bias=False) for _ in range(2)))
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        if on_meta:
+            model.to_empty(device="cuda")
+        optimizer = torch.optim.AdamW(model.parameters())
+        for _ in range(2):
+            model(torch.randn(4, 1000, device="cuda")).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    peaks = {}
+    for on_meta in (False, True):
+        with gpu_mem_track.Estimator(device_profile="cuda", world_size=2) as est:
+            train(on_meta)
+        peaks[on_meta] = [(p["phase"], p["peak_bytes"]) for p in est.result["phases"]]
+    shards, batch = 2 * 500 * 1000 * 4, 4 * 1000 * 4  # each rank's half of the two weights; the input
+    assert peaks[True][0] == ("load", shards + batch), peaks[True]
+    # Built on the GPU: the whole model (8 MB), and the first layer's shard beside it.
+    assert peaks[False][0] == ("load", 2 * 1000 * 1000 * 4 + shards // 2), peaks[False]
+    # From the first forward on, the two programs hold the same.
+    assert peaks[True][1:] == peaks[False][1:], peaks

@@ -95,6 +95,27 @@ def test_model_moved_after_the_tracker_started(logdir):  # noqa: F811
     assert ("+", 1, "(10, 100)", 0.0076, "<class 'torch.nn.parameter.Parameter'>", "torch.float64") in lines, lines
 
 
+def test_swapped_tensors_swap_as_without_the_tracker_and_stay_in_the_log(logdir):  # noqa: F811
+    # torch.utils.swap_tensors refuses a tensor held weakly, as the registry holds every tensor;
+    # FSDP2's to_empty after a meta-device init and swap_module_params_on_conversion swap so.
+    tracker = MemTracker(device="cpu")
+    a, b = torch.zeros(3333), torch.ones(4444)
+    torch.utils.swap_tensors(a, b)
+    assert a.shape == (4444,) and b.shape == (3333,) and float(a.sum()) == 4444.0
+    model = torch.nn.Linear(50, 5)
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        model.to(torch.float64)  # swaps each parameter for its float64 copy
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(False)
+    assert model.weight.dtype == torch.float64 and isinstance(model.weight, torch.nn.Parameter)
+    tracker.track()
+    lines, _ = parse_blocks(tracker.log_path)[0]
+    assert ("+", 1, "(4444,)", 0.017, "<class 'torch.Tensor'>", "torch.float32") in lines, lines
+    assert ("+", 1, "(3333,)", 0.0127, "<class 'torch.Tensor'>", "torch.float32") in lines, lines
+    assert any(line[2] == "(5, 50)" and line[5] == "torch.float64" for line in lines), lines
+
+
 def test_two_trackers_write_two_logs(logdir):  # noqa: F811
     first = MemTracker(device="cpu", path="a-")
     second = MemTracker(device="cpu", path="b-")

@@ -54,6 +54,17 @@ gmt_error gmt_registry_register_impl(void* impl, const char* name) {
   })
 }
 
+gmt_error gmt_registry_forget_impl(void* impl) {
+  GMT_TRY({
+    if (!impl) throw std::invalid_argument("null TensorImpl pointer");
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    // Its weak reference goes with its entry: torch.utils.swap_tensors refuses a tensor anything
+    // holds weakly. A name's strong reference is left (named tensors are not swapped).
+    if (const uint32_t* i = r.index.find(impl)) r.remove_at(*i);
+  })
+}
+
 void gmt_registry_tag_allocations(void) {
   if (!gmt_recorder_active()) return;
   std::vector<at::Tensor> named;

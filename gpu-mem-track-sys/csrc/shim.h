@@ -56,6 +56,9 @@ gmt_error gmt_registry_register(const void* tensor, const char* name);  // tenso
 // The same for a tensor given by its c10::TensorImpl* (Python's Tensor._cdata), which must be
 // alive for the call.
 gmt_error gmt_registry_register_impl(void* impl, const char* name);
+// Drops the registry's entry of a TensorImpl (its weak reference), if any: torch.utils.swap_tensors
+// refuses tensors held weakly; the caller registers both tensors again after swapping them.
+gmt_error gmt_registry_forget_impl(void* impl);
 size_t gmt_registry_entries(void);             // entries, dead ones included until pruned
 uint64_t gmt_registry_callbacks(void);  // op callbacks seen since installation (exact while one thread at a time runs ops)
 // Threads a grouped walk of a large registry uses, the caller's included (default: the cores, at

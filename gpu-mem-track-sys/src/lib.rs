@@ -223,6 +223,7 @@ extern "C" {
     pub fn gmt_registry_register(tensor: *const c_void, name: *const c_char) -> gmt_error;
     /// `impl_` is a live `c10::TensorImpl*` (Python's `Tensor._cdata`).
     pub fn gmt_registry_register_impl(impl_: *mut c_void, name: *const c_char) -> gmt_error;
+    pub fn gmt_registry_forget_impl(impl_: *mut c_void) -> gmt_error;
     pub fn gmt_registry_entries() -> usize;
     pub fn gmt_registry_callbacks() -> u64;
     pub fn gmt_registry_walk_threads() -> usize;

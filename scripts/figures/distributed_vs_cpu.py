@@ -25,6 +25,7 @@ LAYOUTS = {
     "fsdp2-bf16": "the same, MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)",
     "fsdp2-root": "FSDP2 on the root only",
     "fsdp2-checkpointed": "FSDP2 on each layer and the root, activation checkpointing",
+    "fsdp2-meta": "FSDP2 on each layer and the root of a model built on meta, then to_empty (torchtitan's order)",
     "ddp": "DDP, default buckets",
     "ddp-bucket-view": "DDP, gradient_as_bucket_view=True",
     "ddp-resnet18": "DDP on torchvision's ResNet-18, 8 images of 224 x 224, SGD with momentum",
@@ -90,7 +91,11 @@ def setup(device: str, layout: str, mesh, move: bool = True):
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    model = build().to(device) if move else build()
+    if layout == "fsdp2-meta":
+        with torch.device("meta"):
+            model = build()
+    else:
+        model = build().to(device) if move else build()
     options = {}
     if layout == "fsdp2-noreshard":
         options = {"reshard_after_forward": False}
@@ -126,6 +131,8 @@ def setup(device: str, layout: str, mesh, move: bool = True):
             for layer in model.model.layers:
                 fully_shard(layer, mesh=mesh, **options)
         fully_shard(model, mesh=mesh, **options)
+        if layout == "fsdp2-meta":
+            model.to_empty(device=device)  # its values do not matter here: no init
     # foreach cannot mix the DTensor parameters tensor parallelism makes with plain ones.
     optimizer = torch.optim.AdamW(model.parameters(), foreach=layout != "tp")
     torch.manual_seed(1)

@@ -169,6 +169,15 @@ pub(crate) unsafe fn register_tensor_impl(impl_ptr: *mut c_void, name: &str) -> 
     check("register tensor", unsafe { sys::gmt_registry_register_impl(impl_ptr, name.as_ptr()) })
 }
 
+/// Drops the registry's entry of a TensorImpl, if it has one.
+///
+/// # Safety
+/// `impl_ptr` must point to a live `c10::TensorImpl` for the duration of the call.
+pub(crate) unsafe fn forget_tensor_impl(impl_ptr: *mut c_void) -> Result<()> {
+    // SAFETY: the caller keeps the TensorImpl alive; the shim only compares its address.
+    check("forget tensor", unsafe { sys::gmt_registry_forget_impl(impl_ptr) })
+}
+
 /// Adds a tensor (and a display name) to the registry.
 #[cfg(feature = "tch")]
 pub(crate) fn register_tensor(tensor: &tch::Tensor, name: &str) -> Result<()> {

@@ -28,7 +28,14 @@ from ._estimate_result import Breakdown, Estimate
 from ._estimator import Estimator
 from ._load import TorchVersionMismatch
 from ._load import native as _native
-from ._registry import pause_registry, register_existing_tensors, registry_paused, registry_running, resume_registry
+from ._registry import (
+    install_swap_tensors,
+    pause_registry,
+    register_existing_tensors,
+    registry_paused,
+    registry_running,
+    resume_registry,
+)
 from ._tracker import MemTracker, name_tensor_classes
 
 GpuMemTrackError = _native.GpuMemTrackError
@@ -64,5 +71,6 @@ def capabilities() -> str:
 
 
 _native.install()
+install_swap_tensors()
 name_tensor_classes()
 register_existing_tensors()

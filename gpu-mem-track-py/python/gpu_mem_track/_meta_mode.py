@@ -47,6 +47,28 @@ def _is_meta(d: Any) -> bool:
     return (isinstance(d, torch.device) and d.type == "meta") or d == "meta"
 
 
+#: Ops that make a tensor like their first argument, on its device (FSDP2 pads a shard so).
+_LIKE = frozenset(
+    {"new_zeros", "new_empty", "new_ones", "new_full", "new_empty_strided"}
+    | {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "clone"}
+)
+
+
+def _on_program_meta(args: tuple) -> bool:
+    """Whether the op's first tensor argument is one the program made on meta itself (its storage
+    unrecorded)."""
+    first = args[0] if args else None
+    if isinstance(first, (list, tuple)) and first:
+        first = first[0]
+    if not isinstance(first, torch.Tensor) or first.device.type != "meta":
+        return False
+    try:
+        storage = first.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # a wrapper subclass without storage (DTensor)
+        return False
+    return _native.meta_storage_recorded(storage._cdata) is False
+
+
 class MetaMode(TorchFunctionMode):
     """Sees every torch call of the block: CUDA devices become meta before torch would initialise
     CUDA for them, ``Tensor.backward`` starts the backward phase, autocast("cuda") casts meta
@@ -61,6 +83,8 @@ class MetaMode(TorchFunctionMode):
         # The storages of the real tensors the block made from data (``torch.tensor(2.6)``): a
         # parameter on one of them (CLIP's ``logit_scale``) was made in the block, not before.
         self._from_data: set[int] = set()
+        # Whether the program made tensors on meta itself: only then are ops' inputs looked at.
+        self._program_meta = False
 
     def made_from_data(self, t: torch.Tensor) -> bool:
         """Whether ``t`` (a real tensor) is on the storage of one the block made from data."""
@@ -120,8 +144,17 @@ class MetaMode(TorchFunctionMode):
             if _is_meta(asked):
                 # The program's own meta device (`with torch.device("meta"):` before
                 # `fully_shard` and `to_empty`): no memory on the GPU, so none recorded.
+                self._program_meta = True
                 with _native.Unrecorded():
                     return func(*args, **kwargs)
+        elif name == "_has_compatible_shallow_copy_type" or (
+            self._program_meta and name in _LIKE and _on_program_meta(args)
+        ):
+            # What the program makes like its own meta tensors, on their device (FSDP2's padded
+            # shards of a model built on meta), is no GPU memory either; nor are the global-shape
+            # fakes DTensor answers `Module._apply`'s type check on (meta in a GPU run too).
+            with _native.Unrecorded():
+                return func(*args, **kwargs)
         if name == "cuda":  # Tensor.cuda(device=None, non_blocking=False, ...): stays on meta
             return torch.Tensor.to(args[0], META)
         if name == "pin_memory":  # meta memory cannot be pinned (and needs no pinning)

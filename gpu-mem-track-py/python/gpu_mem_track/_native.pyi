@@ -189,6 +189,10 @@ def meta_storage_resize(cdata: int, nbytes: int) -> None:
     """Resizes the meta storage whose ``c10::StorageImpl*`` is ``cdata`` as a GPU storage resizes
     (the old allocation freed, a new one made; both recorded)."""
 
+def meta_storage_recorded(cdata: int) -> bool | None:
+    """Whether the meta storage ``cdata`` holds recorded memory (``False``: made unrecorded, as
+    the program's own meta tensors; ``None``: no block of the estimate's allocator)."""
+
 @final
 class Unrecorded:
     """``with Unrecorded():`` meta allocations this thread makes are not recorded, nor their frees."""
@@ -222,6 +226,9 @@ def install() -> None:
 
 def register_tensor(cdata: int, name: str = "") -> None:
     """Registers a live tensor by its ``c10::TensorImpl*`` (``Tensor._cdata``) under ``name``."""
+
+def forget_tensor(cdata: int) -> None:
+    """Takes a live tensor (``Tensor._cdata``) out of the registry, for ``torch.utils.swap_tensors``."""
 
 def name_classes(classes: Sequence[type]) -> None:
     """Names Python tensor classes for the log's class column, as ``repr(cls)`` does."""

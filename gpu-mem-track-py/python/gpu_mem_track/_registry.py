@@ -38,6 +38,31 @@ def register_existing_tensors() -> int:
     return count
 
 
+def install_swap_tensors() -> None:
+    """``torch.utils.swap_tensors`` with the registry installed: it refuses a tensor anything holds
+    weakly, and the registry holds every tensor so (``Module._apply`` swaps FSDP2's parameters in
+    ``to_empty``, and every parameter under ``swap_module_params_on_conversion``). Both tensors
+    leave the registry for the swap and come back after it, so that the program runs as without
+    gpu-mem-track."""
+    swap = getattr(torch.utils, "swap_tensors", None)
+    if swap is None or getattr(swap, "_gpu_mem_track", False):  # a torch without it, or installed
+        return
+
+    def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        tensors = [t for t in (t1, t2) if isinstance(t, torch.Tensor) and getattr(t, "_cdata", 0)]
+        for t in tensors:
+            _native.forget_tensor(t._cdata)
+        try:
+            swap(t1, t2)
+        finally:
+            for t in tensors:
+                _native.register_tensor(t._cdata)
+
+    swap_tensors.__doc__ = swap.__doc__
+    swap_tensors._gpu_mem_track = True  # type: ignore[attr-defined]
+    torch.utils.swap_tensors = swap_tensors
+
+
 def registry_running() -> bool:
     """Whether the registry's per-op callback runs (not paused)."""
     return _running
