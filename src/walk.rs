@@ -323,6 +323,13 @@ fn holder_label(c: gpu_mem_track_log::Category) -> &'static str {
         C::Workspace => "library workspaces",
         C::Temporary => "temporaries",
         C::Unknown => "unknown",
+        C::ShardedParameter => "parameter shards",
+        C::UnshardedParameter => "parameters gathered whole",
+        C::ShardedGradient => "gradient shards",
+        C::UnshardedGradient => "gradients before their reduce-scatter",
+        C::DdpBucket => "DDP buckets",
+        C::AllGatherBuffer => "all-gather buffers",
+        C::ReduceScatterBuffer => "reduce-scatter buffers",
     }
 }
 

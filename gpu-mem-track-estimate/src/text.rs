@@ -249,9 +249,20 @@ impl fmt::Display for GpuReport<'_> {
         writeln!(f, "    peak reserved    {}", range(g.peak_reserved))?;
         writeln!(
             f,
-            "    nvidia-smi       {}  (reserved + {} CUDA context and libraries, a per-GPU constant){}",
+            "    nvidia-smi       {}  (reserved + {} CUDA context and libraries, a per-GPU constant{}){}",
             range(g.nvidia_smi),
             mib(p.context_bytes),
+            if g.communication_bytes > 0 {
+                format!(
+                    " + {} NCCL buffers of {} communicator{} at {} each, NCCL's defaults, not measured",
+                    mib(g.communication_bytes),
+                    g.communicators,
+                    if g.communicators == 1 { "" } else { "s" },
+                    mib(p.nccl_communicator_bytes)
+                )
+            } else {
+                String::new()
+            },
             if g.fits {
                 format!("  -> fits, {} to spare", mib(p.memory_bytes.saturating_sub(g.nvidia_smi.high)))
             } else {

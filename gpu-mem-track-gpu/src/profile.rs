@@ -38,6 +38,22 @@ pub struct DeviceProfile {
     /// CUDA context, the kernels loaded, the cuBLAS and cuDNN handles. A per-device constant; see
     /// [`DeviceProfile::presets`] for where each comes from.
     pub context_bytes: u64,
+    /// GPU memory one NCCL communicator holds outside the caching allocator (its channels'
+    /// send and receive buffers), which nvidia-smi shows: a documented figure until a GPU measures
+    /// it (see [`NCCL_COMMUNICATOR_BYTES`]). A profile file may leave it out.
+    #[serde(default = "nccl_communicator_bytes")]
+    pub nccl_communicator_bytes: u64,
+}
+
+/// The NCCL communicator's buffers, from NCCL's defaults rather than a measurement: 16 channels
+/// (what NCCL opens on an 8-GPU NVLink node), each with a ring and a tree connection to receive
+/// on, each connection with the buffers of NCCL's three protocols: Simple (`NCCL_BUFFSIZE`, 4 MiB),
+/// LL (512 KiB) and LL128 (4 800 KiB). 294 MiB. Fewer channels (PCIe, 2 GPUs) take less; NVLS and
+/// CollNet, more.
+pub const NCCL_COMMUNICATOR_BYTES: u64 = 16 * 2 * ((4 << 20) + (512 << 10) + (4800 << 10));
+
+fn nccl_communicator_bytes() -> u64 {
+    NCCL_COMMUNICATOR_BYTES
 }
 
 impl DeviceProfile {
@@ -56,6 +72,7 @@ impl DeviceProfile {
             memory_bytes: mib * MIB,
             compute_capability: cc,
             context_bytes: ctx_mib * MIB,
+            nccl_communicator_bytes: NCCL_COMMUNICATOR_BYTES,
         };
         vec![
             p("a100-80g", 81_158, (8, 0), 760), // 79.26 GiB (SXM4; PCIe 79.14-79.15)
@@ -151,6 +168,7 @@ impl DeviceProfile {
             memory_bytes: gpu.usable_bytes(),
             compute_capability: gpu.compute_capability,
             context_bytes,
+            nccl_communicator_bytes: NCCL_COMMUNICATOR_BYTES,
         }
     }
 }
@@ -217,11 +235,18 @@ pub struct GpuPrediction {
     pub peak_delta: Range,
     /// `torch.cuda.max_memory_reserved()`.
     pub peak_reserved: Range,
-    /// What nvidia-smi would show: reserved plus the profile's context constant.
+    /// The NCCL communicators this rank holds (the trace's; 0 for a single process).
+    pub communicators: u32,
+    /// Their buffers (`communicators` times the profile's figure for one): GPU memory outside the
+    /// caching allocator.
+    pub communication_bytes: u64,
+    /// What nvidia-smi would show: reserved plus the profile's context constant and the
+    /// communicators' buffers.
     pub nvidia_smi: Range,
     /// Whether the high end fits the device.
     pub fits: bool,
-    /// Memory the caching allocator can reserve: the device's less the context constant.
+    /// Memory the caching allocator can reserve: the device's less the context constant and the
+    /// communicators' buffers.
     pub usable_bytes: u64,
     /// When the run does not fit: the first allocation the caching allocator cannot place within
     /// `usable_bytes` even after releasing its cache and retrying, as PyTorch does - where a GPU
@@ -307,9 +332,11 @@ fn predict_from(profile: &DeviceProfile, trace: &Trace, replays: &Replays) -> Gp
     let range = |a: u64, b: u64| Range { low: a.min(b), high: a.max(b) };
     let peak_allocated = range(low.peak_allocated, high.peak_allocated);
     let peak_reserved = range(low.peak_reserved, high.peak_reserved);
-    let smi = |r: u64| r.saturating_add(profile.context_bytes);
+    let communication_bytes = u64::from(trace.communicators).saturating_mul(profile.nccl_communicator_bytes);
+    let outside = profile.context_bytes.saturating_add(communication_bytes);
+    let smi = |r: u64| r.saturating_add(outside);
     let fits = smi(peak_reserved.high) <= profile.memory_bytes;
-    let usable_bytes = profile.memory_bytes.saturating_sub(profile.context_bytes);
+    let usable_bytes = profile.memory_bytes.saturating_sub(outside);
     // A run that fits never reaches the capacity: the replay would be the high end's again.
     let first_oom = if fits { None } else { replay_on_device(trace, high_runtime, Some(usable_bytes)).1 };
     GpuPrediction {
@@ -323,6 +350,8 @@ fn predict_from(profile: &DeviceProfile, trace: &Trace, replays: &Replays) -> Gp
             high: peak_allocated.high.saturating_sub(low.baseline_allocated),
         },
         peak_reserved,
+        communicators: trace.communicators,
+        communication_bytes,
         nvidia_smi: Range { low: smi(peak_reserved.low), high: smi(peak_reserved.high) },
         fits,
         usable_bytes,
@@ -366,6 +395,7 @@ mod tests {
             memory_bytes: 16 * GIB,
             compute_capability: cc,
             context_bytes: 400 * MIB,
+            nccl_communicator_bytes: NCCL_COMMUNICATOR_BYTES,
         }
     }
 
@@ -441,6 +471,13 @@ mod tests {
         assert!(g.nvidia_smi.low >= g.peak_reserved.low + 400 * MIB);
         assert!(g.fits);
         assert_eq!((g.usable_bytes, g.first_oom.as_ref()), (16 * GIB - 400 * MIB, None));
+        // A rank holding 3 NCCL communicators: nvidia-smi shows their buffers too, and the caching
+        // allocator has that much less to reserve.
+        let ranked = predict(&p, &Trace { communicators: 3, ..trace.clone() }, None);
+        assert_eq!(ranked.communication_bytes, 3 * NCCL_COMMUNICATOR_BYTES);
+        assert_eq!(ranked.nvidia_smi.high, g.nvidia_smi.high + 3 * NCCL_COMMUNICATOR_BYTES);
+        assert_eq!(ranked.usable_bytes, g.usable_bytes - 3 * NCCL_COMMUNICATOR_BYTES);
+        assert_eq!(NCCL_COMMUNICATOR_BYTES, 294 * MIB);
         // 50 MiB usable: 20 MiB (parameters, input) + 30 MiB (convolution) segments; the 30 MiB
         // cuDNN workspace is left out (a smaller engine runs); the matmul's 4 KiB output needs a
         // 2 MiB small-pool segment that nothing cached can make room for.
@@ -470,7 +507,8 @@ mod tests {
             r#"{"name":"mine","memory_bytes":1000,"compute_capability":[9,0],"context_bytes":5}"#,
         )
         .unwrap();
-        assert_eq!(DeviceProfile::find(f.to_str().unwrap()).unwrap().memory_bytes, 1000);
+        let mine = DeviceProfile::find(f.to_str().unwrap()).unwrap();
+        assert_eq!((mine.memory_bytes, mine.nccl_communicator_bytes), (1000, NCCL_COMMUNICATOR_BYTES));
         let e = DeviceProfile::find("gtx9000").unwrap_err().to_string();
         assert!(e.contains("gtx9000") && e.contains("a100-80g"), "{e}");
     }

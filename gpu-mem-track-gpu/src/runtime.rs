@@ -192,7 +192,7 @@ pub fn with_workspaces(trace: &Trace, runtime: &[RuntimeAllocation]) -> Trace {
         events.push(e.clone());
         events.extend(placed);
     }
-    Trace { events, workspace_bounds: trace.workspace_bounds.clone() }
+    Trace { events, workspace_bounds: trace.workspace_bounds.clone(), communicators: trace.communicators }
 }
 
 /// Each convolution call as (its first allocation, its last allocation, its workspace's high end:

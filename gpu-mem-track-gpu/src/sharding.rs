@@ -313,7 +313,14 @@ pub fn per_rank_trace(trace: &Trace, optimizer: Optimizer, p: &Parallelism) -> (
         out.push(ev);
     }
     let plan = RankPlan { parallelism: *p, parameters: param_count, largest_layer, model_states: states };
-    (Trace { events: out, workspace_bounds: trace.workspace_bounds.clone() }, plan)
+    (
+        Trace {
+            events: out,
+            workspace_bounds: trace.workspace_bounds.clone(),
+            communicators: trace.communicators,
+        },
+        plan,
+    )
 }
 
 #[cfg(test)]

@@ -613,8 +613,12 @@ where
         .axis_desc_style((FONT, 16))
         .draw()
         .map_err(e)?;
-    // Stack: draw cumulative tops from the last category down so each band shows.
+    // Stack: draw cumulative tops from the last category down so each band shows. A category the
+    // run never held (a single process has no FSDP buffers) has no band and no legend entry.
     for (ci, cat) in Category::ALL.iter().enumerate().rev() {
+        if points.iter().all(|p| p.bytes[ci].1 == 0) {
+            continue;
+        }
         let color = Palette99::pick(ci).to_rgba();
         let top =
             move |p: &crate::trace::TimelinePoint| -> f64 { p.bytes[..=ci].iter().map(|b| mib(b.1)).sum() };

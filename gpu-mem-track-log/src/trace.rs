@@ -18,6 +18,11 @@ use crate::memviz::{self, EntryAction};
 pub enum Category {
     /// A model parameter.
     Parameter,
+    /// A distributed program's parameter shard on this rank (FSDP's sharded parameter).
+    ShardedParameter,
+    /// A parameter gathered whole on this rank for its forward or backward (FSDP's unsharded
+    /// parameter, the all-gather's result).
+    UnshardedParameter,
     /// A module buffer (batch-norm statistics, ...).
     Buffer,
     /// The input batch.
@@ -26,6 +31,16 @@ pub enum Category {
     Activation,
     /// Made by backward and alive at its end: a gradient.
     Gradient,
+    /// A distributed program's gradient shard on this rank (FSDP's reduce-scatter output).
+    ShardedGradient,
+    /// A whole gradient on this rank before it is reduced to its shard (FSDP).
+    UnshardedGradient,
+    /// A DDP bucket: gradients flattened for one allreduce (the Reducer's).
+    DdpBucket,
+    /// The flat buffer an FSDP all-gather of parameters writes into.
+    AllGatherBuffer,
+    /// The flat buffer of gradients an FSDP reduce-scatter reads.
+    ReduceScatterBuffer,
     /// Made by the optimizer step and kept: its state.
     OptimizerState,
     /// Memory a GPU library takes for itself (cuBLAS, cuBLASLt and cuDNN workspaces).
@@ -38,11 +53,18 @@ pub enum Category {
 
 impl Category {
     /// Every category, in stacking order.
-    pub const ALL: [Category; 9] = [
+    pub const ALL: [Category; 16] = [
         Category::Parameter,
+        Category::ShardedParameter,
+        Category::UnshardedParameter,
         Category::Buffer,
         Category::OptimizerState,
         Category::Gradient,
+        Category::ShardedGradient,
+        Category::UnshardedGradient,
+        Category::DdpBucket,
+        Category::AllGatherBuffer,
+        Category::ReduceScatterBuffer,
         Category::Input,
         Category::Activation,
         Category::Workspace,
@@ -59,6 +81,13 @@ impl Category {
     pub fn name(self) -> &'static str {
         match self {
             Category::Parameter => "parameter",
+            Category::ShardedParameter => "sharded_parameter",
+            Category::UnshardedParameter => "unsharded_parameter",
+            Category::ShardedGradient => "sharded_gradient",
+            Category::UnshardedGradient => "unsharded_gradient",
+            Category::DdpBucket => "ddp_bucket",
+            Category::AllGatherBuffer => "all_gather_buffer",
+            Category::ReduceScatterBuffer => "reduce_scatter_buffer",
             Category::Buffer => "buffer",
             Category::Input => "input",
             Category::Activation => "activation",
@@ -165,6 +194,15 @@ pub struct Trace {
     /// call's operands (empty for a recorded history, or a CPU run).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub workspace_bounds: std::collections::BTreeMap<i64, u64>,
+    /// The NCCL communicators this rank of a distributed program holds (one per process group of
+    /// more than one rank it made; 0 for a single process): their buffers are GPU memory outside
+    /// the caching allocator, which nvidia-smi shows.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub communicators: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Live bytes per category after one event.

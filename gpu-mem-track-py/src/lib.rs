@@ -304,6 +304,8 @@ struct PyEstimateRequest {
     world_size: u64,
     shard: String,
     precision: String,
+    /// The NCCL communicators the program's process groups hold on this rank (0: one process).
+    communicators: u32,
 }
 
 impl PyEstimateRequest {
@@ -311,7 +313,8 @@ impl PyEstimateRequest {
     /// naming the option otherwise).
     fn parse(
         self,
-    ) -> PyResult<(gpu_mem_track_estimate::EstimateOptions, gpu_mem_track_estimate::EstimateRequest)> {
+    ) -> PyResult<(gpu_mem_track_estimate::EstimateOptions, gpu_mem_track_estimate::EstimateRequest, u32)>
+    {
         use gpu_mem_track_estimate::sharding::Parallelism;
         use gpu_mem_track_estimate::{
             EstimateDevice, EstimateOptions, EstimateRequest, GpuTarget, Lifetimes, Mode,
@@ -334,7 +337,7 @@ impl PyEstimateRequest {
             parse_named("precision", &self.precision)?,
         );
         let gpu = GpuTarget::resolve(&self.device_profile, self.gpu_memory).map_err(estimate_error)?;
-        Ok((options, EstimateRequest { gpu, parallelism, caching_allocator_line: true }))
+        Ok((options, EstimateRequest { gpu, parallelism, caching_allocator_line: true }, self.communicators))
     }
 }
 
@@ -363,8 +366,9 @@ impl PyRecording {
     ) -> PyResult<PyFinished> {
         let run = self.run.take().ok_or_else(|| GpuMemTrackError::new_err("this recording has finished"))?;
         // Read before the run ends, but the run ends whatever they say (dropping it stops it).
-        let (options, request) = request.parse()?;
-        let done = run.finish(&options, sizes.into());
+        let (options, request, communicators) = request.parse()?;
+        let mut done = run.finish(&options, sizes.into());
+        done.trace.communicators = communicators;
         py.detach(|| PyFinished::new(done, &sites, &request))
     }
 
@@ -591,13 +595,25 @@ impl PyUnrecorded {
 }
 
 /// Tags the recorded allocation of the tensor whose `c10::TensorImpl*` is `cdata` (`parameter`,
-/// `buffer`, `input`, `gradient`).
+/// `buffer`, `input`, `gradient`, and what FSDP and DDP make: `sharded_parameter`, ...,
+/// `ddp_bucket`). The first tag of an allocation stays.
 #[pyfunction]
 fn recording_tag(cdata: usize, category: &str) -> PyResult<()> {
     use gpu_mem_track_log::Category;
     // What the Python side tags; the rest the recorder judges from phases and lifetimes.
-    const TAGGED: [Category; 4] =
-        [Category::Parameter, Category::Buffer, Category::Input, Category::Gradient];
+    const TAGGED: [Category; 11] = [
+        Category::Parameter,
+        Category::Buffer,
+        Category::Input,
+        Category::Gradient,
+        Category::ShardedParameter,
+        Category::UnshardedParameter,
+        Category::ShardedGradient,
+        Category::UnshardedGradient,
+        Category::DdpBucket,
+        Category::AllGatherBuffer,
+        Category::ReduceScatterBuffer,
+    ];
     let category = Category::from_name(category).filter(|c| TAGGED.contains(c)).ok_or_else(|| {
         let names: Vec<&str> = TAGGED.iter().map(|c| c.name()).collect();
         PyValueError::new_err(format!("unknown category {category:?} (use {})", names.join(", ")))

@@ -50,6 +50,8 @@ def assert_within_a_thousandth(lines: list[dict]) -> None:
 def test_fsdp_ddp_and_tensor_parallel_layouts_at_two_ranks_are_estimated_as_each_rank_runs_them():
     layouts = ["fsdp2", "fsdp2-noreshard", "fsdp2-bf16", "fsdp2-root", "fsdp2-checkpointed", "fsdp1", "ddp"]
     layouts += ["ddp-bucket-view", "tp", "fsdp2-tp", "fsdp2-meta"]
+    # HSDP on a 1 x 2 mesh, DDP's bucket cap and static graph, FSDP1's other strategies.
+    layouts += ["fsdp2-hsdp", "ddp-bucket-cap", "ddp-static", "fsdp1-grad-op", "fsdp1-orig-params"]
     lines = rank_peaks(2, *layouts)
     assert [(line["layout"], line["rank"]) for line in lines] == [(name, r) for name in layouts for r in (0, 1)]
     assert_within_a_thousandth(lines)
@@ -63,6 +65,8 @@ def test_fsdp_ddp_and_tensor_parallel_layouts_at_two_ranks_are_estimated_as_each
     assert abs(peak["fsdp2-meta"] - peak["fsdp2"]) < 1000
     # Tensor parallelism divides the layers' weights and their activations among the ranks.
     assert peak["tp"] < peak["ddp"] * 0.7
+    # SHARD_GRAD_OP keeps each layer gathered from its forward to its backward.
+    assert peak["fsdp1-grad-op"] > peak["fsdp1"] * 1.05
 
 
 @needs_transformers
@@ -184,9 +188,10 @@ def test_fit_over_world_sizes_names_the_fewest_ranks_that_fit():
         sharded_step(batch, layers=8, width=4096)
 
     # 8 layers of 4096 x 4096: 512 MiB of parameters, 2 GiB with their gradients and AdamW's
-    # states, divided among the ranks; the CUDA context and cuBLAS's workspaces besides.
+    # states, divided among the ranks; the CUDA context, cuBLAS's workspaces and (from 2 ranks)
+    # the NCCL communicator's 294 MiB besides.
     gib = 2**30
-    found = gpu_mem_track.fit(step, device_profile="h100-80g", gpu_memory=5 * gib // 2, world_size=[4, 1, 2])
+    found = gpu_mem_track.fit(step, device_profile="h100-80g", gpu_memory=11 * gib // 4, world_size=[4, 1, 2])
     sizes = [at["world_size"] for at in found["world_sizes"]]
     assert sizes == [1, 2, 4], found
     largest = {at["world_size"]: at["largest"] for at in found["world_sizes"]}
@@ -233,3 +238,70 @@ def test_a_model_built_on_meta_then_sharded_holds_only_its_shards():
     assert peaks[False][0] == ("load", 2 * 1000 * 1000 * 4 + shards // 2), peaks[False]
     # From the first forward on, the two programs hold the same.
     assert peaks[True][1:] == peaks[False][1:], peaks
+    # The shards `to_empty` made are the parameters' shards (FSDP re-points to them off meta only).
+    at_peak = est.breakdown().by_category()
+    assert at_peak["sharded_parameter"] == shards and "buffer" not in at_peak, at_peak
+
+
+@pytest.mark.skipif(not ON_META, reason="needs torch >= 2.11 (c10d's meta kernels)")
+def test_what_fsdp_and_ddp_make_has_its_own_category_and_nccl_its_own_item():
+    import gpu_mem_track
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    width, layers = 1000, 3
+    with gpu_mem_track.Estimator(device_profile="h100-80g", world_size=2) as est:
+        sharded_step(width=width, layers=layers)
+    at_peak = est.breakdown().by_category()
+    # Each rank's half of each weight and bias; AdamW's two states of each shard.
+    shards = layers * (width // 2) * (width + 1) * 4
+    assert at_peak["sharded_parameter"] == shards, at_peak
+    assert at_peak["optimizer_state"] == 2 * shards, at_peak
+    assert "buffer" not in at_peak and "parameter" not in at_peak, at_peak
+    # At the peak of a backward, FSDP holds the next layer's all-gather and the layer gathered
+    # whole, that layer's whole gradient and its reduce-scatter buffer, and the gradient shard of
+    # the layer done: each named where it is allocated.
+    with gpu_mem_track.Estimator(device_profile="cuda", world_size=2) as backward:
+        dist.init_process_group("nccl")
+        mesh = init_device_mesh("cuda", (2,))
+        model = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(layers))).cuda()
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model(torch.randn(4, width, device="cuda")).sum().backward()
+    whole_layer = width * (width + 1) * 4
+    at_peak = backward.breakdown().by_category()
+    assert backward.result["peak"]["phase"] == "backward", backward.result["peak"]
+    assert at_peak["sharded_parameter"] == shards, at_peak
+    for category in ("all_gather_buffer", "unsharded_parameter", "unsharded_gradient", "reduce_scatter_buffer"):
+        assert at_peak[category] == whole_layer, (category, at_peak)
+    assert at_peak["sharded_gradient"] == whole_layer // 2, at_peak
+    # One process group of 2 ranks: one NCCL communicator, outside the caching allocator.
+    gpu = est.result.gpu
+    assert gpu["communication_bytes"] == gpu["profile"]["nccl_communicator_bytes"] == 294 * 2**20, gpu
+    assert gpu["nvidia_smi"]["high"] == gpu["peak_reserved"]["high"] + gpu["profile"]["context_bytes"] + 294 * 2**20
+    assert "+ 294.0 MiB NCCL buffers of 1 communicator" in str(est), str(est)
+
+    def ddp_step(bucket_view: bool) -> None:
+        dist.init_process_group("nccl")
+        model = DistributedDataParallel(
+            torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(layers))).cuda(),
+            gradient_as_bucket_view=bucket_view,
+        )
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model(torch.randn(4, width, device="cuda")).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    whole = layers * width * (width + 1) * 4
+    for bucket_view in (False, True):
+        with gpu_mem_track.Estimator(device_profile="cuda", world_size=2) as est:
+            ddp_step(bucket_view)
+        at_peak = est.breakdown().by_category()
+        # The Reducer's buckets hold every gradient once; as views of them, the gradients are
+        # the buckets.
+        assert at_peak["ddp_bucket"] == whole, (bucket_view, at_peak)
+        assert at_peak.get("gradient", 0) == (0 if bucket_view else whole), (bucket_view, at_peak)

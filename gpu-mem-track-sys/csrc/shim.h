@@ -243,7 +243,11 @@ enum gmt_category { GMT_CAT_NONE = 0, GMT_CAT_PARAMETER = 1, GMT_CAT_BUFFER = 2,
                     // never a tensor's storage, tagged when it comes back (allocator.cpp)
                     GMT_CAT_KERNEL_SCRATCH = 6,
                     // a GPU library's workspace (the estimator's cuDNN RNN workspace on meta)
-                    GMT_CAT_WORKSPACE = 7 };
+                    GMT_CAT_WORKSPACE = 7,
+                    // what a distributed program's FSDP or DDP made (the estimator tags them from Python)
+                    GMT_CAT_SHARDED_PARAMETER = 8, GMT_CAT_UNSHARDED_PARAMETER = 9, GMT_CAT_SHARDED_GRADIENT = 10,
+                    GMT_CAT_UNSHARDED_GRADIENT = 11, GMT_CAT_DDP_BUCKET = 12, GMT_CAT_ALL_GATHER_BUFFER = 13,
+                    GMT_CAT_REDUCE_SCATTER_BUFFER = 14 };
 // GMT_EVENT_OOM: an allocation of `size` bytes failed; `id` holds the device's free bytes.
 enum gmt_event_kind { GMT_EVENT_ALLOC = 0, GMT_EVENT_FREE = 1, GMT_EVENT_SEGMENT_ALLOC = 2, GMT_EVENT_SEGMENT_FREE = 3,
                       GMT_EVENT_OOM = 4 };

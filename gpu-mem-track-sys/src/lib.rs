@@ -141,6 +141,13 @@ pub const GMT_CAT_ACTIVATION: i32 = 4;
 pub const GMT_CAT_INPUT: i32 = 5;
 pub const GMT_CAT_KERNEL_SCRATCH: i32 = 6;
 pub const GMT_CAT_WORKSPACE: i32 = 7;
+pub const GMT_CAT_SHARDED_PARAMETER: i32 = 8;
+pub const GMT_CAT_UNSHARDED_PARAMETER: i32 = 9;
+pub const GMT_CAT_SHARDED_GRADIENT: i32 = 10;
+pub const GMT_CAT_UNSHARDED_GRADIENT: i32 = 11;
+pub const GMT_CAT_DDP_BUCKET: i32 = 12;
+pub const GMT_CAT_ALL_GATHER_BUFFER: i32 = 13;
+pub const GMT_CAT_REDUCE_SCATTER_BUFFER: i32 = 14;
 
 /// `gmt_tensor_role` values.
 pub const GMT_ROLE_NONE: i32 = 0;

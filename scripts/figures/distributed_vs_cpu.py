@@ -24,13 +24,22 @@ LAYOUTS = {
     "fsdp2-noreshard": "the same, reshard_after_forward=False",
     "fsdp2-bf16": "the same, MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)",
     "fsdp2-root": "FSDP2 on the root only",
+    "fsdp2-reshard-2": "FSDP2 on each layer and the root, reshard_after_forward=2 (to groups of 2 after forward)",
+    "fsdp2-hsdp": "HSDP: FSDP2 on a 2-D mesh (ranks / 2 replicas x 2 shards)",
     "fsdp2-checkpointed": "FSDP2 on each layer and the root, activation checkpointing",
+    "fsdp1-checkpointed": "FSDP1 FULL_SHARD, transformer auto-wrap, activation checkpointing",
+    "ddp-checkpointed": "DDP, default buckets, activation checkpointing",
+    "tp-checkpointed": "tensor parallelism on each layer's attention and MLP, activation checkpointing",
     "fsdp2-meta": "FSDP2 on each layer and the root of a model built on meta, then to_empty (torchtitan's order)",
     "ddp": "DDP, default buckets",
     "ddp-bucket-view": "DDP, gradient_as_bucket_view=True",
+    "ddp-bucket-cap": "DDP, bucket_cap_mb=1",
+    "ddp-static": "DDP, static_graph=True",
     "ddp-resnet18": "DDP on torchvision's ResNet-18, 8 images of 224 x 224, SGD with momentum",
     "resnet18": "the same step without DDP: the CPU's convolutions hold 4.5 MiB a GPU's do not, in both lines",
     "fsdp1": "FSDP1 FULL_SHARD, transformer auto-wrap on the decoder layer",
+    "fsdp1-grad-op": "FSDP1 SHARD_GRAD_OP, the same auto-wrap",
+    "fsdp1-orig-params": "FSDP1 FULL_SHARD, the same auto-wrap, use_orig_params=True",
     "tp": "tensor parallelism on each layer's attention and MLP (ColwiseParallel, RowwiseParallel), AdamW for-loop",
     "fsdp2-tp": "FSDP2 over tensor parallelism, a 2-D mesh (ranks / 2 data-parallel x 2 tensor-parallel)",
 }
@@ -82,6 +91,8 @@ def mesh_of(device: str, layout: str):
 
     if layout == "fsdp2-tp":
         return init_device_mesh(device, (dist.get_world_size() // 2, 2), mesh_dim_names=("dp", "tp"))
+    if layout == "fsdp2-hsdp":
+        return init_device_mesh(device, (dist.get_world_size() // 2, 2), mesh_dim_names=("replicate", "shard"))
     return init_device_mesh(device, (dist.get_world_size(),))
 
 
@@ -99,15 +110,23 @@ def setup(device: str, layout: str, mesh, move: bool = True):
     options = {}
     if layout == "fsdp2-noreshard":
         options = {"reshard_after_forward": False}
+    if layout == "fsdp2-reshard-2":
+        options = {"reshard_after_forward": 2}
     if layout == "fsdp2-bf16":
         options = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
-    if layout == "fsdp2-checkpointed":
+    if layout.endswith("-checkpointed"):  # the layout it names, checkpointed
         model.gradient_checkpointing_enable()
+        layout = layout.removesuffix("-checkpointed")
     if layout.startswith("ddp"):
         from torch.nn.parallel import DistributedDataParallel
 
-        model = DistributedDataParallel(model, gradient_as_bucket_view=layout == "ddp-bucket-view")
-    elif layout == "fsdp1":
+        model = DistributedDataParallel(
+            model,
+            gradient_as_bucket_view=layout == "ddp-bucket-view",
+            bucket_cap_mb=1 if layout == "ddp-bucket-cap" else None,
+            static_graph=layout == "ddp-static",
+        )
+    elif layout.startswith("fsdp1"):
         import functools
 
         from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
@@ -118,7 +137,8 @@ def setup(device: str, layout: str, mesh, move: bool = True):
         model = FullyShardedDataParallel(
             model,
             auto_wrap_policy=policy,
-            sharding_strategy=ShardingStrategy.FULL_SHARD,
+            sharding_strategy=ShardingStrategy.SHARD_GRAD_OP if layout == "fsdp1-grad-op" else ShardingStrategy.FULL_SHARD,
+            use_orig_params=layout == "fsdp1-orig-params",
             device_id=torch.device(device),  # on the CPU, FSDP1 asks for it
         )
     elif layout == "tp":

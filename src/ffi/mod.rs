@@ -71,6 +71,13 @@ pub(crate) fn category_code(category: Category) -> i32 {
         Category::Activation => sys::GMT_CAT_ACTIVATION,
         Category::Input => sys::GMT_CAT_INPUT,
         Category::Workspace => sys::GMT_CAT_WORKSPACE,
+        Category::ShardedParameter => sys::GMT_CAT_SHARDED_PARAMETER,
+        Category::UnshardedParameter => sys::GMT_CAT_UNSHARDED_PARAMETER,
+        Category::ShardedGradient => sys::GMT_CAT_SHARDED_GRADIENT,
+        Category::UnshardedGradient => sys::GMT_CAT_UNSHARDED_GRADIENT,
+        Category::DdpBucket => sys::GMT_CAT_DDP_BUCKET,
+        Category::AllGatherBuffer => sys::GMT_CAT_ALL_GATHER_BUFFER,
+        Category::ReduceScatterBuffer => sys::GMT_CAT_REDUCE_SCATTER_BUFFER,
         Category::OptimizerState | Category::Temporary | Category::Unknown => sys::GMT_CAT_NONE,
     }
 }
@@ -83,6 +90,13 @@ pub(crate) fn category_from_code(code: i32) -> Option<Category> {
         sys::GMT_CAT_ACTIVATION => Category::Activation,
         sys::GMT_CAT_INPUT => Category::Input,
         sys::GMT_CAT_WORKSPACE => Category::Workspace,
+        sys::GMT_CAT_SHARDED_PARAMETER => Category::ShardedParameter,
+        sys::GMT_CAT_UNSHARDED_PARAMETER => Category::UnshardedParameter,
+        sys::GMT_CAT_SHARDED_GRADIENT => Category::ShardedGradient,
+        sys::GMT_CAT_UNSHARDED_GRADIENT => Category::UnshardedGradient,
+        sys::GMT_CAT_DDP_BUCKET => Category::DdpBucket,
+        sys::GMT_CAT_ALL_GATHER_BUFFER => Category::AllGatherBuffer,
+        sys::GMT_CAT_REDUCE_SCATTER_BUFFER => Category::ReduceScatterBuffer,
         _ => return None,
     })
 }

@@ -13,6 +13,10 @@ recorded as it is allocated there:
   shapes agree is off (the simulated ranks are one program), and its allreduce of a bucket
   completes with the bucket itself, as NCCL's in-place allreduce does (the simulated group's work
   completes with no value, which the reducer refuses).
+
+What FSDP and DDP make is tagged with its own category as it is made (``breakdown()`` shows them):
+sharded and unsharded parameters and gradients, the all-gather and reduce-scatter buffers, DDP's
+buckets.
 """
 
 from __future__ import annotations
@@ -47,10 +51,13 @@ class SimulatedRanks:
         self.world_size = world_size
         self.rank = rank
         self.used = False
+        self.communicators = 0
         self._made_group = False
 
     def patch(self, undo: list, mode: MetaMode) -> None:
         """Patches torch for the block; what gives each back is appended to ``undo``."""
+        self.used = False
+        self.communicators = 0
 
         def patch(owner: Any, name: str, value: Any) -> None:
             old = getattr(owner, name)
@@ -134,9 +141,13 @@ class SimulatedRanks:
 
         _patch_ddp(patch)
         _patch_fsdp1(undo, patch)
+        _patch_fsdp2(patch)
 
     def close(self) -> None:
-        """Destroys the simulated process group the block made: the process is left as it was."""
+        """Counts the NCCL communicators the program's process groups would hold on a GPU
+        (``communicators``), then destroys the simulated process group the block made: the process
+        is left as it was."""
+        self.communicators = count_communicators() if self.used else 0
         if self._made_group:
             import torch.distributed as dist
 
@@ -145,12 +156,100 @@ class SimulatedRanks:
             self._made_group = False
 
 
+def count_communicators() -> int:
+    """The process groups of more than one rank this process has: on GPUs each holds an NCCL
+    communicator, with its buffers outside the caching allocator (the device profile's
+    ``nccl_communicator_bytes`` each). A 1-D mesh shares the default group; each dimension of a 2-D
+    mesh is a group of its own."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return 0
+    groups = dist.distributed_c10d._world.pg_map
+    return sum(1 for group in groups if group.size() > 1)
+
+
+def _tag(tensor: Any, category: str) -> None:
+    """Tags the block's allocation holding ``tensor`` (a DTensor: its local shard) with
+    ``category``; the first tag of an allocation stays, so FSDP's and DDP's, made first, win over
+    the parameters and gradients the block's hooks tag later."""
+    tensor = getattr(tensor, "_local_tensor", tensor)
+    if isinstance(tensor, torch.Tensor) and tensor.device.type == "meta":
+        _native.recording_tag(tensor._cdata, category)
+
+
+def _tagging(owner: Any, name: str, before: Any, after: Any, patch: Any) -> None:
+    """Patches the method ``owner.name`` to call ``before(self, *args)`` and ``after(self, *args)``
+    around it (either may be ``None``); nothing when torch has no such method."""
+    method = getattr(owner, name, None)
+    if method is None:
+        return
+
+    def tagged(this: Any, *args: Any, **kwargs: Any) -> Any:
+        if before is not None:
+            before(this, *args)
+        out = method(this, *args, **kwargs)
+        if after is not None:
+            after(this, *args)
+        return out
+
+    patch(owner, name, tagged)
+
+
 def _bucket_in_place(state: object, bucket: Any) -> torch.futures.Future:
     """A DDP comm hook: the bucket, allreduced in place, is its own result (no memory made)."""
     del state
+    buffer = bucket.buffer()
+    _tag(buffer, "ddp_bucket")
     done: torch.futures.Future = torch.futures.Future()
-    done.set_result(bucket.buffer())
+    done.set_result(buffer)
     return done
+
+
+def _patch_fsdp2(patch: Any) -> None:
+    """FSDP2's tensors tagged by what they are, where its parameter group makes them."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    except ImportError:  # torch without FSDP2
+        return
+
+    def sharded_param(p: Any) -> None:
+        # The parameter's local shard: its padded data, and the tensor `to_empty` or
+        # `load_state_dict(assign=True)` gave it (FSDP re-points its data at it only off meta).
+        _tag(getattr(p, "_sharded_param_data", None), "sharded_parameter")
+        _tag(getattr(p, "sharded_param", None), "sharded_parameter")
+
+    def sharded(group: Any, *args: Any) -> None:
+        for p in group.fsdp_params:
+            sharded_param(p)
+
+    def gathered(group: Any, *args: Any) -> None:
+        result = getattr(group, "_all_gather_result", None)
+        _tag(getattr(result, "all_gather_output", None), "all_gather_buffer")
+
+    def unsharded(group: Any, *args: Any) -> None:
+        for p in group.fsdp_params:
+            for t in getattr(p, "all_gather_outputs", ()):
+                _tag(t, "unsharded_parameter")
+
+    def unsharded_grads(group: Any, *args: Any) -> None:
+        for p in group.fsdp_params:
+            for name in ("unsharded_accumulated_grad", "_unsharded_param"):
+                t = getattr(p, name, None)
+                _tag(getattr(t, "grad", None) if name == "_unsharded_param" else t, "unsharded_gradient")
+
+    def reduced(group: Any, *args: Any) -> None:
+        for p in group.fsdp_params:
+            _tag(getattr(p.sharded_param, "grad", None), "sharded_gradient")
+        states = getattr(getattr(group, "comm_ctx", None), "reduce_scatter_states", None)
+        if states:
+            _tag(getattr(states[-1], "reduce_scatter_input", None), "reduce_scatter_buffer")
+
+    _tagging(FSDPParamGroup, "__init__", None, sharded, patch)
+    _tagging(FSDPParam, "reset_sharded_param", None, sharded_param, patch)
+    _tagging(FSDPParamGroup, "wait_for_unshard", gathered, unsharded, patch)
+    _tagging(FSDPParamGroup, "post_backward", unsharded_grads, reduced, patch)
 
 
 def _patch_ddp(patch: Any) -> None:
@@ -232,3 +331,24 @@ def _patch_fsdp1(undo: list, patch: Any) -> None:
         init(this, module, *args, **kwargs)
 
     patch(FullyShardedDataParallel, "__init__", on_this_gpu)
+    try:
+        from torch.distributed.fsdp import _runtime_utils
+        from torch.distributed.fsdp._flat_param import FlatParamHandle
+    except ImportError:  # a torch whose FSDP1 is laid out otherwise: untagged
+        return
+    _tagging(FlatParamHandle, "shard", None, lambda h: _tag(h.flat_param, "sharded_parameter"), patch)
+    _tagging(FlatParamHandle, "unshard", None, lambda h: _tag(h.flat_param, "unsharded_parameter"), patch)
+    reduce_grad = getattr(_runtime_utils, "_reduce_grad", None)
+    accumulate = getattr(_runtime_utils, "_accumulate_sharded_grad", None)
+    if reduce_grad is not None and accumulate is not None:
+
+        def reduce_unsharded(state: Any, handle: Any) -> None:
+            _tag(handle.flat_param.grad, "unsharded_gradient")
+            reduce_grad(state, handle)
+
+        def accumulate_sharded(state: Any, handle: Any, sharded_grad: torch.Tensor) -> torch.Tensor:
+            _tag(sharded_grad, "sharded_gradient")
+            return accumulate(state, handle, sharded_grad)
+
+        patch(_runtime_utils, "_reduce_grad", reduce_unsharded)
+        patch(_runtime_utils, "_accumulate_sharded_grad", accumulate_sharded)

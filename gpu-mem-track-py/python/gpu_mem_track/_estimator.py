@@ -124,7 +124,6 @@ class Estimator(PhaseHooks):
             patch_torch(self._undo, self._largest)
             self._install_hooks(ModTracker())
             mode = self._mode = MetaMode(self)
-            self.ranks.used = False
             self._undo.append(self.ranks.close)
             self.ranks.patch(self._undo, mode)
             mode.__enter__()
@@ -156,7 +155,13 @@ class Estimator(PhaseHooks):
             raise
         # A program that made its process group ran as one rank: its figures are that rank's.
         parallel = {**self.parallel, "world_size": 1, "shard": "none"} if self.ranks.used else self.parallel
-        request = {**run, "device_profile": self.device_profile, "gpu_memory": self.gpu_memory, **parallel}
+        request = {
+            **run,
+            "device_profile": self.device_profile,
+            "gpu_memory": self.gpu_memory,
+            **parallel,
+            "communicators": self.ranks.communicators,
+        }
         finished = recording.finish(request, sizes, self._sites.names)
         self._finished = finished
         self.result = estimate_of(finished, self._largest.calls)

@@ -66,6 +66,8 @@ class EstimateRequest(TypedDict):
     shard: str
     #: The training precision of the job (``fp32``, ``amp-bf16``, ...).
     precision: str
+    #: The NCCL communicators the program's process groups hold on this rank (0: one process).
+    communicators: int
 
 @final
 class Tracker:

@@ -52,12 +52,14 @@ class PhaseHooks:
             self._iteration += 1
             self._phase = "forward"
             _native.recording_phase("forward", self._iteration)
+        # Each iteration's batch is input, though the program makes the next one after the
+        # optimizer step (which would make it optimizer state, kept past the step).
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if self._input is None:
-            tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
             self._input = tensors
-            for t in tensors:
-                if t.device.type == "meta":
-                    _native.recording_tag(t._cdata, "input")
+        for t in tensors:
+            if t.device.type == "meta":
+                _native.recording_tag(t._cdata, "input")
 
     def _own_gradients(self) -> None:
         """Charges each parameter's gradient to the parameter's module."""
