@@ -51,7 +51,7 @@ def test_fsdp_ddp_and_tensor_parallel_layouts_at_two_ranks_are_estimated_as_each
     layouts = ["fsdp2", "fsdp2-noreshard", "fsdp2-bf16", "fsdp2-root", "fsdp2-checkpointed", "fsdp1", "ddp"]
     layouts += ["ddp-bucket-view", "tp", "fsdp2-tp", "fsdp2-meta"]
     # HSDP on a 1 x 2 mesh, DDP's bucket cap and static graph, FSDP1's other strategies.
-    layouts += ["fsdp2-hsdp", "ddp-bucket-cap", "ddp-static", "fsdp1-grad-op", "fsdp1-orig-params"]
+    layouts += ["fsdp2-hsdp", "ddp-bucket-cap", "ddp-static", "fsdp1-grad-op", "fsdp1-orig-params", "tp-sp"]
     lines = rank_peaks(2, *layouts)
     assert [(line["layout"], line["rank"]) for line in lines] == [(name, r) for name in layouts for r in (0, 1)]
     assert_within_a_thousandth(lines)
@@ -65,6 +65,8 @@ def test_fsdp_ddp_and_tensor_parallel_layouts_at_two_ranks_are_estimated_as_each
     assert abs(peak["fsdp2-meta"] - peak["fsdp2"]) < 1000
     # Tensor parallelism divides the layers' weights and their activations among the ranks.
     assert peak["tp"] < peak["ddp"] * 0.7
+    # Sequence parallelism shards the norms' activations and the residual stream too.
+    assert peak["tp-sp"] < peak["tp"] * 0.9
     # SHARD_GRAD_OP keeps each layer gathered from its forward to its backward.
     assert peak["fsdp1-grad-op"] > peak["fsdp1"] * 1.05
 
@@ -305,3 +307,23 @@ def test_what_fsdp_and_ddp_make_has_its_own_category_and_nccl_its_own_item():
         # the buckets.
         assert at_peak["ddp_bucket"] == whole, (bucket_view, at_peak)
         assert at_peak.get("gradient", 0) == (0 if bucket_view else whole), (bucket_view, at_peak)
+
+
+@pytest.mark.skipif(not ON_META, reason="needs torch >= 2.11 (c10d's meta kernels)")
+def test_a_functional_collective_returns_its_output_without_a_copy():
+    """DTensor gathers a tensor sharded on its last dimension with a functional all-gather (into a
+    buffer of the ranks' shards stacked), then a cat: on a GPU the shard, the buffer and the result
+    are alive at once; the meta kernels of the ops that wrap and wait on the buffer would copy it."""
+    import gpu_mem_track
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    with gpu_mem_track.Estimator(device_profile="cuda", world_size=2) as est:
+        dist.init_process_group("nccl")
+        mesh = init_device_mesh("cuda", (2,))
+        shard = torch.ones(4, 128, 2000, device="cuda")
+        whole = DTensor.from_local(shard, mesh, [Shard(2)]).redistribute(mesh, [Replicate()]).to_local()
+        assert whole.shape == (4, 128, 4000)
+    piece = 4 * 128 * 2000 * 4
+    assert est.result.peak_bytes == piece + 2 * piece + 2 * piece, est.result["peak"]

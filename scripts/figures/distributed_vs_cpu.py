@@ -41,6 +41,7 @@ LAYOUTS = {
     "fsdp1-grad-op": "FSDP1 SHARD_GRAD_OP, the same auto-wrap",
     "fsdp1-orig-params": "FSDP1 FULL_SHARD, the same auto-wrap, use_orig_params=True",
     "tp": "tensor parallelism on each layer's attention and MLP (ColwiseParallel, RowwiseParallel), AdamW for-loop",
+    "tp-sp": "tensor and sequence parallelism: the same split, the norms and the residual stream sharded by sequence (SequenceParallel)",
     "fsdp2-tp": "FSDP2 over tensor parallelism, a 2-D mesh (ranks / 2 data-parallel x 2 tensor-parallel)",
 }
 
@@ -70,6 +71,45 @@ def tensor_parallel(model, mesh) -> None:
     plan = {name: ColwiseParallel() for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")}
     plan |= {"self_attn.o_proj": RowwiseParallel(), "mlp.down_proj": RowwiseParallel()}
     plan |= {"mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel()}
+    for layer in model.model.layers:
+        parallelize_module(layer, mesh, plan)
+
+
+def sequence_parallel(model, mesh) -> None:
+    """Megatron's sequence parallelism over the same split (torchtitan's plan): the embedding's
+    output, the norms and the residual stream sharded by sequence, gathered before attention and
+    the MLP, reduce-scattered after them."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    parallelize_module(
+        model,
+        mesh,
+        {
+            "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
+            "model.norm": SequenceParallel(),
+            "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        },
+    )
+    plan = {
+        "input_layernorm": SequenceParallel(),
+        "post_attention_layernorm": SequenceParallel(),
+        "self_attn": PrepareModuleInput(
+            input_kwarg_layouts={"hidden_states": Shard(1)},
+            desired_input_kwarg_layouts={"hidden_states": Replicate()},
+            use_local_output=True,
+        ),
+        "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True),
+    }
+    plan |= {name: ColwiseParallel() for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")}
+    plan |= {name: ColwiseParallel() for name in ("mlp.gate_proj", "mlp.up_proj")}
+    plan |= {name: RowwiseParallel(output_layouts=Shard(1), use_local_output=False) for name in ("self_attn.o_proj", "mlp.down_proj")}
     for layer in model.model.layers:
         parallelize_module(layer, mesh, plan)
 
@@ -143,6 +183,8 @@ def setup(device: str, layout: str, mesh, move: bool = True):
         )
     elif layout == "tp":
         tensor_parallel(model, mesh)
+    elif layout == "tp-sp":
+        sequence_parallel(model, mesh)
     else:
         if layout == "fsdp2-tp":
             tensor_parallel(model, mesh["tp"])
@@ -154,7 +196,7 @@ def setup(device: str, layout: str, mesh, move: bool = True):
         if layout == "fsdp2-meta":
             model.to_empty(device=device)  # its values do not matter here: no init
     # foreach cannot mix the DTensor parameters tensor parallelism makes with plain ones.
-    optimizer = torch.optim.AdamW(model.parameters(), foreach=layout != "tp")
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=not layout.startswith("tp"))
     torch.manual_seed(1)
     return model, optimizer, torch.randint(3, 4000, (4, 128), device=device)
 

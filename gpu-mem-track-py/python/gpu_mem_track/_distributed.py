@@ -7,6 +7,8 @@ recorded as it is allocated there:
   gradients, frees and allocates on meta as on a GPU (libtorch's meta resize only sets the size);
 - the global-shape fakes DTensor's sharding propagation runs an op on, to learn its output's shape,
   stand for no memory and are not recorded;
+- a functional collective's result is the collective's output itself, as on a GPU (the meta
+  kernels of the ops that wrap it and wait on it copy it);
 - FSDP's check that no parameter is left on meta is off: inside the block meta is the GPU;
 - FSDP1's CUDA device handle answers without a GPU (streams are the CPU's);
 - DDP's reducer allocates its buckets on meta as on the GPU; its check that the ranks' parameter
@@ -142,6 +144,7 @@ class SimulatedRanks:
         _patch_ddp(patch)
         _patch_fsdp1(undo, patch)
         _patch_fsdp2(patch)
+        _patch_functional_collectives(patch)
 
     def close(self) -> None:
         """Counts the NCCL communicators the program's process groups would hold on a GPU
@@ -204,6 +207,21 @@ def _bucket_in_place(state: object, bucket: Any) -> torch.futures.Future:
     done: torch.futures.Future = torch.futures.Future()
     done.set_result(buffer)
     return done
+
+
+def _patch_functional_collectives(patch: Any) -> None:
+    """A functional collective's output, as its caller gets it: on a GPU, the output itself, wrapped
+    (``AsyncCollectiveTensor``) or waited on (``wait_tensor`` returns its argument); on meta, the
+    meta kernels of both ops make a copy (``empty_like``), memory no GPU holds. In the block, the
+    output itself (the simulated collectives have nothing to wait for)."""
+    try:
+        from torch.distributed import _functional_collectives as funcol
+    except ImportError:  # torch without functional collectives
+        return
+    for name in ("_maybe_wrap_tensor", "wait_tensor"):
+        op = getattr(funcol, name, None)
+        if op is not None:
+            patch(funcol, name, lambda tensor, op=op: tensor if tensor.device.type == "meta" else op(tensor))
 
 
 def _patch_fsdp2(patch: Any) -> None:
