@@ -49,9 +49,7 @@ def assert_within_a_thousandth(lines: list[dict]) -> None:
 @needs_transformers
 def test_fsdp_ddp_and_tensor_parallel_layouts_at_two_ranks_are_estimated_as_each_rank_runs_them():
     layouts = ["fsdp2", "fsdp2-noreshard", "fsdp2-bf16", "fsdp2-root", "fsdp2-checkpointed", "fsdp1", "ddp"]
-    layouts += ["ddp-bucket-view", "tp", "fsdp2-tp", "fsdp2-meta"]
-    # HSDP on a 1 x 2 mesh, DDP's bucket cap and static graph, FSDP1's other strategies.
-    layouts += ["fsdp2-hsdp", "ddp-bucket-cap", "ddp-static", "fsdp1-grad-op", "fsdp1-orig-params", "tp-sp"]
+    layouts += ["tp"]  # more layouts: test_distributed_layouts.py
     lines = rank_peaks(2, *layouts)
     assert [(line["layout"], line["rank"]) for line in lines] == [(name, r) for name in layouts for r in (0, 1)]
     assert_within_a_thousandth(lines)
@@ -61,14 +59,8 @@ def test_fsdp_ddp_and_tensor_parallel_layouts_at_two_ranks_are_estimated_as_each
     assert peak["fsdp2-bf16"] < peak["fsdp2"] * 0.9 and peak["fsdp2-checkpointed"] < peak["fsdp2"] * 0.7
     # DDP keeps the whole model's states on each rank, and its buckets besides.
     assert peak["ddp"] > peak["fsdp2-root"] * 1.05
-    # Built on meta and given memory with to_empty, the model holds what it holds built on the GPU.
-    assert abs(peak["fsdp2-meta"] - peak["fsdp2"]) < 1000
     # Tensor parallelism divides the layers' weights and their activations among the ranks.
     assert peak["tp"] < peak["ddp"] * 0.7
-    # Sequence parallelism shards the norms' activations and the residual stream too.
-    assert peak["tp-sp"] < peak["tp"] * 0.9
-    # SHARD_GRAD_OP keeps each layer gathered from its forward to its backward.
-    assert peak["fsdp1-grad-op"] > peak["fsdp1"] * 1.05
 
 
 @needs_transformers
