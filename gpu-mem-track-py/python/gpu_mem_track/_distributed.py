@@ -253,9 +253,8 @@ def _patch_fsdp2(patch: Any) -> None:
 
     def unsharded_grads(group: Any, *args: Any) -> None:
         for p in group.fsdp_params:
-            for name in ("unsharded_accumulated_grad", "_unsharded_param"):
-                t = getattr(p, name, None)
-                _tag(getattr(t, "grad", None) if name == "_unsharded_param" else t, "unsharded_gradient")
+            _tag(getattr(p, "unsharded_accumulated_grad", None), "unsharded_gradient")
+            _tag(getattr(getattr(p, "_unsharded_param", None), "grad", None), "unsharded_gradient")
 
     def reduced(group: Any, *args: Any) -> None:
         for p in group.fsdp_params:
