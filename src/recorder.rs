@@ -69,6 +69,30 @@ pub unsafe fn tag_tensor_impl(impl_ptr: *const std::ffi::c_void, category: Categ
     unsafe { ffi::recorder_tag_tensor_impl(impl_ptr, category) }
 }
 
+/// Tags the recorded allocation holding a tensor's storage as host memory: what the program keeps
+/// on the host while its GPU computes (FSDP's CPU offload), left out of the trace (see
+/// [`classify`]). It outranks every other tag. Nothing when no recording runs or the storage was
+/// allocated before it.
+///
+/// # Safety
+/// `impl_ptr` must point to a live `c10::TensorImpl` (Python: `Tensor._cdata`) for the call.
+#[allow(unsafe_code)]
+pub unsafe fn tag_tensor_impl_host(impl_ptr: *const std::ffi::c_void) {
+    // SAFETY: forwarded from the caller.
+    unsafe { ffi::recorder_tag_tensor_impl_host(impl_ptr) }
+}
+
+/// Whether the recorded allocation holding a tensor's storage is host memory
+/// ([`tag_tensor_impl_host`]); false when no recording runs or the storage was not recorded.
+///
+/// # Safety
+/// `impl_ptr` must point to a live `c10::TensorImpl` (Python: `Tensor._cdata`) for the call.
+#[allow(unsafe_code)]
+pub unsafe fn tensor_impl_is_host(impl_ptr: *const std::ffi::c_void) -> bool {
+    // SAFETY: forwarded from the caller.
+    unsafe { ffi::recorder_tensor_impl_is_host(impl_ptr) }
+}
+
 /// Sets the site of the recorded allocation holding a tensor's storage (the module that owns a
 /// parameter, its gradient or its optimizer state, whatever ran when it was made). Nothing when no
 /// recording runs or the storage was allocated before it.
@@ -163,17 +187,20 @@ pub(crate) fn categorize(events: &[AllocEvent], parameter_ids: &[i64]) -> Vec<Op
 }
 
 /// Builds a trace from recorded events, op names and the parameter allocation ids. Scratch memory
-/// a CPU kernel library took raw from the allocator (see [`AllocEvent::kernel_scratch`]) is left
-/// out: no GPU run has it, and the estimates' figures leave it out too.
+/// a CPU kernel library took raw from the allocator (see [`AllocEvent::kernel_scratch`]) and host
+/// memory ([`AllocEvent::host`]) are left out: no GPU holds them, and the estimates' figures
+/// leave them out too.
 pub fn classify(events: &[AllocEvent], names: &[String], parameter_ids: &[i64]) -> Trace {
     let categories = categorize(events, parameter_ids);
     let mut sizes: HashMap<i64, u64> = HashMap::new();
-    let mut scratch: HashSet<i64> = HashSet::new();
+    let mut off_gpu: HashSet<i64> = HashSet::new();
     let mut out = Vec::with_capacity(events.len());
     for (e, category) in events.iter().zip(categories) {
         let Some(category) = category else { continue };
         let alloc = e.kind == EventKind::Alloc;
-        if (alloc && e.kernel_scratch && scratch.insert(e.id)) || (!alloc && scratch.remove(&e.id)) {
+        if (alloc && (e.kernel_scratch || e.host) && off_gpu.insert(e.id))
+            || (!alloc && off_gpu.remove(&e.id))
+        {
             continue;
         }
         let size = if alloc {
@@ -194,4 +221,29 @@ pub fn classify(events: &[AllocEvent], names: &[String], parameter_ids: &[i64]) 
         });
     }
     Trace { events: out, ..Trace::default() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_memory_and_kernel_scratch_are_left_out_of_the_trace() {
+        let names = vec!["aten::empty".to_owned()];
+        let mut host = AllocEvent::made_in(1, 100, false, 0, None);
+        host.host = true;
+        let mut scratch = AllocEvent::made_in(3, 10, false, 0, None);
+        scratch.kernel_scratch = true;
+        let events = [
+            host,
+            AllocEvent::made_in(2, 50, false, 0, None),
+            scratch,
+            AllocEvent::made_in(1, 100, true, 0, None),
+            AllocEvent::made_in(3, 10, true, 0, None),
+            AllocEvent::made_in(2, 50, true, 0, None),
+        ];
+        let trace = classify(&events, &names, &[]);
+        let kept: Vec<(i64, bool)> = trace.events.iter().map(|e| (e.id, e.alloc)).collect();
+        assert_eq!(kept, [(2, true), (2, false)]);
+    }
 }

@@ -92,6 +92,11 @@ pub struct Estimate {
     /// the CPU allocator inside any op, such as a half-precision `mm`); no GPU kernel makes
     /// them, so they are left out of the figures above (and of the trace) and reported here.
     pub cpu_only_temporaries: u64,
+    /// The most host memory the program held at once while its GPU computed (FSDP's CPU offload:
+    /// the sharded parameters, their gradients and the optimizer step on the CPU), left out of
+    /// every GPU figure above; 0 when it keeps nothing on the host.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub host_peak: u64,
     /// Allocations recorded (of more than 0 bytes: a 0-byte request takes no block on a GPU).
     pub allocations: u64,
     /// Values the run read from meta tensors (`.item()`, data-dependent control flow): a meta
@@ -109,6 +114,10 @@ pub struct Estimate {
     pub attention: AttentionKernels,
     /// Seconds the estimate took.
     pub seconds: f64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Turns a recorded run into the estimate and its categorised trace.
@@ -134,6 +143,7 @@ pub(crate) fn finish_estimate(
         cuda,
         baseline_allocated: gpu.baseline_allocated,
         cpu_only_temporaries: timeline.cpu_only_peak,
+        host_peak: timeline.host_peak,
         allocations: events.iter().filter(|e| e.kind == EventKind::Alloc && e.size > 0).count() as u64,
         meta_scalar_reads: run.meta_scalar_reads,
         cpu_fallback: run.cpu_fallback.clone(),
@@ -151,6 +161,7 @@ struct Timeline {
     peak: PeakPlace,
     phases: Vec<PhasePeak>,
     cpu_only_peak: u64,
+    host_peak: u64,
 }
 
 impl Timeline {
@@ -167,10 +178,12 @@ impl Timeline {
             live_after_forward: None,
             forward_peak: 0,
             cpu_only: Replay::new(),
+            host: Replay::new(),
         };
         for (index, e) in events.iter().enumerate() {
             let op = recorder::op_name(names, e.op);
-            if !(cpu && run.cpu_only(e, op)) {
+            let off_gpu = run.host(e) || (cpu && run.cpu_only(e, op));
+            if !off_gpu {
                 run.event(index, e, op);
             }
         }
@@ -180,6 +193,7 @@ impl Timeline {
             peak: run.peak,
             phases: run.phases,
             cpu_only_peak: run.cpu_only.peak(),
+            host_peak: run.host.peak(),
         }
     }
 }
@@ -193,6 +207,7 @@ struct TimelineRun {
     live_after_forward: Option<u64>,
     forward_peak: u64,
     cpu_only: Replay,
+    host: Replay,
 }
 
 impl TimelineRun {
@@ -205,6 +220,18 @@ impl TimelineRun {
                 true
             }
             EventKind::Free => self.cpu_only.free(e.id).is_some(),
+            _ => false,
+        }
+    }
+
+    /// Accounts an event of host memory (see [`Estimate::host_peak`]); false for the rest.
+    fn host(&mut self, e: &AllocEvent) -> bool {
+        match e.kind {
+            EventKind::Alloc if e.host => {
+                self.host.alloc(e.id, e.size, Category::Temporary);
+                true
+            }
+            EventKind::Free => self.host.free(e.id).is_some(),
             _ => false,
         }
     }

@@ -173,7 +173,8 @@ fn peak_by_site(events: &[AllocEvent], trace: &Trace, peak_event: u64) -> Vec<Si
     let last = usize::try_from(peak_event).unwrap_or(usize::MAX);
     for e in events.iter().take(last.saturating_add(1)) {
         match e.kind {
-            EventKind::Alloc if e.size > 0 => {
+            // Host memory is never the GPU's (see `AllocEvent::host`).
+            EventKind::Alloc if e.size > 0 && !e.host => {
                 live.insert(e.id, (e.site, e.size));
             }
             EventKind::Free => {

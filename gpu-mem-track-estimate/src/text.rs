@@ -461,6 +461,13 @@ impl fmt::Display for Estimate {
             self.peak.iteration,
             self.peak.op
         )?;
+        if self.host_peak > 0 {
+            writeln!(
+                f,
+                "  host memory  {} at its highest (CPU offload), not on the GPU nor in the figures here",
+                mib(self.host_peak)
+            )?;
+        }
         for p in &self.phases {
             writeln!(
                 f,

@@ -626,6 +626,29 @@ fn recording_tag(cdata: usize, category: &str) -> PyResult<()> {
     Ok(())
 }
 
+/// Tags the recorded allocation of the tensor whose `c10::TensorImpl*` is `cdata` as host memory
+/// (FSDP's CPU offload): left out of the GPU figures, counted in `host_peak`.
+#[pyfunction]
+fn recording_host(cdata: usize) -> PyResult<()> {
+    if cdata == 0 {
+        return Err(PyValueError::new_err("recording_host: null TensorImpl pointer"));
+    }
+    // SAFETY: `cdata` is the `_cdata` of a tensor the Python caller holds for this call.
+    unsafe { gpu_mem_track::recorder::tag_tensor_impl_host(cdata as *const c_void) };
+    Ok(())
+}
+
+/// Whether the recorded allocation of the tensor whose `c10::TensorImpl*` is `cdata` is host
+/// memory (`recording_host`).
+#[pyfunction]
+fn recording_is_host(cdata: usize) -> PyResult<bool> {
+    if cdata == 0 {
+        return Err(PyValueError::new_err("recording_is_host: null TensorImpl pointer"));
+    }
+    // SAFETY: `cdata` is the `_cdata` of a tensor the Python caller holds for this call.
+    Ok(unsafe { gpu_mem_track::recorder::tensor_impl_is_host(cdata as *const c_void) })
+}
+
 /// The canonical words of each option an estimate takes (`optimizer`, `dtype`, `precision`,
 /// `shard`, ..., `category`, `phase`), from the Rust types: Python lists none itself.
 #[pyfunction]
@@ -786,6 +809,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(meta_target_device, m)?)?;
     m.add_function(wrap_pyfunction!(recording_site, m)?)?;
     m.add_function(wrap_pyfunction!(recording_tag, m)?)?;
+    m.add_function(wrap_pyfunction!(recording_host, m)?)?;
+    m.add_function(wrap_pyfunction!(recording_is_host, m)?)?;
     m.add_function(wrap_pyfunction!(recording_owner, m)?)?;
     m.add_function(wrap_pyfunction!(vocabulary, m)?)?;
     m.add_function(wrap_pyfunction!(canonical, m)?)?;

@@ -45,9 +45,10 @@ struct Recorder {
   // alloc and its size. Their bytes, and the highest those reached.
   struct Open {
     int64_t seq, size;
+    bool host;  // tagged GMT_CAT_HOST: not in `live`
   };
   std::unordered_map<int64_t, Open> open;
-  int64_t live = 0, peak = 0;
+  int64_t live = 0, peak = 0, peak_seq = -1;
   std::vector<std::string> op_names;  // index = op id
   std::unordered_map<std::string, int32_t> op_ids;
   std::atomic<int32_t> device_kind{GMT_DEV_ANY};
@@ -94,18 +95,19 @@ int64_t push(Recorder& r, gmt_alloc_event e) {
   const int64_t seq = r.pushed++;
   if (seq == r.walk_at.load(std::memory_order_relaxed)) t_ops.walk_pending = true;
   if (e.is_free == GMT_EVENT_ALLOC) {
-    r.open[e.id] = Recorder::Open{seq, e.size};
+    r.open[e.id] = Recorder::Open{seq, e.size, false};
     r.live += e.size;
     // Strictly higher: the first event at the highest live bytes is the peak, as the estimate's
     // replay names it.
     if (r.live > r.peak) {
       r.peak = r.live;
+      r.peak_seq = seq;
       if (r.walk_peaks.load(std::memory_order_relaxed)) t_ops.walk_pending = true;
     }
   } else if (e.is_free == GMT_EVENT_FREE) {
     const auto it = r.open.find(e.id);
     if (it != r.open.end()) {  // not made before the recording started
-      r.live -= it->second.size;
+      if (!it->second.host) r.live -= it->second.size;
       r.open.erase(it);
     }
   }
@@ -250,12 +252,21 @@ void tag_allocation(int64_t id, int32_t category) {
   auto it = r.open.find(id);
   if (it == r.open.end()) return;  // made before the recording started
   // What the program declared outranks what autograd did with it: a registered buffer or an
-  // input that a layer saves for backward stays a buffer or an input.
+  // input that a layer saves for backward stays a buffer or an input. Memory on the host is
+  // never the GPU's, whatever else it is (an offloaded parameter).
   const auto rank = [](int32_t c) {
-    return c == GMT_CAT_NONE ? 0 : c == GMT_CAT_ACTIVATION ? 1 : c == GMT_CAT_INPUT ? 2 : 3;
+    return c == GMT_CAT_NONE ? 0 : c == GMT_CAT_ACTIVATION ? 1 : c == GMT_CAT_INPUT ? 2 : c == GMT_CAT_HOST ? 4 : 3;
   };
   gmt_alloc_event* e = event_at(r, it->second.seq);
-  if (e && e->id == id && rank(category) > rank(e->category)) e->category = category;
+  if (!e || e->id != id || rank(category) <= rank(e->category)) return;
+  e->category = category;
+  if (category == GMT_CAT_HOST && !it->second.host) {
+    // Host memory leaves the live bytes whose peaks are walked; it was live at the last peak
+    // when made before it.
+    it->second.host = true;
+    r.live -= it->second.size;
+    if (it->second.seq <= r.peak_seq) r.peak -= it->second.size;
+  }
 }
 
 void site_allocation(int64_t id, int32_t site) {
@@ -309,6 +320,7 @@ gmt_error start_recording(int32_t device_kind, size_t max_events, int with_stack
         if (r.with_stacks) r.stacks.reserve(max_events);
       }
       r.live = r.peak = 0;
+      r.peak_seq = -1;
       r.pushed = 0;
       r.phase.store(phase);
       r.iteration.store(0);
@@ -384,6 +396,19 @@ void gmt_recorder_tag_tensor_impl(const void* impl, int32_t category) {
   const auto* t = static_cast<const c10::TensorImpl*>(impl);
   if (!t || !t->has_storage()) return;
   gmt::tag_allocation(gmt::allocation_id(t->storage().unsafeGetStorageImpl()), category);
+}
+
+int32_t gmt_recorder_tensor_impl_category(const void* impl) {
+  const auto* t = static_cast<const c10::TensorImpl*>(impl);
+  if (!t || !t->has_storage()) return -1;
+  const int64_t id = gmt::allocation_id(t->storage().unsafeGetStorageImpl());
+  Recorder& r = recorder();
+  if (!r.active.load(std::memory_order_relaxed) || id < 0) return -1;
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.open.find(id);
+  if (it == r.open.end()) return -1;
+  const gmt_alloc_event* e = event_at(r, it->second.seq);
+  return e && e->id == id ? e->category : -1;
 }
 
 void gmt_recorder_site_tensor_impl(const void* impl, int32_t site) {

@@ -247,7 +247,10 @@ enum gmt_category { GMT_CAT_NONE = 0, GMT_CAT_PARAMETER = 1, GMT_CAT_BUFFER = 2,
                     // what a distributed program's FSDP or DDP made (the estimator tags them from Python)
                     GMT_CAT_SHARDED_PARAMETER = 8, GMT_CAT_UNSHARDED_PARAMETER = 9, GMT_CAT_SHARDED_GRADIENT = 10,
                     GMT_CAT_UNSHARDED_GRADIENT = 11, GMT_CAT_DDP_BUCKET = 12, GMT_CAT_ALL_GATHER_BUFFER = 13,
-                    GMT_CAT_REDUCE_SCATTER_BUFFER = 14 };
+                    GMT_CAT_REDUCE_SCATTER_BUFFER = 14,
+                    // memory the program keeps on the host while its GPU computes (FSDP's CPU offload,
+                    // the CPU optimizer step on it): tagged by the estimator, never GPU memory
+                    GMT_CAT_HOST = 15 };
 // GMT_EVENT_OOM: an allocation of `size` bytes failed; `id` holds the device's free bytes.
 enum gmt_event_kind { GMT_EVENT_ALLOC = 0, GMT_EVENT_FREE = 1, GMT_EVENT_SEGMENT_ALLOC = 2, GMT_EVENT_SEGMENT_FREE = 3,
                       GMT_EVENT_OOM = 4 };
@@ -282,6 +285,10 @@ void gmt_recorder_set_phase(int32_t phase, int32_t iteration);
 void gmt_recorder_tag_tensor(const void* tensor, int32_t category);
 // The same for a tensor given by its c10::TensorImpl* (Python's Tensor._cdata).
 void gmt_recorder_tag_tensor_impl(const void* impl, int32_t category);
+// The gmt_category of the recorded allocation holding the storage of the tensor whose
+// c10::TensorImpl* is `impl` (GMT_CAT_NONE when untagged); -1 when nothing records or the storage
+// is not a recorded allocation.
+int32_t gmt_recorder_tensor_impl_category(const void* impl);
 // Sets the site (gmt_recorder_set_site's index) of the recorded allocation holding the storage of
 // the tensor whose c10::TensorImpl* is `impl`; no-op as above.
 void gmt_recorder_site_tensor_impl(const void* impl, int32_t site);

@@ -148,6 +148,7 @@ pub const GMT_CAT_UNSHARDED_GRADIENT: i32 = 11;
 pub const GMT_CAT_DDP_BUCKET: i32 = 12;
 pub const GMT_CAT_ALL_GATHER_BUFFER: i32 = 13;
 pub const GMT_CAT_REDUCE_SCATTER_BUFFER: i32 = 14;
+pub const GMT_CAT_HOST: i32 = 15;
 
 /// `gmt_tensor_role` values.
 pub const GMT_ROLE_NONE: i32 = 0;
@@ -299,6 +300,8 @@ extern "C" {
     pub fn gmt_recorder_tag_tensor(tensor: *const c_void, category: i32);
     /// `impl_` is a live `c10::TensorImpl*` (Python's `Tensor._cdata`).
     pub fn gmt_recorder_tag_tensor_impl(impl_: *const c_void, category: i32);
+    /// `impl_` is a live `c10::TensorImpl*`; -1 when its storage is not a recorded allocation.
+    pub fn gmt_recorder_tensor_impl_category(impl_: *const c_void) -> i32;
     /// `impl_` is a live `c10::TensorImpl*`.
     pub fn gmt_recorder_site_tensor_impl(impl_: *const c_void, site: i32);
     pub fn gmt_recorder_len() -> usize;

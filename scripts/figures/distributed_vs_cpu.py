@@ -35,11 +35,13 @@ LAYOUTS = {
     "ddp-bucket-view": "DDP, gradient_as_bucket_view=True",
     "ddp-bucket-cap": "DDP, bucket_cap_mb=1",
     "ddp-static": "DDP, static_graph=True",
+    "ddp-fp16-hook": "DDP with the program's own comm hook: fp16_compress_hook (each bucket allreduced in float16)",
     "ddp-resnet18": "DDP on torchvision's ResNet-18, 8 images of 224 x 224, SGD with momentum",
     "resnet18": "the same step without DDP: the CPU's convolutions hold 4.5 MiB a GPU's do not, in both lines",
     "fsdp1": "FSDP1 FULL_SHARD, transformer auto-wrap on the decoder layer",
     "fsdp1-grad-op": "FSDP1 SHARD_GRAD_OP, the same auto-wrap",
     "fsdp1-orig-params": "FSDP1 FULL_SHARD, the same auto-wrap, use_orig_params=True",
+    "fsdp1-hybrid": "FSDP1 HYBRID_SHARD on a 2-D mesh (ranks / 2 replicas x 2 shards), the same auto-wrap",
     "tp": "tensor parallelism on each layer's attention and MLP (ColwiseParallel, RowwiseParallel), AdamW for-loop",
     "tp-sp": "tensor and sequence parallelism: the same split, the norms and the residual stream sharded by sequence (SequenceParallel)",
     "fsdp2-tp": "FSDP2 over tensor parallelism, a 2-D mesh (ranks / 2 data-parallel x 2 tensor-parallel)",
@@ -131,7 +133,7 @@ def mesh_of(device: str, layout: str):
 
     if layout == "fsdp2-tp":
         return init_device_mesh(device, (dist.get_world_size() // 2, 2), mesh_dim_names=("dp", "tp"))
-    if layout == "fsdp2-hsdp":
+    if layout in ("fsdp2-hsdp", "fsdp1-hybrid"):
         return init_device_mesh(device, (dist.get_world_size() // 2, 2), mesh_dim_names=("replicate", "shard"))
     return init_device_mesh(device, (dist.get_world_size(),))
 
@@ -166,6 +168,10 @@ def setup(device: str, layout: str, mesh, move: bool = True):
             bucket_cap_mb=1 if layout == "ddp-bucket-cap" else None,
             static_graph=layout == "ddp-static",
         )
+        if layout == "ddp-fp16-hook":
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+
+            model.register_comm_hook(None, fp16_compress_hook)
     elif layout.startswith("fsdp1"):
         import functools
 
@@ -174,10 +180,12 @@ def setup(device: str, layout: str, mesh, move: bool = True):
         from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
         policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={LlamaDecoderLayer})
+        strategy = {"fsdp1-grad-op": ShardingStrategy.SHARD_GRAD_OP, "fsdp1-hybrid": ShardingStrategy.HYBRID_SHARD}
         model = FullyShardedDataParallel(
             model,
             auto_wrap_policy=policy,
-            sharding_strategy=ShardingStrategy.SHARD_GRAD_OP if layout == "fsdp1-grad-op" else ShardingStrategy.FULL_SHARD,
+            sharding_strategy=strategy.get(layout, ShardingStrategy.FULL_SHARD),
+            device_mesh=mesh if layout == "fsdp1-hybrid" else None,
             use_orig_params=layout == "fsdp1-orig-params",
             device_id=torch.device(device),  # on the CPU, FSDP1 asks for it
         )

@@ -51,6 +51,9 @@ pub struct AllocEvent {
     /// Memory a CPU kernel library took raw from the allocator (oneDNN's scratchpads), tagged
     /// when it came back: it exists only on the CPU.
     pub kernel_scratch: bool,
+    /// Memory the program keeps on the host while its GPU computes (FSDP's CPU offload), tagged by
+    /// the Python estimator: it is never on the GPU.
+    pub host: bool,
     nframes: usize,
 }
 
@@ -70,6 +73,7 @@ impl AllocEvent {
             site: None,
             tag,
             kernel_scratch: false,
+            host: false,
             nframes: 0,
         }
     }
@@ -95,6 +99,7 @@ impl From<&sys::gmt_alloc_event> for AllocEvent {
             site: usize::try_from(e.site).ok(),
             tag: category_from_code(e.category),
             kernel_scratch: e.category == sys::GMT_CAT_KERNEL_SCRATCH,
+            host: e.category == sys::GMT_CAT_HOST,
             nframes: (e.nframes.max(0) as usize).min(sys::GMT_STACK_FRAMES),
         }
     }
@@ -193,6 +198,26 @@ pub(crate) fn recorder_start_history(
 pub(crate) unsafe fn recorder_tag_tensor_impl(impl_ptr: *const c_void, category: Category) {
     // SAFETY: the caller keeps the TensorImpl alive; the shim reads its storage under the lock.
     unsafe { sys::gmt_recorder_tag_tensor_impl(impl_ptr, category_code(category)) }
+}
+
+/// Tags the recorded allocation holding the storage of the tensor whose `c10::TensorImpl*` this is
+/// as host memory (it outranks every other tag).
+///
+/// # Safety
+/// `impl_ptr` must point to a live `c10::TensorImpl` for the duration of the call.
+pub(crate) unsafe fn recorder_tag_tensor_impl_host(impl_ptr: *const c_void) {
+    // SAFETY: as in `recorder_tag_tensor_impl`.
+    unsafe { sys::gmt_recorder_tag_tensor_impl(impl_ptr, sys::GMT_CAT_HOST) }
+}
+
+/// Whether the recorded allocation holding the storage of the tensor whose `c10::TensorImpl*`
+/// this is was tagged as host memory.
+///
+/// # Safety
+/// `impl_ptr` must point to a live `c10::TensorImpl` for the duration of the call.
+pub(crate) unsafe fn recorder_tensor_impl_is_host(impl_ptr: *const c_void) -> bool {
+    // SAFETY: the caller keeps the TensorImpl alive; the shim reads its storage under the lock.
+    unsafe { sys::gmt_recorder_tensor_impl_category(impl_ptr) == sys::GMT_CAT_HOST }
 }
 
 /// Sets the site of the recorded allocation holding a tensor's storage.

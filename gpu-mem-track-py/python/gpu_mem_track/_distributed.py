@@ -14,15 +14,18 @@ recorded as it is allocated there:
 - DDP's reducer allocates its buckets on meta as on the GPU; its check that the ranks' parameter
   shapes agree is off (the simulated ranks are one program), and its allreduce of a bucket
   completes with the bucket itself, as NCCL's in-place allreduce does (the simulated group's work
-  completes with no value, which the reducer refuses).
+  completes with no value, which the reducer refuses); a comm hook the program registers runs in
+  its place, and ``dist.all_reduce(..., async_op=True)``'s future holds its tensor, as NCCL's does.
 
 What FSDP and DDP make is tagged with its own category as it is made (``breakdown()`` shows them):
 sharded and unsharded parameters and gradients, the all-gather and reduce-scatter buffers, DDP's
-buckets.
+buckets. Under FSDP2's ``CPUOffloadPolicy`` the model, its shards, their gradients and the
+optimizer step are host memory (``MetaMode.offloads``), left out of the GPU figures.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -138,12 +141,16 @@ class SimulatedRanks:
             from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
         except ImportError:  # torch without FSDP2
             FSDPParamGroup = None
-        if FSDPParamGroup is not None and hasattr(FSDPParamGroup, "_validate_no_meta_params"):
-            patch(FSDPParamGroup, "_validate_no_meta_params", lambda this: None)
+        if FSDPParamGroup is not None:
+            # In the block meta is the GPU, and the CPU meta too: FSDP's checks of the devices
+            # its parameters are on cannot hold (the offloaded ones are on the host, as tagged).
+            for check in ("_validate_no_meta_params", "_validate_cpu_offload_params"):
+                if hasattr(FSDPParamGroup, check):
+                    patch(FSDPParamGroup, check, lambda this: None)
 
         _patch_ddp(patch)
         _patch_fsdp1(undo, patch)
-        _patch_fsdp2(patch)
+        _patch_fsdp2(patch, mode)
         _patch_functional_collectives(patch)
 
     def close(self) -> None:
@@ -224,19 +231,67 @@ def _patch_functional_collectives(patch: Any) -> None:
             patch(funcol, name, lambda tensor, op=op: tensor if tensor.device.type == "meta" else op(tensor))
 
 
-def _patch_fsdp2(patch: Any) -> None:
-    """FSDP2's tensors tagged by what they are, where its parameter group makes them."""
+def _in_mode_when_offloaded(collective: Any, mode: MetaMode) -> Any:
+    """FSDP2's all-gather or reduce-scatter (``foreach_all_gather``, ``foreach_reduce``), with the
+    block's mode on for offloaded parameters: in a backward they run in autograd's hooks, outside
+    the mode (it sees the ``Tensor.backward`` call, and the call runs outside it), where their
+    moves between the host and the GPU would be no copies."""
+
+    def run(fsdp_params: Any, *args: Any, **kwargs: Any) -> Any:
+        from torch.overrides import _get_current_function_mode_stack
+
+        offloaded = any(getattr(p, "offload_to_cpu", False) for p in fsdp_params)
+        if offloaded and mode not in _get_current_function_mode_stack():
+            with mode:
+                return collective(fsdp_params, *args, **kwargs)
+        return collective(fsdp_params, *args, **kwargs)
+
+    return run
+
+
+def _patch_fsdp2(patch: Any, mode: MetaMode) -> None:
+    """FSDP2's tensors tagged by what they are, where its parameter group makes them; offloaded
+    to the CPU, the model's parameters and their shards on the host."""
     try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param_group
         from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
         from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
     except ImportError:  # torch without FSDP2
         return
+    for name in ("foreach_all_gather", "foreach_reduce"):
+        if hasattr(_fsdp_param_group, name):
+            patch(_fsdp_param_group, name, _in_mode_when_offloaded(getattr(_fsdp_param_group, name), mode))
+    from torch.optim import optimizer
+
+    choose = getattr(optimizer, "_default_to_fused_or_foreach", None)
+    if choose is not None:
+
+        def on_the_cpu(params: Any, *args: Any, **kwargs: Any) -> tuple[bool, bool]:
+            # The optimizer step on offloaded shards runs on the CPU: neither fused nor foreach
+            # (the block's meta is a GPU to the optimizers otherwise).
+            if mode.offloads and any(p is not None and mode.on_host(p) for p in params):
+                return False, False
+            return choose(params, *args, **kwargs)
+
+        for module in list(sys.modules.values()):
+            if getattr(module, "_default_to_fused_or_foreach", None) is choose:
+                patch(module, "_default_to_fused_or_foreach", on_the_cpu)
 
     def sharded_param(p: Any) -> None:
         # The parameter's local shard: its padded data, and the tensor `to_empty` or
         # `load_state_dict(assign=True)` gave it (FSDP re-points its data at it only off meta).
-        _tag(getattr(p, "_sharded_param_data", None), "sharded_parameter")
-        _tag(getattr(p, "sharded_param", None), "sharded_parameter")
+        for shard in (getattr(p, "_sharded_param_data", None), getattr(p, "sharded_param", None)):
+            if getattr(p, "offload_to_cpu", False):
+                mode.put_on_host(shard)
+            else:
+                _tag(shard, "sharded_parameter")
+
+    def offloaded(p: Any, param: Any, *args: Any) -> None:
+        # Offloaded, the model is one the program built on the CPU (FSDP checks it is): the
+        # parameter FSDP shards, on the host from the start.
+        if getattr(p, "offload_to_cpu", False):
+            mode.offloads = True
+            mode.put_on_host(param)
 
     def sharded(group: Any, *args: Any) -> None:
         for p in group.fsdp_params:
@@ -263,17 +318,50 @@ def _patch_fsdp2(patch: Any) -> None:
         if states:
             _tag(getattr(states[-1], "reduce_scatter_input", None), "reduce_scatter_buffer")
 
+    _tagging(FSDPParam, "__init__", None, offloaded, patch)
     _tagging(FSDPParamGroup, "__init__", None, sharded, patch)
     _tagging(FSDPParam, "reset_sharded_param", None, sharded_param, patch)
     _tagging(FSDPParamGroup, "wait_for_unshard", gathered, unsharded, patch)
     _tagging(FSDPParamGroup, "post_backward", unsharded_grads, reduced, patch)
 
 
+def _tagged_hook(hook: Any) -> Any:
+    """A DDP comm hook that first tags its bucket (``functools.wraps``: DDP checks the hook's own
+    signature)."""
+
+    @functools.wraps(hook)
+    def tagged(state: object, bucket: Any) -> Any:
+        _tag(bucket.buffer(), "ddp_bucket")
+        return hook(state, bucket)
+
+    return tagged
+
+
+class _DoneWork:
+    """A simulated collective's work, done, whose future holds the collective's output as NCCL's
+    does (a comm hook reads it: ``fut.value()[0]``); the simulated group's holds none."""
+
+    def __init__(self, work: Any, output: list) -> None:
+        self._work = work
+        self._output = output
+
+    def get_future(self) -> torch.futures.Future:
+        done: torch.futures.Future = torch.futures.Future()
+        done.set_result(self._output)
+        return done
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
 def _patch_ddp(patch: Any) -> None:
     try:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         from torch.nn.parallel import distributed as ddp
     except ImportError:  # torch without torch.distributed
         return
+    import torch.distributed as dist
+
     if hasattr(ddp, "_verify_param_shape_across_processes"):
         patch(ddp, "_verify_param_shape_across_processes", lambda *args, **kwargs: None)
     # DDP checks a hook's annotations against these objects; this module's are strings.
@@ -282,13 +370,47 @@ def _patch_ddp(patch: Any) -> None:
         "bucket": torch.distributed.GradBucket,
         "return": torch.futures.Future[torch.Tensor],
     }
-    init = ddp.DistributedDataParallel.__init__
+    DDP = ddp.DistributedDataParallel
+    init, register, pre_forward = DDP.__init__, DDP.register_comm_hook, DDP._pre_forward
+    lazy = "_comm_hooks" in init.__code__.co_names  # the hooks registered, a list DDP keeps
 
     def simulated_ddp(this: Any, *args: Any, **kwargs: Any) -> None:
         init(this, *args, **kwargs)
-        this.register_comm_hook(None, _bucket_in_place)
+        if not lazy:  # a torch that keeps no list of hooks: the block's, now
+            register(this, None, _bucket_in_place)
 
-    patch(ddp.DistributedDataParallel, "__init__", simulated_ddp)
+    def first_forward(this: Any, *args: Any, **kwargs: Any) -> Any:
+        # The program registers its own hook, if any, before its first forward; without one, the
+        # block's (the reducer's own allreduce refuses the simulated group's empty result).
+        if lazy and not getattr(this, "_comm_hooks", None):
+            register(this, None, _bucket_in_place)
+        return pre_forward(this, *args, **kwargs)
+
+    def register_tagged(this: Any, state: object, hook: Any) -> None:
+        register(this, state, _tagged_hook(hook))
+
+    def builtin(this: Any, comm_hook_type: Any) -> None:
+        # libtorch's own hooks allreduce through the group in C++, where the simulated result is
+        # empty: their Python twins run.
+        fp16 = comm_hook_type == dist.BuiltinCommHookType.FP16_COMPRESS
+        if fp16:
+            register_tagged(this, this.process_group, default_hooks.fp16_compress_hook)
+        else:
+            register_tagged(this, None, _bucket_in_place)
+
+    patch(DDP, "__init__", simulated_ddp)
+    patch(DDP, "_pre_forward", first_forward)
+    patch(DDP, "register_comm_hook", register_tagged)
+    patch(DDP, "_register_builtin_comm_hook", builtin)
+    all_reduce = dist.all_reduce
+
+    def all_reduce_done(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        work = all_reduce(tensor, *args, **kwargs)
+        return _DoneWork(work, [tensor]) if work is not None else None
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "all_reduce", None) is all_reduce:
+            patch(module, "all_reduce", all_reduce_done)
 
 
 class _SimulatedCudaHandle:

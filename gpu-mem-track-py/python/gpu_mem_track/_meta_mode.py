@@ -3,6 +3,11 @@ makes on meta itself is no GPU memory, and unrecorded), the CPU is the CPU
 where the caller's data is written or a real tensor's values are read, ``Tensor.backward`` starts
 the backward phase, autocast("cuda") casts meta tensors (``_autocast``), and constant inputs keep
 their values (``_known_values``).
+
+Host memory: once the program keeps memory on the host while its GPU computes (FSDP's CPU
+offload, which ``_distributed`` tags), moving a tensor between the CPU and the GPU copies it, and
+what an op makes from host memory (the CPU optimizer step's state) is host memory: tagged, left
+out of the GPU figures and counted in ``host_peak``.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
 
 from . import _autocast
 from ._known_values import KnownValues
@@ -69,6 +75,37 @@ def _on_program_meta(args: tuple) -> bool:
     return _native.meta_storage_recorded(storage._cdata) is False
 
 
+def _local(t: Any) -> Any:
+    """A DTensor's local shard (what a rank's memory holds); another tensor itself."""
+    return getattr(t, "_local_tensor", t)
+
+
+def _storage_id(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):  # a wrapper subclass without storage
+        return None
+
+
+def _meta_tensors(tree: Any) -> list[torch.Tensor]:
+    """The meta tensors in ``tree`` (args, kwargs, an op's result), DTensors as their shards."""
+    leaves = (_local(x) for x in tree_leaves(tree))
+    return [t for t in leaves if isinstance(t, torch.Tensor) and t.device.type == "meta"]
+
+
+def _move_target(name: str, args: tuple, kwargs: dict) -> str | None:
+    """Where ``Tensor.to``, ``.cuda`` or ``.cpu`` moves its tensor: ``"gpu"``, ``"host"``, or
+    ``None`` when it names no device (a cast)."""
+    if name in ("cuda", "cpu"):
+        return "gpu" if name == "cuda" else "host"
+    asked = [kwargs["device"]] if kwargs.get("device") is not None else []
+    asked += [a for a in args[1:] if isinstance(a, (str, torch.device)) or (isinstance(a, int) and not isinstance(a, bool))]
+    for d in asked:
+        d = torch.device("cuda", d) if isinstance(d, int) else torch.device(d)
+        return "host" if d.type == "cpu" else "gpu"
+    return None
+
+
 class MetaMode(TorchFunctionMode):
     """Sees every torch call of the block: CUDA devices become meta before torch would initialise
     CUDA for them, ``Tensor.backward`` starts the backward phase, autocast("cuda") casts meta
@@ -85,6 +122,48 @@ class MetaMode(TorchFunctionMode):
         self._from_data: set[int] = set()
         # Whether the program made tensors on meta itself: only then are ops' inputs looked at.
         self._program_meta = False
+        # Whether the program keeps memory on the host (FSDP's CPU offload): only then are moves
+        # copies and ops' inputs looked at for host memory.
+        self.offloads = False
+
+    def put_on_host(self, t: Any) -> None:
+        """Tags ``t``'s allocation (a DTensor's shard) as host memory: never the GPU's."""
+        t = _local(t)
+        if isinstance(t, torch.Tensor) and t.device.type == "meta":
+            _native.recording_host(t._cdata)
+
+    def on_host(self, t: Any) -> bool:
+        """Whether ``t``'s allocation (a DTensor's shard) is host memory."""
+        t = _local(t)
+        return isinstance(t, torch.Tensor) and t.device.type == "meta" and _native.recording_is_host(t._cdata)
+
+    def _moved(self, name: str, args: tuple, kwargs: dict) -> torch.Tensor | None:
+        """A move between the host and the GPU, as the GPU run copies it: into a new allocation,
+        on the host or not; ``None`` for the rest (a cast, a move that stays where it is)."""
+        source = args[0]
+        target = _move_target(name, args, kwargs)
+        if target is None or isinstance(source, torch.Tensor) and _local(source) is not source:
+            return None
+        if (target == "host") == self.on_host(source):
+            return None
+        dtype = kwargs.get("dtype") or next((a for a in args[1:] if isinstance(a, torch.dtype)), None)
+        out = torch.Tensor.to(source, META, dtype=dtype, copy=True)
+        if target == "host":
+            self.put_on_host(out)
+        return out
+
+    def _follow_host(self, args: tuple, kwargs: dict, out: Any) -> None:
+        """What an op makes from host memory is host memory (the optimizer step on offloaded
+        shards), unless it asked for the GPU; what it wrote in place stays what it was."""
+        if kwargs.get("device") is not None and torch.device(kwargs["device"]).type != "cpu":
+            return
+        inputs = _meta_tensors((args, kwargs))
+        if not any(self.on_host(t) for t in inputs):
+            return
+        written = {_storage_id(t) for t in inputs}
+        for t in _meta_tensors(out):
+            if _storage_id(t) not in written:
+                self.put_on_host(t)
 
     def made_from_data(self, t: torch.Tensor) -> bool:
         """Whether ``t`` (a real tensor) is on the storage of one the block made from data."""
@@ -112,7 +191,12 @@ class MetaMode(TorchFunctionMode):
             with self.cpu_is_cpu():
                 array = self.known.numpy(args[0])
             return array if name == "numpy" or len(args) < 2 or args[1] is None else array.astype(args[1])
-        out = self._call(func, name, args, kwargs)
+        moved = None
+        if self.offloads and name in ("to", "cuda", "cpu") and args and isinstance(args[0], torch.Tensor):
+            moved = self._moved(name, args, kwargs)
+        out = self._call(func, name, args, kwargs) if moved is None else moved
+        if self.offloads and moved is None:
+            self._follow_host(args, kwargs, out)
         if name in ("cuda", "to") and args and isinstance(args[0], torch.Tensor) and args[0].device.type != "meta":
             with self.cpu_is_cpu():  # while the tensor's values are read
                 self.known.set(out, constant_of(args[0]))

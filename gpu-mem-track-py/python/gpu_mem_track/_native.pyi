@@ -206,6 +206,13 @@ class Unrecorded:
 def recording_tag(cdata: int, category: str) -> None:
     """Tags the recorded allocation of the tensor whose ``c10::TensorImpl*`` is ``cdata``."""
 
+def recording_host(cdata: int) -> None:
+    """Tags the recorded allocation of the tensor whose ``c10::TensorImpl*`` is ``cdata`` as host
+    memory (FSDP's CPU offload): left out of the GPU figures, counted in ``host_peak``."""
+
+def recording_is_host(cdata: int) -> bool:
+    """Whether the recorded allocation of the tensor whose ``c10::TensorImpl*`` is ``cdata`` is host memory."""
+
 #: The GPU an estimate is for when none is named (``auto``), as on the command line.
 DEFAULT_GPU_TARGET: str
 #: The ``device_profile`` words that name no single GPU (``cuda``, ``all``, ``none``).
