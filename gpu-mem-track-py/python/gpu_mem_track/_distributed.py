@@ -258,6 +258,17 @@ def _patch_fsdp2(patch: Any, mode: MetaMode) -> None:
         from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
     except ImportError:  # torch without FSDP2
         return
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives
+
+    record_stream = getattr(_fsdp_collectives, "record_grad_output_stream", None)
+    if record_stream is not None:  # torch 2.15 and later
+
+        def record_on_gpu(buffer: torch.Tensor, stream: Any) -> None:
+            # The block's streams are the CPU's, which order nothing and have no stream id.
+            if buffer.device.type != "meta":
+                record_stream(buffer, stream)
+
+        patch(_fsdp_collectives, "record_grad_output_stream", record_on_gpu)
     for name in ("foreach_all_gather", "foreach_reduce"):
         if hasattr(_fsdp_param_group, name):
             patch(_fsdp_param_group, name, _in_mode_when_offloaded(getattr(_fsdp_param_group, name), mode))
