@@ -102,9 +102,7 @@ class SimulatedRanks:
 
         # Wherever it is bound: torch's modules (device_mesh calls its own import) and the
         # program's (`from torch.distributed import init_process_group`).
-        for module in list(sys.modules.values()):
-            if getattr(module, "init_process_group", None) is init_process_group:
-                patch(module, "init_process_group", simulated_group)
+        _patch_everywhere(patch, "init_process_group", init_process_group, simulated_group)
         mesh_init = device_mesh.DeviceMesh.__init__
 
         def rank_table(t: Any) -> Any:
@@ -177,6 +175,14 @@ def count_communicators() -> int:
         return 0
     groups = dist.distributed_c10d._world.pg_map
     return sum(1 for group in groups if group.size() > 1)
+
+
+def _patch_everywhere(patch: Any, name: str, old: Any, new: Any) -> None:
+    """Patches ``name`` wherever a module binds ``old`` to it: torch's own modules and the
+    program's (``from torch.distributed import init_process_group``)."""
+    for module in list(sys.modules.values()):
+        if getattr(module, name, None) is old:
+            patch(module, name, new)
 
 
 def _tag(tensor: Any, category: str) -> None:
@@ -284,9 +290,7 @@ def _patch_fsdp2(patch: Any, mode: MetaMode) -> None:
                 return False, False
             return choose(params, *args, **kwargs)
 
-        for module in list(sys.modules.values()):
-            if getattr(module, "_default_to_fused_or_foreach", None) is choose:
-                patch(module, "_default_to_fused_or_foreach", on_the_cpu)
+        _patch_everywhere(patch, "_default_to_fused_or_foreach", choose, on_the_cpu)
 
     def sharded_param(p: Any) -> None:
         # The parameter's local shard: its padded data, and the tensor `to_empty` or
@@ -419,9 +423,7 @@ def _patch_ddp(patch: Any) -> None:
         work = all_reduce(tensor, *args, **kwargs)
         return _DoneWork(work, [tensor]) if work is not None else None
 
-    for module in list(sys.modules.values()):
-        if getattr(module, "all_reduce", None) is all_reduce:
-            patch(module, "all_reduce", all_reduce_done)
+    _patch_everywhere(patch, "all_reduce", all_reduce, all_reduce_done)
 
 
 class _SimulatedCudaHandle:

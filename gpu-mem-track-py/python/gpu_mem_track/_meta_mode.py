@@ -100,10 +100,10 @@ def _move_target(name: str, args: tuple, kwargs: dict) -> str | None:
         return "gpu" if name == "cuda" else "host"
     asked = [kwargs["device"]] if kwargs.get("device") is not None else []
     asked += [a for a in args[1:] if isinstance(a, (str, torch.device)) or (isinstance(a, int) and not isinstance(a, bool))]
-    for d in asked:
-        d = torch.device("cuda", d) if isinstance(d, int) else torch.device(d)
-        return "host" if d.type == "cpu" else "gpu"
-    return None
+    if not asked:
+        return None
+    device = torch.device("cuda", asked[0]) if isinstance(asked[0], int) else torch.device(asked[0])
+    return "host" if device.type == "cpu" else "gpu"
 
 
 class MetaMode(TorchFunctionMode):
@@ -142,7 +142,7 @@ class MetaMode(TorchFunctionMode):
         on the host or not; ``None`` for the rest (a cast, a move that stays where it is)."""
         source = args[0]
         target = _move_target(name, args, kwargs)
-        if target is None or isinstance(source, torch.Tensor) and _local(source) is not source:
+        if target is None or _local(source) is not source:  # a cast, or a DTensor (moved shard by shard)
             return None
         if (target == "host") == self.on_host(source):
             return None
