@@ -16,7 +16,7 @@ import zipfile
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(__file__))
 import pin_wheel
-from dev_helper import cli, pairs, shell
+from dev_helper import cli, pairs, python_tests, shell
 from dev_helper.checkout import DEV_PY
 
 
@@ -70,6 +70,19 @@ class Steps(unittest.TestCase):
         self.assertEqual(lines[4], "| tests | 2 min 05 s | FAILED (exit 101) |")
         self.assertRegex(lines[5], r"^\| total \| 0 min 0\d s \| 1 of 2 steps FAILED \|$")
         self.assertRegex(err.getvalue(), r"^\[dev\] the suite took \d+ s\n$")
+
+
+class CrashReport(unittest.TestCase):
+    def test_a_crashed_process_is_reported_from_its_innermost_frame(self):
+        # A real crash: faulthandler's dump of a Python that segfaults in a named function.
+        code = "import ctypes, faulthandler\nfaulthandler.enable()\ndef crashes_here():\n    ctypes.string_at(0)\ncrashes_here()\n"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+        self.assertLess(out.returncode, 0)  # killed by a signal
+        report = python_tests.crash_report("..passed\n" + out.stderr)
+        self.assertTrue(report.startswith("Fatal Python error"), report)
+        self.assertIn("Current thread", report)
+        self.assertIn("crashes_here", report)
+        self.assertEqual(python_tests.crash_report("3 passed in 1.0s\n"), "")
 
 
 class PinnedWheel(unittest.TestCase):

@@ -37,6 +37,17 @@ def python_summary(version: str, started: int, log_path: str) -> str:
     )
 
 
+def crash_report(output: str) -> str:
+    """Where a test process crashed (faulthandler's dump names the innermost frames first): the
+    dump's first lines, or "" without one."""
+    at = output.find("Fatal Python error")
+    if at < 0:
+        return ""
+    lines = output[at:].splitlines(keepends=True)
+    current = next((i for i, line in enumerate(lines) if line.startswith("Current thread")), 0)
+    return "".join(lines[:2] + lines[current : current + 25])
+
+
 def cmd_python_env(args: argparse.Namespace) -> int:
     """The wheel for torch VERSION (built here first) installed as a user installs it: a fresh
     virtualenv with only that torch, pytest and the packages after it, then the wheel
@@ -81,14 +92,23 @@ def python_tests(version: str) -> int:
         return 1
     work = tempfile.mkdtemp()
     env = {**os.environ, "GMT_ESTIMATE_BINARY": binary}
+    failed: list[tuple[str, int, str]] = []
     for f in sorted(glob.glob(f"{ROOT}/gpu-mem-track-py/tests/test_*.py")):
         # A hung test file is killed after 10 minutes and named, instead of running into CI's limit.
-        pytest = ["timeout", "600", f"{venv}/bin/python", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", f]
-        with open(log_path, "a") as out:
+        # -rfEs: the failures' and errors' one-line reasons beside the skips'.
+        pytest = ["timeout", "600", f"{venv}/bin/python", "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", f]
+        file_log = Path(work) / "file.log"
+        with open(file_log, "w") as out:
             code = run(pytest, cwd=work, env=env, stdout=out, stderr=out).returncode
+        output = file_log.read_text(errors="replace")
+        with open(log_path, "a") as out:
+            out.write(output)
             if code == 124:
                 print(f"python: {rel(f)} TIMED OUT after 600 s", file=out)
                 log_raw(f"python: {rel(f)} TIMED OUT after 600 s")
+        if code != 0:
+            # A crashed process (a signal) prints no summary: its exit status names it.
+            failed.append((rel(f), code, output))
         rc = 1 if code != 0 else rc
     for line in log_path.read_text(errors="replace").splitlines():
         if re.match(r"python: torch .* refused", line):
@@ -97,8 +117,10 @@ def python_tests(version: str) -> int:
     shutil.rmtree(work, ignore_errors=True)
     shutil.rmtree(venv, ignore_errors=True)
     print(python_summary(version, started, str(log_path)), flush=True)
-    if rc != 0:
-        print(tail(log_path.read_text(errors="replace"), 40), end="", file=sys.stderr, flush=True)
+    for name, code, output in failed:
+        how = f"killed by signal {code - 128}" if code > 128 else ("timed out" if code == 124 else f"exit {code}")
+        print(f"python: {name} FAILED ({how}):", file=sys.stderr)
+        print(crash_report(output) or tail(output, 40), end="", file=sys.stderr, flush=True)
     return rc
 
 
