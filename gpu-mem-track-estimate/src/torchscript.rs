@@ -188,9 +188,11 @@ pub(crate) fn peak_tensor_groups() -> Vec<gpu_mem_track_log::log::GroupLine> {
     let mut groups: Vec<_> = snap.groups.into_iter().collect();
     groups.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(b.1.count.cmp(&a.1.count)).then(a.0.cmp(&b.0)));
     // Views hold no memory of their own: counted on their storage owner's line, as the log does.
+    // A compiler's fake tensors (torch.compile in an Estimator block) are meta tensors too, but
+    // unrecorded: not the program's.
     groups
         .into_iter()
-        .filter(|(key, _)| !key.view)
+        .filter(|(key, _)| !key.view && !key.class.is_compiler_tracing())
         .map(|(key, totals)| gpu_mem_track_log::log::GroupLine {
             sign: gpu_mem_track_log::Sign::Plus,
             count: totals.count,

@@ -128,6 +128,17 @@ impl TensorClass {
         }
     }
 
+    /// Whether the class is a compiler's tracing tensor (dynamo's and inductor's fake tensors,
+    /// AOTAutograd's functional wrappers): alive while a compiled graph is kept, no memory of the
+    /// program's.
+    pub fn is_compiler_tracing(&self) -> bool {
+        matches!(
+            self.python_name(),
+            "torch._subclasses.fake_tensor.FakeTensor"
+                | "torch._subclasses.functional_tensor.FunctionalTensor"
+        )
+    }
+
     /// Parses a dotted Python class name.
     pub fn from_python_name(name: &str) -> Self {
         match name {
@@ -227,5 +238,20 @@ mod tests {
         assert_eq!(DType::from_scalar_type(24).torch_name(), "torch.float8_e4m3fn");
         assert_eq!(DType::from_scalar_type(-1).c10_name(), "Undefined");
         assert_eq!(DType::from_scalar_type(1000).c10_name(), "Undefined");
+    }
+
+    #[test]
+    fn only_the_compilers_fake_and_functional_tensors_are_its_tracing() {
+        let fake = TensorClass::from_python_name("torch._subclasses.fake_tensor.FakeTensor");
+        let functional =
+            TensorClass::from_python_name("torch._subclasses.functional_tensor.FunctionalTensor");
+        assert!(fake.is_compiler_tracing() && functional.is_compiler_tracing());
+        let others = [
+            "torch.Tensor",
+            "torch.nn.parameter.Parameter",
+            "torch.distributed.tensor.DTensor",
+            "FakeTensor",
+        ];
+        assert!(others.iter().all(|c| !TensorClass::from_python_name(c).is_compiler_tracing()));
     }
 }

@@ -53,7 +53,9 @@ class Estimate(dict):
     prediction for the GPU asked for (``device_profile``), with ``fits``; ``["breakdown"]`` what each
     module and category held at the peak. ``str()`` is the text ``estimate`` prints. From the
     in-process ``Estimator`` only, ``["largest_results"]`` (when any): the ops whose result's size
-    depends on values, which took their largest result (op -> calls), so the peak is an upper bound.
+    depends on values, which took their largest result (op -> calls), so the peak is an upper bound;
+    ``["compiled"]`` (when torch.compile'd graphs ran in the block): each graph's backend, the bytes
+    its forward saves for the backward, and the graph break before it, at the program's line.
     """
 
     def __init__(self, figures: dict, text: str = "") -> None:

@@ -18,12 +18,13 @@ import threading
 import warnings
 from typing import Any
 
+from ._compiled import CompiledSteps, summary_text
 from ._distributed import SimulatedRanks
 from ._estimate_result import estimate_of
 from ._load import native as _native
 from ._meta_kernels import LargestResults
 from ._meta_mode import MetaMode
-from ._phases import PhaseHooks
+from ._phases import PhaseHooks, module_tracker
 from ._recorded_options import recorded_options
 from ._sites import Sites
 from ._torch_patches import patch_torch
@@ -103,8 +104,6 @@ class Estimator(PhaseHooks):
     def __enter__(self) -> Estimator:  # noqa: PYI034 - typing.Self is Python 3.11+, the package 3.9+
         if self._recording is not None:
             raise RuntimeError("Estimator: this estimator's block is running already")
-        from torch.distributed._tools.mod_tracker import ModTracker
-
         self.result = None
         self._thread = threading.get_ident()
         self._phase = "load"
@@ -122,8 +121,10 @@ class Estimator(PhaseHooks):
         self._undo = []
         try:
             patch_torch(self._undo, self._largest)
-            self._install_hooks(ModTracker())
+            self._install_hooks(module_tracker())
             mode = self._mode = MetaMode(self)
+            self._compiled = CompiledSteps(mode)
+            self._compiled.patch(self._undo)
             self._undo.append(self.ranks.close)
             self.ranks.patch(self._undo, mode)
             mode.__enter__()
@@ -165,6 +166,10 @@ class Estimator(PhaseHooks):
         finished = recording.finish(request, sizes, self._sites.names)
         self._finished = finished
         self.result = estimate_of(finished, self._largest.calls)
+        compiled = self._compiled.summary()
+        if compiled is not None:
+            self.result["compiled"] = compiled
+            self.result.text += summary_text(compiled)
         if self.ranks.used:
             self.result["distributed"] = {"world_size": self.ranks.world_size, "rank": self.ranks.rank, "method": "traced"}
             self.result.text += (

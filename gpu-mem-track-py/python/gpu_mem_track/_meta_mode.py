@@ -125,6 +125,9 @@ class MetaMode(TorchFunctionMode):
         # Whether the program keeps memory on the host (FSDP's CPU offload): only then are moves
         # copies and ops' inputs looked at for host memory.
         self.offloads = False
+        # `_eager` as dynamo calls it from compiled code without tracing it (``torch._dynamo.disable``),
+        # once dynamo is loaded (``_compiled``).
+        self.read_eagerly: Any = None
 
     def put_on_host(self, t: Any) -> None:
         """Tags ``t``'s allocation (a DTensor's shard) as host memory: never the GPU's."""
@@ -170,7 +173,32 @@ class MetaMode(TorchFunctionMode):
         return t.untyped_storage()._cdata in self._from_data
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        if torch.compiler.is_dynamo_compiling():
+            return self._traced(func, types, args, kwargs or {})
+        return self._eager(func, types, args, kwargs or {})
+
+    def _traced(self, func, types, args, kwargs):
+        """What dynamo traces of a torch call in ``torch.compile``'d code (``_compiled``): the call
+        itself, CUDA devices as meta; a read of values into Python leaves the graph (a graph break)
+        and runs as in the block's eager code."""
+        name = getattr(func, "__name__", "")
+        if name in _READ_REAL or name in READS or name in VALUE_SIZED:
+            if self.read_eagerly is None:
+                raise RuntimeError(f"Estimator: torch.compile'd code reads a tensor's values ({name}) before dynamo is loaded")
+            return self.read_eagerly(func, types, args, kwargs)
+        if "device" in kwargs:
+            kwargs = {**kwargs, "device": meta_device(kwargs["device"])}
+            if name in _FROM_DATA and _is_meta(kwargs["device"]):
+                # Dynamo makes a real tensor, not a fake one, of data put on meta directly: made
+                # on the CPU, then moved, it is the graph's.
+                return func(*args, **{**kwargs, "device": "cpu"}).to(META)
+        if name == "cuda":
+            return torch.Tensor.to(args[0], META)
+        if name == "to" and len(args) > 1:
+            args = (args[0], META if isinstance(args[1], int) and not isinstance(args[1], bool) else meta_device(args[1]), *args[2:])
+        return func(*args, **kwargs)
+
+    def _eager(self, func, types, args, kwargs):
         name = getattr(func, "__name__", "")
         if name in READS and args and isinstance(args[0], torch.Tensor):
             known, value = self.known.read(name, args[0])

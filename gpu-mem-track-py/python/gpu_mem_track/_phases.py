@@ -124,6 +124,8 @@ class PhaseHooks:
         call = torch.nn.Module.__call__
 
         def module_call(module, *args, **kwargs):
+            if torch.compiler.is_dynamo_compiling():  # a module inside a compiled graph
+                return call(module, *args, **kwargs)
             in_backward = torch._C._current_graph_task_id() != -1
             if sites.idle() and not in_backward and threading.get_ident() == self._thread:
                 sites.forget_backward()
@@ -138,3 +140,20 @@ class PhaseHooks:
         self._undo.append(pre.remove)
         post = _optim.register_optimizer_step_post_hook(self._own_state)
         self._undo.append(post.remove)
+
+
+def module_tracker() -> Any:
+    """PyTorch's ``ModTracker`` for the block, with nothing for dynamo to trace in compiled code: a
+    module inside a compiled graph is the graph's, which runs as one."""
+    from torch.distributed._tools.mod_tracker import ModTracker
+
+    class BlockModTracker(ModTracker):
+        def _fw_pre_hook(self, mod, input):
+            if not torch.compiler.is_dynamo_compiling():
+                super()._fw_pre_hook(mod, input)
+
+        def _fw_post_hook(self, mod, input, output):
+            if not torch.compiler.is_dynamo_compiling():
+                super()._fw_post_hook(mod, input, output)
+
+    return BlockModTracker()

@@ -1,13 +1,11 @@
 """What an ``Estimator`` block changes in torch, where meta stands for the GPU: optimizers take
 their GPU implementations (foreach, fused) on meta parameters, ``autocast("cuda")`` runs without
-a GPU and answers for meta, the block's meta kernels (``_meta_kernels``), and ``torch.compile``'d
-code runs eagerly. Each change appends what gives it back to ``undo``.
+a GPU and answers for meta, and the block's meta kernels (``_meta_kernels``); ``torch.compile``'d
+code is ``_compiled``'s. Each change appends what gives it back to ``undo``.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -75,28 +73,3 @@ def patch_torch(undo: list, largest: LargestResults) -> None:
     # meta tensors.
     block_meta_kernel(undo, "torchvision", "nms", largest.nms)
     libtorch_meta_kernels(undo, largest)
-    # torch.compile'd code runs eagerly in the block, as the estimate of an eager step; its
-    # compiler (dynamo) is imported by torch.compile, before the block or inside it.
-    eager_compile = _eager_compile(undo)
-    eager_compile()
-    compile_ = torch.compile
-
-    def compile_eagerly(*args, **kwargs):
-        compiled = compile_(*args, **kwargs)
-        eager_compile()
-        return compiled
-
-    patch(torch, "compile", compile_eagerly)
-
-
-def _eager_compile(undo: list) -> Callable[[], None]:
-    """A function that sets torch.compile's stance to eager for the block, once its compiler
-    (dynamo) is imported; the first call after that sets it, the others do nothing."""
-    stance: list = []
-
-    def eager_compile() -> None:
-        if not stance and "torch._dynamo" in sys.modules:
-            stance.append(torch.compiler.set_stance("force_eager"))
-            undo.append(lambda: stance[0].__exit__(None, None, None))
-
-    return eager_compile
