@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import shutil
 import sys
 import types
 import warnings
@@ -50,6 +51,17 @@ _PLANNING_OPTIONS = {
 }
 
 
+def _cpp_compiler() -> dict[str, Any]:
+    """Inductor's C++ compiler for planning, where the one it is configured with does not run
+    (``CXX="ccache c++"``, a command line, is not a program): the first on ``PATH``. Planning builds
+    no kernel, but inductor's CPU backend asks the compiler which vector instructions it has."""
+    configured = [c for c in torch._inductor.config.cpp.cxx if c is not None]
+    if any(shutil.which(c) for c in configured):
+        return {}
+    found = next((c for c in ("g++", "c++", "clang++") if shutil.which(c)), None)
+    return {"cpp.cxx": (found,)} if found else {}
+
+
 def _nbytes(t: Any) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
@@ -64,6 +76,10 @@ def _meta_allocation(size, stride, dtype) -> torch.Tensor:
 def _kernel_never_run(*args: Any, **kwargs: Any) -> None:
     """A fused kernel of the graph: on meta it has nothing to compute, and its buffers are allocated
     by the wrapper code around it."""
+
+
+def _layout_unchecked(*args: Any, **kwargs: Any) -> None:
+    """A layout check of the wrapper code, on meta: nothing to check against."""
 
 
 @contextlib.contextmanager
@@ -93,6 +109,11 @@ def _private_wrapper_modules() -> Iterator[None]:
         for name in ("empty_strided_cpu", "empty_strided_cpu_pinned", "empty_strided_cuda"):
             if name in module.__dict__:
                 module.__dict__[name] = _meta_allocation
+        # Its layout checks are the CPU kernels' (the strides inductor planned): the block's meta
+        # kernels may order an output's strides otherwise (attention's), never its size.
+        for name in ("assert_size_stride", "assert_alignment"):
+            if name in module.__dict__:
+                module.__dict__[name] = _layout_unchecked
         for name, value in (attrs or {}).items():
             setattr(module, name, value)
         return module
@@ -234,7 +255,9 @@ class CompiledSteps:
         fake_mode = detect_fake_mode(inputs)
         originals = [(n, n.args, n.kwargs) for n in gm.graph.nodes]
         _devices_on_cpu(gm)
-        planning = {**options, **_PLANNING_OPTIONS}
+        # The options this torch has (older ones lack some).
+        ours = {k: v for k, v in _PLANNING_OPTIONS.items() if hasattr(torch._inductor.config, k)} | _cpp_compiler()
+        planning = {**options, **ours}
 
         def inner(graph: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Any:
             if kwargs.get("is_backward"):
@@ -243,11 +266,12 @@ class CompiledSteps:
                 saved = (n for n in graph.graph.find_nodes(op="placeholder") if not n.name.startswith(("primals", "tangents")))
                 info["saved_for_backward"] = sum(_nbytes(n.meta.get("val")) for n in saved)
             # A backward is planned at its first call (AOTAutograd's lazy backward), not in dynamo.
-            with self.compiling(), _private_wrapper_modules(), torch._inductor.config.patch(_PLANNING_OPTIONS):
+            with self.compiling(), _private_wrapper_modules(), torch._inductor.config.patch(ours):
                 return compile_fx_inner(graph, example_inputs, **kwargs)
 
         try:
-            with self.compiling(), torch._functorch.config.patch(enable_autograd_cache=False):
+            no_cache = {"enable_autograd_cache": False} if hasattr(torch._functorch.config, "enable_autograd_cache") else {}
+            with self.compiling(), torch._functorch.config.patch(no_cache):
                 compiled = compile_fx(gm, [_fake_on_cpu(t, fake_mode) for t in inputs], inner, planning)
         except Exception as e:  # noqa: BLE001 - the graph still runs, as its eager ops
             for node, args, kwargs in originals:

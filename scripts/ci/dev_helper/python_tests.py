@@ -91,7 +91,9 @@ def python_tests(version: str) -> int:
         print(tail(log_path.read_text(errors="replace"), 30), end="", file=sys.stderr, flush=True)
         return 1
     work = tempfile.mkdtemp()
-    env = {**os.environ, "GMT_ESTIMATE_BINARY": binary}
+    # CC and CXX (ccache) are the build's: inductor's CPU backend, which compiled tests run, takes
+    # CXX for a program to run, and a command line is none.
+    env = {k: v for k, v in os.environ.items() if k not in ("CC", "CXX")} | {"GMT_ESTIMATE_BINARY": binary}
     failed: list[tuple[str, int, str]] = []
     for f in sorted(glob.glob(f"{ROOT}/gpu-mem-track-py/tests/test_*.py")):
         # A hung test file is killed after 10 minutes and named, instead of running into CI's limit.
