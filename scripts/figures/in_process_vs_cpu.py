@@ -89,15 +89,20 @@ def batch(name: str) -> dict:
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
 
 
+def step(model, opt: torch.optim.Optimizer, inputs: dict) -> None:
+    """One training step: a Hugging Face model's loss, or the sum of a torchvision model's outputs."""
+    if "x" in inputs:
+        model(inputs["x"]).sum().backward()
+    else:
+        model(**inputs).loss.backward()
+    opt.step()
+    opt.zero_grad()
+
+
 def train(model: torch.nn.Module, inputs: dict) -> None:
     opt = torch.optim.AdamW(model.parameters(), foreach=True)  # the CUDA default, asked for on the CPU
     for _ in range(2):
-        if "x" in inputs:
-            model(inputs["x"]).sum().backward()
-        else:
-            model(**inputs).loss.backward()
-        opt.step()
-        opt.zero_grad()
+        step(model, opt, inputs)
 
 
 def main() -> int:
