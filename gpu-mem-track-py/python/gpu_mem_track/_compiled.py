@@ -73,13 +73,9 @@ def _meta_allocation(size, stride, dtype) -> torch.Tensor:
         return torch.empty_strided(size, stride, dtype=dtype, device="meta")
 
 
-def _kernel_never_run(*args: Any, **kwargs: Any) -> None:
-    """A fused kernel of the graph: on meta it has nothing to compute, and its buffers are allocated
-    by the wrapper code around it."""
-
-
-def _layout_unchecked(*args: Any, **kwargs: Any) -> None:
-    """A layout check of the wrapper code, on meta: nothing to check against."""
+def _nothing_on_meta(*args: Any, **kwargs: Any) -> None:
+    """A fused kernel of the graph, or a layout check of its wrapper code: on meta there is nothing
+    to compute or check (the wrapper code around a kernel allocates its buffers)."""
 
 
 @contextlib.contextmanager
@@ -100,7 +96,7 @@ def _private_wrapper_modules() -> Iterator[None]:
         kernels = async_compile.AsyncCompile
         builders = {name: kernels.__dict__[name] for name in ("cpp", "cpp_pybinding") if name in kernels.__dict__}
         for name in builders:
-            setattr(kernels, name, lambda self, *a, **k: _kernel_never_run)
+            setattr(kernels, name, lambda self, *a, **k: _nothing_on_meta)
         try:
             exec(code, module.__dict__)  # noqa: S102 - inductor's own generated wrapper, as its loader runs it
         finally:
@@ -113,7 +109,7 @@ def _private_wrapper_modules() -> Iterator[None]:
         # kernels may order an output's strides otherwise (attention's), never its size.
         for name in ("assert_size_stride", "assert_alignment"):
             if name in module.__dict__:
-                module.__dict__[name] = _layout_unchecked
+                module.__dict__[name] = _nothing_on_meta
         for name, value in (attrs or {}).items():
             setattr(module, name, value)
         return module
@@ -230,8 +226,8 @@ class CompiledSteps:
         inductor_ = wrapper.__dict__["__call__"]
 
         def inductor(this, model_, inputs_, **kwargs):
-            fakes = [t for t in inputs_ if isinstance(t, torch.Tensor)]
-            if CompiledSteps.active is None or not any(t.device.type == "meta" for t in fakes):
+            on_meta = any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in inputs_)
+            if CompiledSteps.active is None or not on_meta:
                 return inductor_(this, model_, inputs_, **kwargs)  # a graph of real tensors
             return CompiledSteps.active.plan(model_, inputs_, {**this.config, **(kwargs.get("config_patches") or {})})
 
