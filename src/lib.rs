@@ -139,8 +139,9 @@ pub use gpu_mem_track_log::{GroupChange, Sign};
 /// that derefs to a `MemTracker` and outlives the call.
 pub use gpu_mem_track_macros::track_memory;
 pub use registry::{
-    forget_tensor_impl, install, is_installed, name_python_class, reads_python_classes, register_tensor_impl,
-    registry_callbacks, registry_entries, set_registry_enabled, set_registry_hollow,
+    forget_tensor_impl, install, is_installed, name_python_class, reads_python_classes,
+    register_inductor_buffer_impl, register_tensor_impl, registry_callbacks, registry_entries,
+    set_registry_enabled, set_registry_hollow,
 };
 pub use site::Site;
 pub use tracker::{

@@ -31,6 +31,23 @@ pub unsafe fn register_tensor_impl(impl_ptr: *mut std::ffi::c_void, name: &str) 
     Ok(())
 }
 
+/// Adds a buffer a `torch.compile`'d graph's code allocated to the registry, given by its
+/// `c10::TensorImpl*`: inductor allocates its buffers past the dispatcher (`empty_strided_cpu`),
+/// where no op returns them. The log's line for them says `inductor buffer`
+/// ([`TensorRole::InductorBuffer`](gpu_mem_track_log::TensorRole::InductorBuffer)). The Python
+/// package registers each buffer so as inductor's code allocates it.
+///
+/// # Safety
+/// `impl_ptr` must point to a live `c10::TensorImpl` for the duration of the call.
+///
+/// # Errors
+/// [`Error::Libtorch`](crate::error::Error::Libtorch) for a null pointer.
+#[allow(unsafe_code)]
+pub unsafe fn register_inductor_buffer_impl(impl_ptr: *mut std::ffi::c_void) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    unsafe { ffi::register_inductor_buffer_impl(impl_ptr) }
+}
+
 /// Takes a tensor given by its `c10::TensorImpl*` out of the registry (nothing when it is not
 /// in it): `torch.utils.swap_tensors` refuses a tensor anything holds weakly, as the registry
 /// holds every tensor. The Python package forgets both tensors of a swap, swaps them, and

@@ -103,6 +103,7 @@ fn arb_group_line() -> impl Strategy<Value = GroupLine> {
             "gradient",
             "optimizer state",
             "internal to aten::max_pool2d",
+            "inductor buffer",
         ])),
     )
         .prop_map(|(plus, count, shape, bytes, param, dtype, op, views, role)| GroupLine {

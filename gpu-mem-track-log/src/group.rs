@@ -189,6 +189,9 @@ pub enum TensorRole {
         /// The program's call (`aten::max_pool2d`).
         op: std::sync::Arc<str>,
     },
+    /// Allocated by a `torch.compile`'d graph's code (inductor's), past the dispatcher: its
+    /// outputs and what its forward saves for the backward, while they live.
+    InductorBuffer,
 }
 
 impl TensorRole {
@@ -198,6 +201,7 @@ impl TensorRole {
             TensorRole::Gradient => "gradient".into(),
             TensorRole::OptimizerState => "optimizer state".into(),
             TensorRole::Internal { op } => format!("internal to {op}"),
+            TensorRole::InductorBuffer => "inductor buffer".into(),
         }
     }
 
@@ -206,6 +210,7 @@ impl TensorRole {
         match field {
             "gradient" => Some(TensorRole::Gradient),
             "optimizer state" => Some(TensorRole::OptimizerState),
+            "inductor buffer" => Some(TensorRole::InductorBuffer),
             _ => field
                 .strip_prefix("internal to ")
                 .filter(|op| !op.is_empty())

@@ -697,6 +697,17 @@ fn register_tensor(cdata: usize, name: &str) -> PyResult<()> {
     unsafe { gpu_mem_track::register_tensor_impl(cdata as *mut c_void, name) }.map_err(to_py)
 }
 
+/// Registers a buffer inductor's generated code allocated (`empty_strided_cpu`, past the
+/// dispatcher) by its `c10::TensorImpl*` (`Tensor._cdata`): its log line says `inductor buffer`.
+#[pyfunction]
+fn register_inductor_buffer(cdata: usize) -> PyResult<()> {
+    if cdata == 0 {
+        return Err(PyValueError::new_err("register_inductor_buffer: null TensorImpl pointer"));
+    }
+    // SAFETY: `cdata` is the `_cdata` of a tensor the Python caller holds for this call.
+    unsafe { gpu_mem_track::register_inductor_buffer_impl(cdata as *mut c_void) }.map_err(to_py)
+}
+
 /// Takes a live tensor, by its `c10::TensorImpl*` (`Tensor._cdata`), out of the registry: for
 /// `torch.utils.swap_tensors`, which refuses tensors held weakly.
 #[pyfunction]
@@ -818,6 +829,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(precision_dtype, m)?)?;
     m.add_function(wrap_pyfunction!(install, m)?)?;
     m.add_function(wrap_pyfunction!(register_tensor, m)?)?;
+    m.add_function(wrap_pyfunction!(register_inductor_buffer, m)?)?;
     m.add_function(wrap_pyfunction!(forget_tensor, m)?)?;
     m.add_function(wrap_pyfunction!(name_classes, m)?)?;
     m.add_function(wrap_pyfunction!(reads_python_classes, m)?)?;

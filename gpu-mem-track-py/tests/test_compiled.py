@@ -165,4 +165,4 @@ def test_a_compiled_step_in_the_block_leaves_no_compiled_code_for_real_tensors()
     with gpu_mem_track.Estimator(device_profile="cuda"):
         compiled(torch.randn(64, 64).cuda())
     x = torch.randn(64, 64)
-    assert torch.allclose(compiled(x), f(x))
+    torch.testing.assert_close(compiled(x), f(x))  # a compiled kernel rounds as it does, not as eager

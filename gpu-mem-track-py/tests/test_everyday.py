@@ -85,6 +85,35 @@ def test_compiled_model_allocator_totals(logdir):  # noqa: F811
     del out
 
 
+def test_inductor_buffers_are_counted_and_named(logdir):  # noqa: F811
+    # Inductor's code allocates a compiled graph's buffers past the dispatcher and its C++ kernels
+    # fill them: no op returns them. The registry has them from inductor's allocator, as
+    # `inductor buffer`, and none of them is left to Unattributed Memory.
+    tracker = MemTracker(device="cpu")
+
+    def step(x):
+        return (x * 2 + 1).relu(), x.amax(0)
+
+    compiled = torch.compile(step)  # inductor's CPU backend, its kernels built
+    x = torch.randn(512, 256)
+    compiled(x)  # compiles
+    before = tracker.track()
+    out, total = compiled(x)
+    point = tracker.track()
+    expected = step(x)
+    torch.testing.assert_close(out, expected[0])
+    torch.testing.assert_close(total, expected[1])
+    made = out.numel() * 4 + total.numel() * 4
+    assert point["tensor_bytes"] - before["tensor_bytes"] == made, (before, point)
+    assert point["unattributed_bytes"] == before["unattributed_bytes"], (before, point)
+    with open(tracker.log_path) as f:
+        block = f.read().split(point["at"].strip())[0].rsplit("At ", 1)[1]
+    added = [line for line in block.splitlines() if line.startswith("+ |")]
+    line = "+ | 1 * Size:{:<20} | Memory: {} M | <class 'torch.Tensor'> | torch.float32 | inductor buffer"
+    assert sorted(added) == sorted([line.format("(512, 256)", "0.5"), line.format("(256,)", "0.001")]), block
+    del out, total
+
+
 def test_model_moved_after_the_tracker_started(logdir):  # noqa: F811
     tracker = MemTracker(device=device() if GPU else "cpu")
     model = torch.nn.Linear(100, 10)

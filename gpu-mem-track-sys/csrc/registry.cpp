@@ -54,6 +54,18 @@ gmt_error gmt_registry_register_impl(void* impl, const char* name) {
   })
 }
 
+gmt_error gmt_registry_register_inductor_buffer(void* impl) {
+  GMT_TRY({
+    if (!impl) throw std::invalid_argument("null TensorImpl pointer");
+    // As gmt_registry_register_impl: a strong reference for the call only.
+    const at::Tensor t(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(
+        static_cast<c10::TensorImpl*>(impl)));
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.record(t, -1, -1, true, false, /*inductor_buffer=*/true);
+  })
+}
+
 gmt_error gmt_registry_forget_impl(void* impl) {
   GMT_TRY({
     if (!impl) throw std::invalid_argument("null TensorImpl pointer");

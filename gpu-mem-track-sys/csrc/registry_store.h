@@ -214,7 +214,9 @@ struct Registry {
   // Caller holds mu. `returned`: the outermost op running returns it (the program's call), rather
   // than an op that call ran; what an inner op made is internal until the outer call returns it,
   // or a view of it. `gradient`: made inside autograd's AccumulateGrad (a parameter's .grad).
-  void record(const at::Tensor& t, int32_t name_id, int32_t op_id, bool returned = true, bool gradient = false) {
+  // `inductor_buffer`: allocated by a torch.compile'd graph's code, past the dispatcher.
+  void record(const at::Tensor& t, int32_t name_id, int32_t op_id, bool returned = true, bool gradient = false,
+              bool inductor_buffer = false) {
     if (!t.defined()) return;
     c10::TensorImpl* impl = t.unsafeGetTensorImpl();
     auto [slot, inserted] = index.try_emplace(impl, static_cast<uint32_t>(entries.size()));
@@ -236,6 +238,7 @@ struct Registry {
     }
     const int32_t role = optimizer_steps.load(std::memory_order_relaxed) > 0 ? GMT_ROLE_OPTIMIZER_STATE
                          : gradient                                       ? GMT_ROLE_GRADIENT
+                         : inductor_buffer                                ? GMT_ROLE_INDUCTOR_BUFFER
                          : (!returned && op_id >= 0)                      ? GMT_ROLE_INTERNAL
                                                                           : GMT_ROLE_NONE;
     entries.emplace_back(WeakImpl(t.getIntrusivePtr()), next_seq++, is_plain(impl));

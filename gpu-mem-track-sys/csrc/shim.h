@@ -56,6 +56,9 @@ gmt_error gmt_registry_register(const void* tensor, const char* name);  // tenso
 // The same for a tensor given by its c10::TensorImpl* (Python's Tensor._cdata), which must be
 // alive for the call.
 gmt_error gmt_registry_register_impl(void* impl, const char* name);
+// The same for a buffer a torch.compile'd graph's code allocated (inductor's empty_strided_cpu,
+// past the dispatcher, so no op returns it): its log line says `inductor buffer`.
+gmt_error gmt_registry_register_inductor_buffer(void* impl);
 // Drops the registry's entry of a TensorImpl (its weak reference), if any: torch.utils.swap_tensors
 // refuses tensors held weakly; the caller registers both tensors again after swapping them.
 gmt_error gmt_registry_forget_impl(void* impl);
@@ -117,8 +120,15 @@ const uint64_t* gmt_walk_watched(const gmt_walk* s, size_t* len);
 void gmt_walk_totals_of(const gmt_walk* s, gmt_walk_totals* out);
 // What the registry knows a tensor is, from the program's structure (the same with or without a
 // memory history): the gradient of a named parameter, what an optimizer step made, or what an op
-// made inside a call that did not return it (max-pool's indices, a mask saved for backward).
-enum gmt_tensor_role { GMT_ROLE_NONE = 0, GMT_ROLE_GRADIENT = 1, GMT_ROLE_OPTIMIZER_STATE = 2, GMT_ROLE_INTERNAL = 3 };
+// made inside a call that did not return it (max-pool's indices, a mask saved for backward), or a
+// buffer a torch.compile'd graph's code allocated (gmt_registry_register_inductor_buffer).
+enum gmt_tensor_role {
+  GMT_ROLE_NONE = 0,
+  GMT_ROLE_GRADIENT = 1,
+  GMT_ROLE_OPTIMIZER_STATE = 2,
+  GMT_ROLE_INTERNAL = 3,
+  GMT_ROLE_INDUCTOR_BUFFER = 4
+};
 // While the allocation recorder records: tags the allocations holding every explicitly registered
 // tensor's storage, leaves that require grad as parameters (and their .grad as gradients), the
 // others as buffers (gmt_recorder_tag_tensor for each).

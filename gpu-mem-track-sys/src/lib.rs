@@ -155,6 +155,7 @@ pub const GMT_ROLE_NONE: i32 = 0;
 pub const GMT_ROLE_GRADIENT: i32 = 1;
 pub const GMT_ROLE_OPTIMIZER_STATE: i32 = 2;
 pub const GMT_ROLE_INTERNAL: i32 = 3;
+pub const GMT_ROLE_INDUCTOR_BUFFER: i32 = 4;
 pub const GMT_EVENT_ALLOC: u8 = 0;
 pub const GMT_EVENT_FREE: u8 = 1;
 pub const GMT_EVENT_SEGMENT_ALLOC: u8 = 2;
@@ -231,6 +232,8 @@ extern "C" {
     pub fn gmt_registry_register(tensor: *const c_void, name: *const c_char) -> gmt_error;
     /// `impl_` is a live `c10::TensorImpl*` (Python's `Tensor._cdata`).
     pub fn gmt_registry_register_impl(impl_: *mut c_void, name: *const c_char) -> gmt_error;
+    /// As `gmt_registry_register_impl`, for a buffer a `torch.compile`'d graph's code allocated.
+    pub fn gmt_registry_register_inductor_buffer(impl_: *mut c_void) -> gmt_error;
     pub fn gmt_registry_forget_impl(impl_: *mut c_void) -> gmt_error;
     pub fn gmt_registry_entries() -> usize;
     pub fn gmt_registry_callbacks() -> u64;

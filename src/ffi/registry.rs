@@ -169,6 +169,16 @@ pub(crate) unsafe fn register_tensor_impl(impl_ptr: *mut c_void, name: &str) -> 
     check("register tensor", unsafe { sys::gmt_registry_register_impl(impl_ptr, name.as_ptr()) })
 }
 
+/// Adds a buffer a `torch.compile`'d graph's code allocated past the dispatcher (inductor's
+/// `empty_strided_cpu`), given by its `c10::TensorImpl*`: its log line says `inductor buffer`.
+///
+/// # Safety
+/// `impl_ptr` must point to a live `c10::TensorImpl` for the duration of the call.
+pub(crate) unsafe fn register_inductor_buffer_impl(impl_ptr: *mut c_void) -> Result<()> {
+    // SAFETY: the caller keeps the TensorImpl alive; the shim takes its own reference for the call.
+    check("register inductor buffer", unsafe { sys::gmt_registry_register_inductor_buffer(impl_ptr) })
+}
+
 /// Drops the registry's entry of a TensorImpl, if it has one.
 ///
 /// # Safety
@@ -328,6 +338,7 @@ impl RoleCode {
             sys::GMT_ROLE_GRADIENT => Some(TensorRole::Gradient),
             sys::GMT_ROLE_OPTIMIZER_STATE => Some(TensorRole::OptimizerState),
             sys::GMT_ROLE_INTERNAL => op.map(|op| TensorRole::Internal { op }),
+            sys::GMT_ROLE_INDUCTOR_BUFFER => Some(TensorRole::InductorBuffer),
             _ => None,
         }
     }

@@ -8,9 +8,9 @@
 //! ```
 //!
 //! The five fields come first; what follows is optional, in this order: what the tensors are when
-//! the tracker knows (`gradient`, `optimizer state`, `internal to aten::max_pool2d`), the op that
-//! made them (when the tracker groups by op) and the views of their storages that came or went
-//! with them (tensors that add no memory; by default they have no line of their own).
+//! the tracker knows (`gradient`, `optimizer state`, `internal to aten::max_pool2d`, `inductor
+//! buffer`), the op that made them (when the tracker groups by op) and the views of their storages
+//! that came or went with them (tensors that add no memory; by default they have no line of their own).
 //!
 //! Byte-compatible with Pytorch-Memory-Utils except for its number truncation, which is fixed
 //! here; its lines (whose `-` lines end in a space and whose numbers are truncated) read back.
@@ -278,6 +278,7 @@ mod tests {
             (None, Some("aten::convolution"), 2, "torch.float32 | aten::convolution | (+2 views)\n"),
             (None, None, -1, "torch.float32 | (-1 views)\n"),
             (Some(TensorRole::Gradient), None, 0, "torch.float32 | gradient\n"),
+            (Some(TensorRole::InductorBuffer), None, 1, "torch.float32 | inductor buffer | (+1 views)\n"),
             (
                 Some(TensorRole::OptimizerState),
                 Some("aten::mul"),

@@ -29,6 +29,7 @@ from ._estimator import Estimator
 from ._load import TorchVersionMismatch
 from ._load import native as _native
 from ._registry import (
+    install_inductor_buffers,
     install_swap_tensors,
     pause_registry,
     register_existing_tensors,
@@ -72,5 +73,6 @@ def capabilities() -> str:
 
 _native.install()
 install_swap_tensors()
+install_inductor_buffers()
 name_tensor_classes()
 register_existing_tensors()

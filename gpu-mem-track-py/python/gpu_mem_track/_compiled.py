@@ -105,6 +105,10 @@ def _private_wrapper_modules() -> Iterator[None]:
         for name in ("empty_strided_cpu", "empty_strided_cpu_pinned", "empty_strided_cuda"):
             if name in module.__dict__:
                 module.__dict__[name] = _meta_allocation
+        # Views of the buffers as inductor makes them, not the live registry's (_registry).
+        view = module.__dict__.get("reinterpret_tensor")
+        if view is not None:
+            module.__dict__["reinterpret_tensor"] = getattr(view, "__wrapped__", view)
         # Its layout checks are the CPU kernels' (the strides inductor planned): the block's meta
         # kernels may order an output's strides otherwise (attention's), never its size.
         for name in ("assert_size_stride", "assert_alignment"):

@@ -236,6 +236,10 @@ def install() -> None:
 def register_tensor(cdata: int, name: str = "") -> None:
     """Registers a live tensor by its ``c10::TensorImpl*`` (``Tensor._cdata``) under ``name``."""
 
+def register_inductor_buffer(cdata: int) -> None:
+    """Registers a buffer inductor's generated code allocated (``Tensor._cdata``): its log line
+    says ``inductor buffer``."""
+
 def forget_tensor(cdata: int) -> None:
     """Takes a live tensor (``Tensor._cdata``) out of the registry, for ``torch.utils.swap_tensors``."""
 

@@ -12,6 +12,7 @@ import contextlib
 import gc
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -61,6 +62,45 @@ def install_swap_tensors() -> None:
     swap_tensors.__doc__ = swap.__doc__
     swap_tensors._gpu_mem_track = True  # type: ignore[attr-defined]
     torch.utils.swap_tensors = swap_tensors
+
+
+#: Inductor's buffer allocators, which the wrapper code of a ``torch.compile``'d graph binds
+#: when inductor loads it (``empty_strided_cpu = torch._C._dynamo.guards._empty_strided_cpu``).
+#: ``_reinterpret_tensor`` makes a view of a buffer the same way; a view that outlives its buffer
+#: (an output inductor carved from a larger one) holds the storage.
+_INDUCTOR_ALLOCATORS = (
+    "_empty_strided_cpu",
+    "_empty_strided_cpu_pinned",
+    "_empty_strided_cuda",
+    "_empty_strided_xpu",
+    "_reinterpret_tensor",
+)
+
+
+def install_inductor_buffers() -> None:
+    """Inductor's buffer allocators, registering what they allocate: a ``torch.compile``'d graph's
+    code allocates its buffers past the dispatcher, where no op returns them, so the registry
+    would leave its outputs and what its forward saves for the backward to ``Unattributed
+    Memory``. Their log lines say ``inductor buffer``. Graphs compiled before the package was
+    imported keep the allocators they bound (their outputs Python holds are found by the
+    garbage-collector walk at import)."""
+    guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+    for name in _INDUCTOR_ALLOCATORS:
+        allocate = getattr(guards, name, None)
+        if allocate is None or getattr(allocate, "_gpu_mem_track", False):
+            continue
+
+        def registered(*args: Any, _allocate: Any = allocate, **kwargs: Any) -> torch.Tensor:
+            buffer = _allocate(*args, **kwargs)
+            if _running:
+                _native.register_inductor_buffer(buffer._cdata)
+            return buffer
+
+        registered.__doc__ = allocate.__doc__
+        registered.__name__ = registered.__qualname__ = name
+        registered._gpu_mem_track = True  # type: ignore[attr-defined]
+        registered.__wrapped__ = allocate  # type: ignore[attr-defined]
+        setattr(guards, name, registered)
 
 
 def registry_running() -> bool:
