@@ -329,9 +329,12 @@ def _patch_fsdp2(patch: Any, mode: MetaMode) -> None:
     def reduced(group: Any, *args: Any) -> None:
         for p in group.fsdp_params:
             _tag(getattr(p.sharded_param, "grad", None), "sharded_gradient")
-        states = getattr(getattr(group, "comm_ctx", None), "reduce_scatter_states", None)
-        if states:
-            _tag(getattr(states[-1], "reduce_scatter_input", None), "reduce_scatter_buffer")
+        # The reduce-scatter the group just issued: the last of the states it keeps (torch 2.12 and
+        # later), or its one state (torch 2.11).
+        ctx = getattr(group, "comm_ctx", None)
+        states = getattr(ctx, "reduce_scatter_states", None)
+        state = states[-1] if states else getattr(ctx, "reduce_scatter_state", None)
+        _tag(getattr(state, "reduce_scatter_input", None), "reduce_scatter_buffer")
 
     _tagging(FSDPParam, "__init__", None, offloaded, patch)
     _tagging(FSDPParamGroup, "__init__", None, sharded, patch)
