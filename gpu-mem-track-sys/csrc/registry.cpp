@@ -33,6 +33,16 @@ void register_tensor(const at::Tensor& t, const std::string& name) {
 }
 }  // namespace gmt
 
+namespace {
+// The tensor of a TensorImpl the caller holds (Python's `_cdata`), as a new strong reference
+// dropped on return: the caller's object keeps the tensor alive.
+at::Tensor borrowed_tensor(void* impl) {
+  if (!impl) throw std::invalid_argument("null TensorImpl pointer");
+  return at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(
+      static_cast<c10::TensorImpl*>(impl)));
+}
+}  // namespace
+
 extern "C" {
 
 void gmt_free_string(char* s) { std::free(s); }
@@ -45,21 +55,12 @@ gmt_error gmt_registry_register(const void* tensor, const char* name) {
 }
 
 gmt_error gmt_registry_register_impl(void* impl, const char* name) {
-  GMT_TRY({
-    if (!impl) throw std::invalid_argument("null TensorImpl pointer");
-    // A new strong reference, dropped on return: the caller's object keeps the tensor alive.
-    const at::Tensor t(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(
-        static_cast<c10::TensorImpl*>(impl)));
-    gmt::register_tensor(t, name ? name : "");
-  })
+  GMT_TRY({ gmt::register_tensor(borrowed_tensor(impl), name ? name : ""); })
 }
 
 gmt_error gmt_registry_register_inductor_buffer(void* impl) {
   GMT_TRY({
-    if (!impl) throw std::invalid_argument("null TensorImpl pointer");
-    // As gmt_registry_register_impl: a strong reference for the call only.
-    const at::Tensor t(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(
-        static_cast<c10::TensorImpl*>(impl)));
+    const at::Tensor t = borrowed_tensor(impl);
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mu);
     r.record(t, -1, -1, true, false, /*inductor_buffer=*/true);

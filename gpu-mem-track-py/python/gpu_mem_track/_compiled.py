@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from . import _autocast
 from ._load import native as _native
 
 if TYPE_CHECKING:
@@ -152,6 +153,39 @@ def _devices_on_cpu(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
+#: The ops autocast("cuda") casts for, by name (``_autocast``'s policy).
+_AUTOCAST_OPS = _autocast.LOWER_PRECISION | _autocast.FLOAT32 | _autocast.FLOAT32_UNLESS_DTYPE | _autocast.PROMOTE | {"cross_entropy"}
+
+
+def _as_under_cuda_autocast(func: Any) -> Any:
+    """``func`` casting its arguments as ``autocast("cuda")`` would, where it is on while AOTAutograd
+    traces the graph: autocast casts tensors of its own device only, and inductor plans with fake
+    CPU ones. A fresh cast per call: the trace is a graph, whose casts are its own ops."""
+
+    @functools.wraps(func)
+    def cast(*args: Any, **kwargs: Any) -> Any:
+        if not _autocast.enabled():
+            return func(*args, **kwargs)
+        args, kwargs = _autocast.Casts().apply(func, args, kwargs)
+        return _autocast.cross_entropy(func, args, kwargs)
+
+    return cast
+
+
+def _autocast_on_cpu(gm: torch.fx.GraphModule) -> None:
+    """The graph's ops that ``autocast("cuda")`` casts for, casting as it would on the GPU, where the
+    graph can run under it (the program's autocast around the compiled code, or one inside it)."""
+    inside = gm.graph.find_nodes(op="call_function", target=torch.amp.autocast_mode._enter_autocast)
+    if not (_autocast.enabled() or inside):
+        return
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and getattr(node.target, "__name__", "") in _AUTOCAST_OPS:
+            node.target = _as_under_cuda_autocast(node.target)
+        elif node.op == "call_method" and node.target in _AUTOCAST_OPS and hasattr(torch.Tensor, node.target):
+            node.op, node.target = "call_function", _as_under_cuda_autocast(getattr(torch.Tensor, node.target))
+    gm.recompile()
+
+
 def _static(t: Any) -> bool:
     return not isinstance(t, torch.Tensor) or all(isinstance(d, int) for d in (*t.shape, *t.stride()))
 
@@ -253,8 +287,9 @@ class CompiledSteps:
         if not all(_static(t) for t in inputs):
             return self._eager(gm, info, "its shapes are dynamic (symbolic), which planning on meta does not follow")
         fake_mode = detect_fake_mode(inputs)
-        originals = [(n, n.args, n.kwargs) for n in gm.graph.nodes]
+        originals = [(n, n.op, n.target, n.args, n.kwargs) for n in gm.graph.nodes]
         _devices_on_cpu(gm)
+        _autocast_on_cpu(gm)
         # The options this torch has (older ones lack some).
         ours = {k: v for k, v in _PLANNING_OPTIONS.items() if hasattr(torch._inductor.config, k)} | _cpp_compiler()
         planning = {**options, **ours}
@@ -274,8 +309,8 @@ class CompiledSteps:
             with self.compiling(), torch._functorch.config.patch(no_cache):
                 compiled = compile_fx(gm, [_fake_on_cpu(t, fake_mode) for t in inputs], inner, planning)
         except Exception as e:  # noqa: BLE001 - the graph still runs, as its eager ops
-            for node, args, kwargs in originals:
-                node.args, node.kwargs = args, kwargs
+            for node, op, target, args, kwargs in originals:
+                node.op, node.target, node.args, node.kwargs = op, target, args, kwargs
             gm.recompile()
             return self._eager(gm, info, f"inductor could not plan it on meta ({type(e).__name__}: {e})")
         return _counted(compiled, info["graph"])
