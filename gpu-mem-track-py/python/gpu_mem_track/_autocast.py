@@ -139,6 +139,9 @@ PROMOTE = frozenset(
     ]
 )
 
+#: Every op the policy casts for, by name.
+CAST_OPS = LOWER_PRECISION | FLOAT32 | FLOAT32_UNLESS_DTYPE | PROMOTE | {"cross_entropy"}
+
 _LOW = (torch.float16, torch.bfloat16)
 # Marks a cross_entropy call that `cross_entropy` below runs instead.
 _CROSS_ENTROPY = "_gpu_mem_track_autocast"
@@ -194,6 +197,12 @@ class Casts:
                 widest = max((t.dtype for t in tensors), key=lambda d: torch.finfo(d).bits)
                 return self._map(args, kwargs, lambda t: self._cast(t, widest, cache=False))
         return args, kwargs
+
+    def run(self, func: Callable, args: tuple, kwargs: dict) -> Any:
+        """``func(*args, **kwargs)`` as autocast runs it: its arguments cast by the policy, and
+        ``cross_entropy`` as autocast computes it."""
+        args, kwargs = self.apply(func, args, kwargs)
+        return cross_entropy(func, args, kwargs)
 
     @staticmethod
     def _map(args: tuple, kwargs: dict, cast: Callable[[torch.Tensor], torch.Tensor]) -> tuple[tuple, dict]:

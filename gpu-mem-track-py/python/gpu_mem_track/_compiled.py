@@ -153,10 +153,6 @@ def _devices_on_cpu(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
-#: The ops autocast("cuda") casts for, by name (``_autocast``'s policy).
-_AUTOCAST_OPS = _autocast.LOWER_PRECISION | _autocast.FLOAT32 | _autocast.FLOAT32_UNLESS_DTYPE | _autocast.PROMOTE | {"cross_entropy"}
-
-
 def _as_under_cuda_autocast(func: Any) -> Any:
     """``func`` casting its arguments as ``autocast("cuda")`` would, where it is on while AOTAutograd
     traces the graph: autocast casts tensors of its own device only, and inductor plans with fake
@@ -164,10 +160,7 @@ def _as_under_cuda_autocast(func: Any) -> Any:
 
     @functools.wraps(func)
     def cast(*args: Any, **kwargs: Any) -> Any:
-        if not _autocast.enabled():
-            return func(*args, **kwargs)
-        args, kwargs = _autocast.Casts().apply(func, args, kwargs)
-        return _autocast.cross_entropy(func, args, kwargs)
+        return _autocast.Casts().run(func, args, kwargs) if _autocast.enabled() else func(*args, **kwargs)
 
     return cast
 
@@ -179,9 +172,9 @@ def _autocast_on_cpu(gm: torch.fx.GraphModule) -> None:
     if not (_autocast.enabled() or inside):
         return
     for node in gm.graph.nodes:
-        if node.op == "call_function" and getattr(node.target, "__name__", "") in _AUTOCAST_OPS:
+        if node.op == "call_function" and getattr(node.target, "__name__", "") in _autocast.CAST_OPS:
             node.target = _as_under_cuda_autocast(node.target)
-        elif node.op == "call_method" and node.target in _AUTOCAST_OPS and hasattr(torch.Tensor, node.target):
+        elif node.op == "call_method" and node.target in _autocast.CAST_OPS and hasattr(torch.Tensor, node.target):
             node.op, node.target = "call_function", _as_under_cuda_autocast(getattr(torch.Tensor, node.target))
     gm.recompile()
 

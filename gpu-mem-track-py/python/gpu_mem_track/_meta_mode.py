@@ -294,8 +294,7 @@ class MetaMode(TorchFunctionMode):
             self._estimator._own_gradients()
             return out
         if _autocast.enabled():
-            args, kwargs = self._casts.apply(func, args, kwargs)
-            return _autocast.cross_entropy(func, args, kwargs)
+            return self._casts.run(func, args, kwargs)
         self._casts.clear()
         return func(*args, **kwargs)
 
