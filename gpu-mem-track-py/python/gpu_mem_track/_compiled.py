@@ -336,7 +336,9 @@ def _remove_filter(entry: Any) -> None:
 def _counted(run: Any, number: int) -> Any:
     """``run`` (a compiled graph) noting, at each call, that graph ``number`` ran in the block."""
 
-    @functools.wraps(run)
+    # Not its attributes: torch 2.6's dynamo follows ``_torchdynamo_orig_callable`` (set on a
+    # disabled function) past wrappers, so a copied one made it call ``run`` and skip this.
+    @functools.wraps(run, updated=())
     def graph(*args: Any, **kwargs: Any) -> Any:
         steps = CompiledSteps.active
         if steps is not None and number not in steps.ran:
