@@ -285,6 +285,42 @@ def test_the_block_allocates_what_a_real_run_of_the_same_step_allocates(tmp_path
     assert estimated > 10 * MIB and abs(measured - estimated) <= 4096, (measured, estimated)
 
 
+def test_each_steps_batch_is_freed_when_the_program_drops_it(tmp_path):
+    """A loop that makes each step's batch, as a data loader does, holds one batch at a time in the
+    block as in a real run: the block keeps no batch it has seen (a kept first batch was one batch
+    more in every later step)."""
+
+    def train(model, device):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x):
+            model(x).relu().sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+        for _ in range(3):
+            step(torch.randn(512, 512, device=device))  # 1 MiB, dropped when the step returns
+
+    def build():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512))
+
+    with Estimator(device_profile="cuda") as est:
+        train(build().cuda(), "cuda")
+    e = est.result
+    peaks = {(p["iteration"], p["phase"]): p["peak_bytes"] for p in e["phases"]}
+    assert e["input_bytes"] == MIB and e["options"]["input_shape"] == [512, 512]
+    assert peaks[(3, "optimizer step")] == peaks[(1, "optimizer step")], peaks
+    estimated = max(peaks.values()) - e["param_bytes"] - e["buffer_bytes"]
+
+    model = build()
+    tracker = gpu_mem_track.MemTracker(device="cpu", path=f"{tmp_path}/", detail=False)
+    before = tracker.track()["allocated"]  # the model
+    train(model, "cpu")
+    measured = tracker.track()["peak_allocated"] - before
+    assert estimated > 4 * MIB and abs(measured - estimated) < MIB // 4, (measured, estimated)
+
+
 def _forward_keeps(build, batch: int = 64, width: int = 256) -> int:
     """Bytes a training forward of ``build(width)`` keeps for backward, beyond parameters and input."""
     with Estimator(device_profile="cuda") as est:

@@ -113,7 +113,7 @@ class Estimator(PhaseHooks):
         self._largest = LargestResults(self)
         self._owners = {}
         self._optimizers = {}
-        self._input = None
+        self._first_input = None
         self._sites = Sites()
         # Attention takes the kernel the profile's GPU picks (flash, memory-efficient or math).
         _native.meta_target_device(self.device_profile)
@@ -150,7 +150,7 @@ class Estimator(PhaseHooks):
             recording.cancel()
             return False
         try:
-            run, sizes = recorded_options(self._roots, self._optimizers, self._input, self._backward_ran)
+            run, sizes = recorded_options(self._roots, self._optimizers, self._first_input, self._backward_ran)
         except BaseException:
             recording.cancel()  # the next block can record
             raise

@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_leaves
 
 from ._load import native as _native
 from ._model_to_meta import note_model
+from ._recorded_options import FirstInput
 
 if TYPE_CHECKING:
     from ._meta_mode import MetaMode
@@ -33,7 +34,7 @@ class PhaseHooks:
     _roots: dict[int, torch.nn.Module]
     _owners: dict[int, tuple[torch.Tensor, int]]
     _optimizers: dict[int, weakref.ref]
-    _input: list[torch.Tensor] | None
+    _first_input: FirstInput | None
     _sites: Sites
     _mode: MetaMode
     _undo: list
@@ -55,8 +56,8 @@ class PhaseHooks:
         # Each iteration's batch is input, though the program makes the next one after the
         # optimizer step (which would make it optimizer state, kept past the step).
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        if self._input is None:
-            self._input = tensors
+        if self._first_input is None:
+            self._first_input = FirstInput.of(tensors)
         for t in tensors:
             if t.device.type == "meta":
                 _native.recording_tag(t._cdata, "input")

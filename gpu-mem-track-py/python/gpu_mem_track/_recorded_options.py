@@ -5,22 +5,41 @@ input's shape and kind, the precision and optimizer, the model's and its optimiz
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from ._vocabulary import optimizer_name, precision_of
 
 
+class FirstInput(NamedTuple):
+    """What the options keep of the block's first forward's input: its figures, not its tensors.
+    A batch is the program's to drop: one the block held would stay alive through every later
+    step, memory a real run does not use."""
+
+    shape: list[int]
+    is_index: bool
+    nbytes: int
+
+    @staticmethod
+    def of(tensors: list[torch.Tensor]) -> FirstInput:
+        first = tensors[0] if tensors else None
+        return FirstInput(
+            shape=list(first.shape) if first is not None else [],
+            is_index=first is not None and not (first.is_floating_point() or first.is_complex()),
+            nbytes=sum(t.numel() * t.element_size() for t in tensors),
+        )
+
+
 def recorded_options(
     roots: dict[int, torch.nn.Module],
     optimizers_seen: dict[int, weakref.ref],
-    inputs: list[torch.Tensor] | None,
+    first_input: FirstInput | None,
     backward_ran: bool,
 ) -> tuple[dict[str, Any], dict[str, int]]:
     """What the block ran, for ``Recording.finish``: the run's part of its ``EstimateRequest``
     (``input_shape``, ``input_is_index``, ``dtype``, ``optimizer``) and the sizes, from the
-    block's models (``roots``), its optimizers (held weakly), the first forward's input tensors
+    block's models (``roots``), its optimizers (held weakly), the first forward's input
     and whether a backward ran."""
     params: dict[int, torch.Tensor] = {}
     buffers: dict[int, torch.Tensor] = {}
@@ -37,9 +56,7 @@ def recorded_options(
     for o in optimizers:
         for s in o.state.values():
             state += nbytes(v for v in s.values() if isinstance(v, torch.Tensor) and v.device.type == "meta")
-    first = inputs[0] if inputs else None
-    shape = list(first.shape) if first is not None else []
-    is_index = first is not None and not (first.is_floating_point() or first.is_complex())
+    first_input = first_input or FirstInput.of([])
     dtypes = [p.dtype for p in params.values()]
     dtype = max(set(dtypes), key=dtypes.count) if dtypes else torch.float32
     if optimizers:
@@ -53,9 +70,14 @@ def recorded_options(
         "param_count": sum(p.numel() for p in params.values()),
         "param_bytes": nbytes(params.values()),
         "buffer_bytes": nbytes(buffers.values()),
-        "input_bytes": nbytes(inputs or []),
+        "input_bytes": first_input.nbytes,
         "grad_bytes": nbytes(trainable) if backward_ran else 0,
         "optimizer_state_bytes": state,
     }
-    run = {"input_shape": shape, "input_is_index": is_index, "dtype": precision_of(dtype), "optimizer": optimizer}
+    run = {
+        "input_shape": first_input.shape,
+        "input_is_index": first_input.is_index,
+        "dtype": precision_of(dtype),
+        "optimizer": optimizer,
+    }
     return run, sizes
