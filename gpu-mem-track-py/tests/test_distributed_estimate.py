@@ -42,8 +42,21 @@ def rank_peaks(ranks: int, *layouts: str) -> list[dict]:
 
 
 def assert_within_a_thousandth(lines: list[dict]) -> None:
-    for line in lines:
-        assert abs(line["estimate"] - line["real"]) <= line["real"] / 1000, line
+    """Each rank's estimate within a thousandth of its real run. The layouts of lines that are off
+    run once more: gloo completes a collective on threads of its own, and a rank whose thread runs
+    late holds the collective's buffers a while longer (seen once in CI: tp-sp's rank 1 at 5.4 MB
+    above its usual peak, which the estimate meets within 196 B). The estimate is the same each
+    run, so a wrong one is off again."""
+
+    def off(line: dict) -> bool:
+        return abs(line["estimate"] - line["real"]) > line["real"] / 1000
+
+    missed = [line for line in lines if off(line)]
+    if missed:
+        layouts = dict.fromkeys(line["layout"] for line in missed)
+        missed = [line for line in rank_peaks(missed[0]["ranks"], *layouts) if off(line)]
+    for line in missed:
+        assert not off(line), line
 
 
 @needs_transformers
